@@ -1,0 +1,105 @@
+"""Static checks over a parsed workflow: everything that can be known before anything runs.
+
+Each check returns problem strings naming their location; `ir.load` reports them all together.
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Collection, Iterator
+
+from ir.models import NodeSpec, Workflow
+from ir.templates import Reference, references
+
+
+def _where(index: int, node: NodeSpec) -> str:
+    return f"nodes[{index}] (id '{node.id}')"
+
+
+def _did_you_mean(name: str, candidates: Collection[str]) -> str:
+    close = difflib.get_close_matches(name, list(candidates), n=1)
+    return f" (did you mean '{close[0]}'?)" if close else ""
+
+
+def duplicate_ids(wf: Workflow) -> Iterator[str]:
+    seen: dict[str, int] = {}
+    for i, node in enumerate(wf.nodes):
+        if node.id in seen:
+            yield f"{_where(i, node)}: duplicate node id (first used by nodes[{seen[node.id]}])"
+        else:
+            seen[node.id] = i
+
+
+def edges_and_start(wf: Workflow) -> Iterator[str]:
+    ids = {n.id for n in wf.nodes}
+    for i, edge in enumerate(wf.edges):
+        for end, name in (("from", edge.from_), ("to", edge.to)):
+            if name not in ids:
+                yield f"edges[{i}].{end}: unknown node '{name}'{_did_you_mean(name, ids)}"
+    if wf.start_node is not None and wf.start_node not in ids:
+        yield f"start_node: unknown node '{wf.start_node}'{_did_you_mean(wf.start_node, ids)}"
+
+
+def node_types(wf: Workflow, known: Collection[str]) -> Iterator[str]:
+    for i, node in enumerate(wf.nodes):
+        if node.type not in known:
+            yield f"{_where(i, node)}.type: unknown node type '{node.type}'{_did_you_mean(node.type, known)}"
+
+
+def batch_aliases(wf: Workflow) -> Iterator[str]:
+    ids = {n.id for n in wf.nodes}
+    for i, node in enumerate(wf.nodes):
+        if node.batch and node.batch.alias in ids:
+            yield f"{_where(i, node)}.batch.as: alias '{node.batch.alias}' shadows the node id '{node.batch.alias}'"
+
+
+def _ancestors(wf: Workflow) -> dict[str, set[str]]:
+    """For each node, the nodes that can run before it (have a path to it)."""
+    preds: dict[str, set[str]] = {n.id: set() for n in wf.nodes}
+    for edge in wf.effective_edges():
+        if edge.to in preds and edge.from_ in preds:
+            preds[edge.to].add(edge.from_)
+    result: dict[str, set[str]] = {}
+    for node_id in preds:
+        seen: set[str] = set()
+        stack = list(preds[node_id])
+        while stack:
+            current = stack.pop()
+            if current not in seen:
+                seen.add(current)
+                stack.extend(preds[current])
+        result[node_id] = seen
+    return result
+
+
+def _node_refs(node: NodeSpec) -> Iterator[tuple[str, Reference]]:
+    for name, value in node.params.items():
+        for ref in references(value):
+            yield f"params.{name}", ref
+    if node.batch and node.batch.items:
+        for ref in references(node.batch.items):
+            yield "batch.items", ref
+
+
+def template_references(wf: Workflow) -> Iterator[str]:
+    """Templates must point at nodes that exist and run earlier (or at inputs, aliases, dunders)."""
+    ids = {n.id for n in wf.nodes}
+    inputs = set(wf.inputs or {})
+    ancestors = _ancestors(wf)
+    for i, node in enumerate(wf.nodes):
+        alias = node.batch.alias if node.batch else None
+        for where, ref in _node_refs(node):
+            root = ref.root
+            if root.startswith("_") or root in inputs or (root == alias and where != "batch.items"):
+                continue
+            location = f"{_where(i, node)}.{where}"
+            if root in ids:
+                if root not in ancestors[node.id]:
+                    yield f"{location}: {ref.text} refers to node '{root}', which does not run before '{node.id}'"
+                continue
+            hint = _did_you_mean(root, ids | inputs)
+            if wf.inputs is not None or hint:
+                yield f"{location}: {ref.text} refers to unknown node or input '{root}'{hint}"
+
+
+ALL_CHECKS = (duplicate_ids, edges_and_start, batch_aliases, template_references)

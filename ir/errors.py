@@ -1,0 +1,62 @@
+"""Every error chordflow raises on purpose, in one place.
+
+User errors (bad IR, bad input, unresolvable templates, values that cannot travel) are ValueErrors
+with one-line messages that name the location; the CLI prints them without a traceback.
+"""
+
+from __future__ import annotations
+
+
+class ChordflowError(Exception):
+    """Base of chordflow's own errors."""
+
+
+class ValidationError(ChordflowError, ValueError):
+    """The workflow IR is invalid. Holds every problem found, each naming its location."""
+
+    def __init__(self, problems: list[str] | str, *, source: str | None = None):
+        self.problems = [problems] if isinstance(problems, str) else list(problems)
+        self.source = source
+        prefix = f"{source}: " if source else ""
+        if len(self.problems) == 1:
+            message = prefix + self.problems[0]
+        else:
+            lines = "\n".join(f"  - {p}" for p in self.problems)
+            message = f"{prefix}{len(self.problems)} problems:\n{lines}"
+        super().__init__(message)
+
+
+class TemplateError(ChordflowError, ValueError):
+    """A template could not be resolved at run time."""
+
+
+class BatchItemsError(ChordflowError, ValueError):
+    """`batch.items` did not resolve to a list."""
+
+
+class BatchItemFailed(ChordflowError, RuntimeError):
+    """A fail_fast batch item failed without raising (error action, `error` key or "Error:" value)."""
+
+
+class SnapshotError(ChordflowError, ValueError):
+    """A value in the shared store cannot travel to a worker."""
+
+
+class NodeTypeError(ChordflowError, ValueError):
+    """A node type is unknown or a plugin could not be imported."""
+
+
+class RemoteError(ChordflowError, RuntimeError):
+    """An exception raised on a worker whose type cannot be imported on the scheduler side."""
+
+    def __init__(self, type_name: str, message: str):
+        self.type_name = type_name
+        super().__init__(f"{type_name}: {message}")
+
+
+class RunCancelled(ChordflowError, RuntimeError):
+    """The run was cancelled (chordflow cancel, Ctrl-C)."""
+
+
+class BackendError(ChordflowError, RuntimeError):
+    """The distributed backend failed (broker gone, chunk crashed) rather than a user item."""

@@ -1,0 +1,178 @@
+"""`${...}` templates: parsing once, resolving per run.
+
+A value that is exactly one template keeps the referenced value's type; text around templates makes a
+string (dicts and lists are rendered as JSON). Paths: `${name}`, `${node.key}`, `${node.key[0].field}`.
+Params are compiled once per node so resolving an item costs a few dict lookups, not a regex scan.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from ir.errors import TemplateError
+
+_SEGMENT = r"[A-Za-z_][A-Za-z0-9_-]*"
+TEMPLATE_RE = re.compile(r"\$\{\s*(" + _SEGMENT + r"(?:\." + _SEGMENT + r"|\[\d+\])*)\s*\}")
+_PATH_PART_RE = re.compile(r"\.?(" + _SEGMENT + r")|\[(\d+)\]")
+_MISSING = object()
+
+
+@dataclass(frozen=True, slots=True)
+class Reference:
+    """One `${...}` occurrence: its text and its path (str keys and int indexes)."""
+
+    text: str
+    path: tuple[str | int, ...]
+
+    @property
+    def root(self) -> str:
+        return str(self.path[0])
+
+
+def parse_path(expr: str) -> tuple[str | int, ...]:
+    return tuple(name if name else int(index) for name, index in _PATH_PART_RE.findall(expr))
+
+
+def references(value: Any) -> list[Reference]:
+    """Every template reference inside a param value (walks dicts and lists)."""
+    found: list[Reference] = []
+    if isinstance(value, str):
+        found.extend(Reference(m.group(0), parse_path(m.group(1))) for m in TEMPLATE_RE.finditer(value))
+    elif isinstance(value, Mapping):
+        for v in value.values():
+            found.extend(references(v))
+    elif isinstance(value, list | tuple):
+        for v in value:
+            found.extend(references(v))
+    return found
+
+
+def is_single_template(text: str) -> bool:
+    m = TEMPLATE_RE.fullmatch(text.strip()) if isinstance(text, str) else None
+    return m is not None
+
+
+def lookup(context: Mapping[str, Any], path: tuple[str | int, ...]) -> Any:
+    """Walk `path` through `context`; returns the module-private _MISSING sentinel when absent."""
+    value: Any = context.get(path[0], _MISSING) if hasattr(context, "get") else _MISSING
+    for part in path[1:]:
+        if value is _MISSING:
+            return _MISSING
+        if isinstance(part, int):
+            value = value[part] if isinstance(value, list | tuple) and -len(value) <= part < len(value) else _MISSING
+        elif isinstance(value, Mapping):
+            value = value.get(part, _MISSING)
+        else:
+            value = getattr(value, part, _MISSING) if not isinstance(value, str | int | float) else _MISSING
+    return value
+
+
+def _render(value: Any) -> str:
+    if isinstance(value, str):
+        return value
+    if isinstance(value, dict | list):
+        return json.dumps(value, default=str)
+    if value is None:
+        return ""
+    return str(value)
+
+
+class _Resolver:
+    """A compiled param value. `resolve(context, where)` returns the value with templates filled in."""
+
+    __slots__ = ("kind", "payload")
+
+    def __init__(self, kind: str, payload: Any):
+        self.kind, self.payload = kind, payload
+
+    def resolve(self, context: Mapping[str, Any], where: str) -> Any:
+        kind, payload = self.kind, self.payload
+        if kind == "const":
+            return payload
+        if kind == "ref":
+            return _value(context, payload, where)
+        if kind == "text":
+            return "".join(p if isinstance(p, str) else _render(_value(context, p, where)) for p in payload)
+        if kind == "dict":
+            return {k: r.resolve(context, f"{where}.{k}") for k, r in payload.items()}
+        return [r.resolve(context, f"{where}[{i}]") for i, r in enumerate(payload)]
+
+
+def _value(context: Mapping[str, Any], ref: Reference, where: str) -> Any:
+    value = lookup(context, ref.path)
+    if value is _MISSING:
+        keys = sorted(k for k in context if isinstance(k, str) and not k.startswith("__"))
+        raise TemplateError(
+            f"{where}: cannot resolve {ref.text}: '{'.'.join(map(str, ref.path))}' not found "
+            f"(available keys: {', '.join(keys) or 'none'})"
+        )
+    return value
+
+
+def compile_value(value: Any) -> _Resolver:
+    """Compile a param value once; constants (no templates anywhere) resolve to themselves for free."""
+    if isinstance(value, str):
+        matches = list(TEMPLATE_RE.finditer(value))
+        if not matches:
+            return _Resolver("const", value)
+        if len(matches) == 1 and matches[0].group(0) == value.strip() and value == value.strip():
+            return _Resolver("ref", Reference(value, parse_path(matches[0].group(1))))
+        parts: list[Any] = []
+        pos = 0
+        for m in matches:
+            if m.start() > pos:
+                parts.append(value[pos : m.start()])
+            parts.append(Reference(m.group(0), parse_path(m.group(1))))
+            pos = m.end()
+        if pos < len(value):
+            parts.append(value[pos:])
+        return _Resolver("text", parts)
+    if isinstance(value, dict):
+        compiled = {k: compile_value(v) for k, v in value.items()}
+        if all(r.kind == "const" for r in compiled.values()):
+            return _Resolver("const", value)
+        return _Resolver("dict", compiled)
+    if isinstance(value, list):
+        compiled_list = [compile_value(v) for v in value]
+        if all(r.kind == "const" for r in compiled_list):
+            return _Resolver("const", value)
+        return _Resolver("list", compiled_list)
+    return _Resolver("const", value)
+
+
+class CompiledParams:
+    """A node's params compiled once. Resolving copies nothing when no param has a template."""
+
+    __slots__ = ("_constant", "_dynamic", "node_id")
+
+    def __init__(self, params: Mapping[str, Any], node_id: str):
+        self.node_id = node_id
+        self._constant: dict[str, Any] = {}
+        self._dynamic: dict[str, _Resolver] = {}
+        for name, value in params.items():
+            resolver = compile_value(value)
+            if resolver.kind == "const":
+                self._constant[name] = value
+            else:
+                self._dynamic[name] = resolver
+
+    @property
+    def has_templates(self) -> bool:
+        return bool(self._dynamic)
+
+    def resolve(self, context: Mapping[str, Any]) -> dict[str, Any]:
+        if not self._dynamic:
+            return dict(self._constant)
+        resolved = dict(self._constant)
+        for name, resolver in self._dynamic.items():
+            resolved[name] = resolver.resolve(context, f"node '{self.node_id}' param '{name}'")
+        return resolved
+
+
+def resolve_template(text: str, context: Mapping[str, Any], where: str) -> Any:
+    """Resolve one template string (e.g. `batch.items`) against `context`."""
+    return compile_value(text).resolve(context, where)

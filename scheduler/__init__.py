@@ -1,0 +1,7 @@
+"""Compile workflows, run and stream them on a backend, and the `chordflow` CLI."""
+
+from ir.errors import RemoteError, RunCancelled
+from scheduler.compiler import compile
+from scheduler.engine import RunResult, run, stream
+
+__all__ = ["RemoteError", "RunCancelled", "RunResult", "compile", "run", "stream"]

@@ -1,0 +1,40 @@
+"""Compile a workflow IR into a PocketFlow Flow of wrapped nodes."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pocketflow import BaseNode, Flow
+
+import ir
+from worker.build import build_chain
+from worker.nodes import registry
+
+
+class WorkflowFlow(Flow):
+    """A pocketflow Flow that knows its workflow and ends quietly when an action has no edge."""
+
+    def __init__(self, start: BaseNode, workflow: ir.Workflow):
+        super().__init__(start=start)
+        self.workflow = workflow
+        self.nodes = {}
+
+    def get_next_node(self, curr: BaseNode, action: str | None) -> BaseNode | None:
+        return curr.successors.get(action or "default")
+
+
+def load(workflow: Any) -> ir.Workflow:
+    """`ir.load` plus the node-type check against the registry (plugins included)."""
+    if isinstance(workflow, ir.Workflow):
+        return workflow
+    return ir.load(workflow, node_types=registry.names())
+
+
+def compile(workflow: Any) -> WorkflowFlow:  # noqa: A001 - the public name is fixed by DESIGN section 2
+    wf = load(workflow)
+    chains = {spec.id: build_chain(spec) for spec in wf.nodes}
+    for edge in wf.effective_edges():
+        chains[edge.from_].successors[edge.action] = chains[edge.to]
+    flow = WorkflowFlow(chains[wf.start_id()], wf)
+    flow.nodes = chains
+    return flow

@@ -1,0 +1,155 @@
+"""`run` and `stream`: execute a workflow on a backend and report what happened."""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import ir
+from ir.errors import ValidationError
+from ir.templates import resolve_template
+from scheduler.compiler import compile, load
+from scheduler.progress import ProgressEvents
+from worker import context
+from worker.context import RunContext
+
+BACKENDS = ("local", "celery")
+
+
+@dataclass
+class RunResult:
+    shared: dict[str, Any]
+    status: str  # "success" | "failed" | "cancelled"
+    error: str | None = None
+    outputs: dict[str, Any] = field(default_factory=dict)
+    run_id: str = ""
+    duration_s: float = 0.0
+
+
+def parse_input_value(text: str) -> Any:
+    """`--input k=v`: JSON when it parses (numbers, booleans, lists), otherwise the plain string."""
+    import json
+
+    try:
+        return json.loads(text)
+    except ValueError:
+        return text
+
+
+def apply_inputs(wf: ir.Workflow, store: dict[str, Any], inputs: dict[str, Any] | None) -> None:
+    given = dict(inputs or {})
+    problems = []
+    for name, spec in (wf.inputs or {}).items():
+        if name in given or name in store:
+            continue
+        if spec.default is not None:
+            given[name] = spec.default
+        elif spec.required:
+            problems.append(f"inputs.{name}: required input '{name}' was not given")
+    if problems:
+        raise ValidationError(problems)
+    store.update(given)
+
+
+def _backend(name: str, run_id: str, ctx: RunContext, options: dict[str, Any]) -> Any:
+    if name == "local":
+        return None
+    if name == "celery":
+        from scheduler.backends.celery import CeleryBackend
+
+        return CeleryBackend(run_id=run_id, ctx=ctx, **options)
+    raise ValidationError(f"backend: unknown backend '{name}' (choose from {', '.join(BACKENDS)})")
+
+
+def run(
+    workflow: Any,
+    inputs: dict[str, Any] | None = None,
+    *,
+    shared: dict[str, Any] | None = None,
+    backend: str = "local",
+    on_event: Callable[[dict[str, Any]], None] | None = None,
+    run_id: str | None = None,
+    cancelled: threading.Event | None = None,
+    **options: Any,
+) -> RunResult:
+    """Run a workflow to completion. `shared`, when given, is mutated in place.
+
+    A fail_fast batch failure (or any node exception without an `error` edge) propagates as the
+    original exception; an unhandled `error` action ends the run with status "failed".
+    """
+    started = time.perf_counter()
+    wf = load(workflow)
+    store = shared if shared is not None else {}
+    apply_inputs(wf, store, inputs)
+    flow = compile(wf)
+    run_id = run_id or uuid.uuid4().hex[:12]
+    cancelled = cancelled or threading.Event()
+    ctx = RunContext(sink=on_event)
+    ctx.extras["cancelled"] = cancelled
+    if on_event is not None:
+        ctx.extras["item_middleware"] = lambda node_id, total: [ProgressEvents(ctx.emit, node_id, total, cancelled)]
+    ctx.backend = _backend(backend, run_id, ctx, options)
+    with context.using(ctx):
+        last_action = flow._run(store)
+    status, error = "success", None
+    if cancelled.is_set():
+        status, error = "cancelled", "run cancelled"
+    elif last_action == "error":
+        status = "failed"
+        namespace = store.get(ctx.last_node) if ctx.last_node else None
+        detail = namespace.get("error") or namespace.get("stderr") if isinstance(namespace, dict) else None
+        error = f"node '{ctx.last_node}' returned 'error'" + (f": {detail}" if detail else "")
+    outputs = {
+        name: resolve_template(out.source, store, f"outputs.{name}") for name, out in (wf.outputs or {}).items()
+    }
+    return RunResult(store, status, error, outputs, run_id, time.perf_counter() - started)
+
+
+def stream(
+    workflow: Any,
+    inputs: dict[str, Any] | None = None,
+    *,
+    shared: dict[str, Any] | None = None,
+    backend: str = "local",
+    **options: Any,
+) -> Iterator[dict[str, Any]]:
+    """Yield events while the workflow runs (DESIGN section 6); the last is `final`.
+
+    A failure is reported as an `error` event followed by a `final` event with status "failed";
+    closing the generator early cancels the run.
+    """
+    events: queue.Queue[dict[str, Any] | None] = queue.Queue()
+    cancelled = threading.Event()
+    store = shared if shared is not None else {}
+    outcome: dict[str, Any] = {}
+
+    def target() -> None:
+        try:
+            outcome["result"] = run(
+                workflow, inputs, shared=store, backend=backend, on_event=events.put, cancelled=cancelled, **options
+            )
+        except BaseException as exc:
+            outcome["error"] = exc
+        finally:
+            events.put(None)
+
+    thread = threading.Thread(target=target, name="chordflow-stream", daemon=True)
+    thread.start()
+    try:
+        while (event := events.get()) is not None:
+            yield event
+    finally:
+        cancelled.set()
+        thread.join()
+    if "error" in outcome:
+        exc = outcome["error"]
+        yield {"type": "error", "node": None, "error": f"{type(exc).__name__}: {exc}"}
+        yield {"type": "final", "state": store, "status": "failed", "error": str(exc)}
+        return
+    result: RunResult = outcome["result"]
+    yield {"type": "final", "state": result.shared, "status": result.status, "error": result.error}

@@ -1,0 +1,37 @@
+"""Batch progress as events: an ItemMiddleware for in-process batches."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from worker.executor import ItemMiddleware
+from worker.outcome import ItemOutcome
+
+
+class ProgressEvents(ItemMiddleware):
+    """Emits one `batch_progress` event per finished item; stops the loop once the run is cancelled."""
+
+    def __init__(self, emit: Callable[[dict[str, Any]], None], node_id: str, total: int, cancelled: threading.Event):
+        self.emit, self.node_id, self.total, self.cancelled = emit, node_id, total, cancelled
+        self.done = 0
+        self.lock = threading.Lock()
+
+    def before_item(self, index: int) -> bool:
+        return not self.cancelled.is_set()
+
+    def after_item(self, outcome: ItemOutcome) -> None:
+        with self.lock:
+            self.done += 1
+            done = self.done
+        self.emit(
+            {
+                "type": "batch_progress",
+                "node": self.node_id,
+                "index": outcome.index,
+                "done": done,
+                "total": self.total,
+                "ok": outcome.error is None,
+            }
+        )

@@ -1,0 +1,119 @@
+"""PflowBatchNode: a node with a `batch` block runs its inner chain once per item (seed 000).
+
+prep resolves the items and keeps the shared reference; exec runs ONE attempt of one item on an
+isolated shallow copy; `run_item` goes through `Node._exec` so PocketFlow's retries apply per item;
+_exec hands the items to the run's backend (in-process loop or Celery chord); post aggregates.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+from pocketflow import BatchNode, Node
+
+from ir.errors import BatchItemFailed, BatchItemsError
+from ir.models import BatchSpec
+from ir.templates import compile_value
+from worker import context
+from worker.aggregate import aggregate, merge_accumulators, order
+from worker.executor import FailFast, ItemMiddleware, run_in_process
+from worker.outcome import ItemOutcome, failure_of
+from worker.store import is_dunder
+from worker.wrappers import clone_node
+
+
+def accumulator_keys(shared: Any) -> tuple[str, ...]:
+    """Root-level dunder lists that exist before the batch (e.g. `__llm_calls__`)."""
+    return tuple(k for k, v in shared.items() if is_dunder(k) and isinstance(v, list))
+
+
+class PflowBatchNode(BatchNode):
+    def __init__(self, inner: Any, node_id: str, batch: BatchSpec):
+        super().__init__(max_retries=batch.max_retries, wait=batch.retry_wait)
+        self.inner = inner
+        self.node_id = node_id
+        self.batch = batch
+        self.alias = batch.alias
+        self._items = compile_value(batch.items)
+        self._shared: dict[str, Any] = {}
+        self._accumulators: tuple[str, ...] = ()
+        self._index = 0
+
+    def clone(self) -> PflowBatchNode:
+        twin = copy.copy(self)
+        twin.inner = clone_node(self.inner)
+        return twin
+
+    def set_params(self, params: dict[str, Any]) -> None:
+        """Flow-level params are ignored (see wrappers)."""
+
+    # -- the PocketFlow lifecycle -------------------------------------------------------------
+    def prep(self, shared: Any) -> list[Any]:
+        items = self._items.resolve(shared, f"node '{self.node_id}' batch.items")
+        if not isinstance(items, list):
+            raise BatchItemsError(f"Batch items must be an array, got {type(items).__name__}")
+        self.bind(shared)
+        return items
+
+    def bind(self, shared: Any) -> None:
+        """Remember the store (or a worker's snapshot of it) the items are copied from."""
+        self._shared = shared
+        self._accumulators = accumulator_keys(shared)
+
+    def exec(self, item: Any) -> tuple[Any, dict[str, Any]]:
+        """One attempt at one item, on `item_shared = dict(shared)` with the alias injected."""
+        item_shared = dict(self._shared)
+        item_shared[self.node_id] = {}
+        item_shared[self.alias] = item
+        item_shared["__index__"] = self._index
+        for key in self._accumulators:
+            item_shared[key] = []
+        return self.inner._run(item_shared), item_shared
+
+    def run_item(self, index: int, item: Any) -> ItemOutcome:
+        """The per-item executor: retries via Node._exec, then classify (DESIGN section 3)."""
+        self._index = index
+        try:
+            action, item_shared = Node._exec(self, item)
+        except Exception as exc:
+            return ItemOutcome.raised(index, item, exc)
+        namespace = item_shared.get(self.node_id, {})
+        appended = None
+        if self._accumulators:
+            appended = {k: item_shared[k] for k in self._accumulators if item_shared.get(k)} or None
+        error = failure_of(action, namespace)
+        if error is None:
+            return ItemOutcome(index, namespace, appended=appended)
+        return ItemOutcome(index, namespace, error, None, item, appended)
+
+    def _exec(self, items: list[Any]) -> list[ItemOutcome]:
+        ctx = context.current()
+        if ctx.backend is not None:
+            return ctx.backend.run_batch(self, items)
+        return run_in_process(self, items, self.middleware(len(items)))
+
+    def middleware(self, total: int) -> list[ItemMiddleware]:
+        """In-process hooks: fail-fast abort, plus whatever the run context adds (progress)."""
+        hooks: list[ItemMiddleware] = [FailFast()] if self.batch.error_handling == "fail_fast" else []
+        factory = context.current().extras.get("item_middleware")
+        if factory is not None:
+            hooks.extend(factory(self.node_id, total))
+        return hooks
+
+    def post(self, shared: Any, prep_res: list[Any], exec_res: list[ItemOutcome]) -> str:
+        if self.batch.error_handling == "fail_fast":
+            failed = [o for o in exec_res if o.error is not None]
+            if failed:
+                raise_item_failure(self.node_id, min(failed, key=lambda o: o.index))
+        ordered = order(exec_res, len(prep_res))
+        merge_accumulators(shared, ordered)
+        shared[self.node_id] = aggregate(ordered)
+        return "default"
+
+
+def raise_item_failure(node_id: str, outcome: ItemOutcome) -> None:
+    """fail_fast: re-raise the item's original exception, or say why a non-raising item failed."""
+    if outcome.exception is not None:
+        raise outcome.exception
+    raise BatchItemFailed(f"batch node '{node_id}' item {outcome.index} failed: {outcome.error}")

@@ -1,0 +1,34 @@
+"""Build one node's wrapper chain from its IR spec. Used by the compiler and by workers."""
+
+from __future__ import annotations
+
+from pocketflow import BaseNode
+
+from ir.models import NodeSpec
+from ir.templates import CompiledParams
+from worker.batch import PflowBatchNode
+from worker.nodes import registry
+from worker.wrappers import InstrumentedNode, NamespacedNode, TemplateNode
+
+
+def actual_node(spec: NodeSpec) -> BaseNode:
+    cls = registry.get(spec.type)
+    node = cls()
+    if hasattr(node, "max_retries"):
+        node.max_retries, node.wait = spec.max_retries, spec.wait
+    return node
+
+
+def item_chain(spec: NodeSpec) -> NamespacedNode:
+    """NamespacedNode > TemplateNode > actual node: what runs for one item (or a plain node)."""
+    return NamespacedNode(TemplateNode(actual_node(spec), CompiledParams(spec.params, spec.id)), spec.id)
+
+
+def batch_node(spec: NodeSpec) -> PflowBatchNode:
+    assert spec.batch is not None
+    return PflowBatchNode(item_chain(spec), spec.id, spec.batch)
+
+
+def build_chain(spec: NodeSpec) -> InstrumentedNode:
+    inner: BaseNode = batch_node(spec) if spec.batch else item_chain(spec)
+    return InstrumentedNode(inner, spec.id)

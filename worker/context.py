@@ -1,0 +1,55 @@
+"""The run context: what a running workflow needs that is not data (event sink, batch backend).
+
+It lives in a ContextVar, never in the shared store, so nothing internal travels in a snapshot.
+Outside `scheduler.run` a default context runs batches in-process and drops events.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    from worker.batch import PflowBatchNode
+    from worker.outcome import ItemOutcome
+
+
+class BatchBackend(Protocol):
+    """Runs every item of one batch and returns their outcomes (any order; merged by index)."""
+
+    def run_batch(self, node: PflowBatchNode, items: list[Any]) -> list[ItemOutcome]: ...
+
+
+@dataclass
+class RunContext:
+    backend: BatchBackend | None = None
+    sink: Callable[[dict[str, Any]], None] | None = None
+    last_node: str | None = None
+    extras: dict[str, Any] = field(default_factory=dict)
+
+    def emit(self, event: dict[str, Any]) -> None:
+        if self.sink is not None:
+            self.sink(event)
+
+
+_current: contextvars.ContextVar[RunContext | None] = contextvars.ContextVar("chordflow_run", default=None)
+
+
+def current() -> RunContext:
+    ctx = _current.get()
+    if ctx is None:
+        ctx = RunContext()
+        _current.set(ctx)
+    return ctx
+
+
+@contextlib.contextmanager
+def using(ctx: RunContext) -> Iterator[RunContext]:
+    token = _current.set(ctx)
+    try:
+        yield ctx
+    finally:
+        _current.reset(token)

@@ -1,0 +1,8 @@
+"""Node types: the registry and the built-in types. `register` is the public decorator."""
+
+from worker.nodes.registry import all_types, get, load_plugins, names, register
+
+# Importing the built-in modules registers their types.
+from worker.nodes import echo  # noqa: E402,F401  isort: skip
+
+__all__ = ["all_types", "get", "load_plugins", "names", "register"]
