@@ -30,7 +30,7 @@ def load(workflow: Any) -> ir.Workflow:
     return ir.load(workflow, node_types=registry.names())
 
 
-def compile(workflow: Any) -> WorkflowFlow:  # noqa: A001 - the public name is fixed by DESIGN section 2
+def compile(workflow: Any) -> WorkflowFlow:
     wf = load(workflow)
     chains = {spec.id: build_chain(spec) for spec in wf.nodes}
     for edge in wf.effective_edges():

@@ -104,9 +104,7 @@ def run(
         namespace = store.get(ctx.last_node) if ctx.last_node else None
         detail = namespace.get("error") or namespace.get("stderr") if isinstance(namespace, dict) else None
         error = f"node '{ctx.last_node}' returned 'error'" + (f": {detail}" if detail else "")
-    outputs = {
-        name: resolve_template(out.source, store, f"outputs.{name}") for name, out in (wf.outputs or {}).items()
-    }
+    outputs = {name: resolve_template(out.source, store, f"outputs.{name}") for name, out in (wf.outputs or {}).items()}
     return RunResult(store, status, error, outputs, run_id, time.perf_counter() - started)
 
 
