@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import ir
-from ir.errors import ValidationError
+from ir.errors import RunCancelled, ValidationError
 from ir.templates import resolve_template
 from scheduler.compiler import compile, load
 from scheduler.progress import ProgressEvents
@@ -94,8 +94,12 @@ def run(
     if on_event is not None:
         ctx.extras["item_middleware"] = lambda node_id, total: [ProgressEvents(ctx.emit, node_id, total, cancelled)]
     ctx.backend = _backend(backend, run_id, ctx, options)
+    last_action = None
     with context.using(ctx):
-        last_action = flow._run(store)
+        try:
+            last_action = flow._run(store)
+        except RunCancelled:
+            cancelled.set()
     status, error = "success", None
     if cancelled.is_set():
         status, error = "cancelled", "run cancelled"

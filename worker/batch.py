@@ -12,11 +12,11 @@ from typing import Any
 
 from pocketflow import BatchNode, Node
 
-from ir.errors import BatchItemFailed, BatchItemsError
-from ir.models import BatchSpec
+from ir.errors import BatchItemFailed, BatchItemsError, RunCancelled
+from ir.models import NodeSpec
 from ir.templates import compile_value
 from worker import context
-from worker.aggregate import aggregate, merge_accumulators, order
+from worker.aggregate import BatchResult, merge_accumulators, summarize
 from worker.executor import FailFast, ItemMiddleware, run_in_process
 from worker.outcome import ItemOutcome, failure_of
 from worker.store import is_dunder
@@ -29,10 +29,13 @@ def accumulator_keys(shared: Any) -> tuple[str, ...]:
 
 
 class PflowBatchNode(BatchNode):
-    def __init__(self, inner: Any, node_id: str, batch: BatchSpec):
+    def __init__(self, inner: Any, spec: NodeSpec):
+        assert spec.batch is not None
+        batch = spec.batch
         super().__init__(max_retries=batch.max_retries, wait=batch.retry_wait)
         self.inner = inner
-        self.node_id = node_id
+        self.spec = spec
+        self.node_id = spec.id
         self.batch = batch
         self.alias = batch.alias
         self._items = compile_value(batch.items)
@@ -84,14 +87,18 @@ class PflowBatchNode(BatchNode):
             appended = {k: item_shared[k] for k in self._accumulators if item_shared.get(k)} or None
         error = failure_of(action, namespace)
         if error is None:
-            return ItemOutcome(index, namespace, appended=appended)
+            return ItemOutcome(index, namespace, None, None, None, appended)
         return ItemOutcome(index, namespace, error, None, item, appended)
 
-    def _exec(self, items: list[Any]) -> list[ItemOutcome]:
+    def _exec(self, items: list[Any]) -> BatchResult:
         ctx = context.current()
         if ctx.backend is not None:
             return ctx.backend.run_batch(self, items)
-        return run_in_process(self, items, self.middleware(len(items)))
+        outcomes = run_in_process(self, items, self.middleware(len(items)))
+        cancelled = ctx.extras.get("cancelled")
+        if cancelled is not None and cancelled.is_set():
+            raise RunCancelled(f"run cancelled during batch node '{self.node_id}'")
+        return summarize(outcomes, len(items), self.batch.error_handling == "fail_fast")
 
     def middleware(self, total: int) -> list[ItemMiddleware]:
         """In-process hooks: fail-fast abort, plus whatever the run context adds (progress)."""
@@ -101,14 +108,12 @@ class PflowBatchNode(BatchNode):
             hooks.extend(factory(self.node_id, total))
         return hooks
 
-    def post(self, shared: Any, prep_res: list[Any], exec_res: list[ItemOutcome]) -> str:
-        if self.batch.error_handling == "fail_fast":
-            failed = [o for o in exec_res if o.error is not None]
-            if failed:
-                raise_item_failure(self.node_id, min(failed, key=lambda o: o.index))
-        ordered = order(exec_res, len(prep_res))
-        merge_accumulators(shared, ordered)
-        shared[self.node_id] = aggregate(ordered)
+    def post(self, shared: Any, prep_res: list[Any], exec_res: BatchResult) -> str:
+        """The only write to the original store: the aggregate (never on a fail_fast failure)."""
+        if exec_res.failure is not None:
+            raise_item_failure(self.node_id, exec_res.failure)
+        merge_accumulators(shared, exec_res.appended)
+        shared[self.node_id] = exec_res.aggregate
         return "default"
 
 

@@ -25,8 +25,7 @@ def item_chain(spec: NodeSpec) -> NamespacedNode:
 
 
 def batch_node(spec: NodeSpec) -> PflowBatchNode:
-    assert spec.batch is not None
-    return PflowBatchNode(item_chain(spec), spec.id, spec.batch)
+    return PflowBatchNode(item_chain(spec), spec)
 
 
 def build_chain(spec: NodeSpec) -> InstrumentedNode:

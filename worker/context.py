@@ -13,14 +13,14 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
+    from worker.aggregate import BatchResult
     from worker.batch import PflowBatchNode
-    from worker.outcome import ItemOutcome
 
 
 class BatchBackend(Protocol):
-    """Runs every item of one batch and returns their outcomes (any order; merged by index)."""
+    """Runs every item of one batch and returns the merged result (`worker.aggregate.summarize`)."""
 
-    def run_batch(self, node: PflowBatchNode, items: list[Any]) -> list[ItemOutcome]: ...
+    def run_batch(self, node: PflowBatchNode, items: list[Any]) -> BatchResult: ...
 
 
 @dataclass

@@ -39,14 +39,14 @@ class FailFast(ItemMiddleware):
     """Stops the batch at the first failed item when error_handling is fail_fast."""
 
     def __init__(self) -> None:
-        self.aborted = threading.Event()
+        self.aborted = False  # a plain flag: set once, read by every thread of the batch
 
     def before_item(self, index: int) -> bool:
-        return not self.aborted.is_set()
+        return not self.aborted
 
     def after_item(self, outcome: ItemOutcome) -> None:
         if outcome.error is not None:
-            self.aborted.set()
+            self.aborted = True
 
 
 def run_items(
@@ -57,13 +57,17 @@ def run_items(
     try:
         if not middleware:
             return [run_item(index, item) for index, item in indexed_items]
+        before = [m.before_item for m in middleware]
+        after = [m.after_item for m in middleware]
+        append = outcomes.append
         for index, item in indexed_items:
-            if not all(m.before_item(index) for m in middleware):
-                break
+            for check in before:
+                if not check(index):
+                    return outcomes
             outcome = run_item(index, item)
-            outcomes.append(outcome)
-            for m in middleware:
-                m.after_item(outcome)
+            append(outcome)
+            for hook in after:
+                hook(outcome)
         return outcomes
     finally:
         for m in middleware:

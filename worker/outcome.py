@@ -16,6 +16,7 @@ class ItemOutcome:
     exception_type: str | None = None
     item: Any = None  # kept only for failed items (it goes into `errors`)
     appended: dict[str, list] | None = None  # items' appends to accumulator lists, merged in index order
+    exception_module: str | None = None  # lets the scheduler re-create a worker's exception type
     exception: BaseException | None = None  # in-process only; never serialized
 
     @property
@@ -23,7 +24,7 @@ class ItemOutcome:
         return self.error is None
 
     def to_wire(self) -> list[Any]:
-        return [self.index, self.result, self.error, self.exception_type, self.item, self.appended]
+        return [self.index, self.result, self.error, self.exception_type, self.item, self.appended, self.exception_module]
 
     @classmethod
     def from_wire(cls, data: list[Any]) -> ItemOutcome:
@@ -31,7 +32,8 @@ class ItemOutcome:
 
     @classmethod
     def raised(cls, index: int, item: Any, exc: BaseException) -> ItemOutcome:
-        return cls(index, None, str(exc) or type(exc).__name__, type(exc).__name__, item, None, exc)
+        kind = type(exc)
+        return cls(index, None, str(exc) or kind.__name__, kind.__name__, item, None, kind.__module__, exc)
 
 
 def failure_of(action: Any, namespace: Any) -> str | None:

@@ -21,7 +21,7 @@ class NamespacedStore(MutableMapping):
         self.root = root
         self.node_id = node_id
         namespace = root.get(node_id)
-        if not isinstance(namespace, dict):
+        if namespace.__class__ is not dict and not isinstance(namespace, dict):
             namespace = root[node_id] = {}
         self.namespace = namespace
 

@@ -47,11 +47,12 @@ class TemplateNode(_Wrapper):
     def __init__(self, inner: BaseNode, params: CompiledParams):
         super().__init__(inner)
         self.compiled = params
-        if not params.has_templates:
+        self.dynamic = params.has_templates
+        if not self.dynamic:
             inner.params = params.resolve({})
 
     def _run(self, shared: Any) -> Any:
-        if self.compiled.has_templates:
+        if self.dynamic:
             self.inner.params = self.compiled.resolve(shared)
         return self.inner._run(shared)
 

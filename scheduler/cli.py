@@ -1,0 +1,350 @@
+"""The `chordflow` command line: run, validate, schema, nodes (more commands plug into `cli`).
+
+Every command is a plain click function on the `cli` group. Errors are turned into messages and exit
+codes in ONE place, `ChordflowGroup.invoke` (via `report_error`):
+
+- 0 success; 1 the workflow failed or raised while running; 2 usage or validation error; 130 cancelled.
+- User errors print one line on stderr starting with ``error:`` (a ValidationError with several problems
+  prints one line per problem after the first); ``--debug`` prints the full traceback instead.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import threading
+import traceback
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import click
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
+from rich.table import Table
+from rich.text import Text
+
+import ir
+from ir.errors import NodeTypeError, RemoteError, RunCancelled, ValidationError
+
+DEBUG_KEY = "chordflow.debug"
+FAILED_NODE_KEY = "chordflow.failed_node"
+EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_CANCELLED = 0, 1, 2, 130
+MAX_ERROR_ROWS = 20
+
+
+class CliUsageError(Exception):
+    """Bad command-line usage detected by chordflow itself (exit 2, one line)."""
+
+
+class WorkflowFailed(Exception):
+    """The run finished with status "failed" (an unhandled `error` action): exit 1."""
+
+
+# -- error reporting: the one place that maps exceptions to messages and exit codes ---------------------
+
+
+def _one_line(text: str) -> str:
+    return " ".join(part.strip() for part in text.splitlines() if part.strip())
+
+
+def exit_code_for(exc: BaseException) -> int:
+    if isinstance(exc, KeyboardInterrupt | RunCancelled):
+        return EXIT_CANCELLED
+    if isinstance(exc, CliUsageError | ValidationError | NodeTypeError):
+        return EXIT_USAGE
+    return EXIT_FAILED
+
+
+def error_lines(exc: BaseException, node: str | None = None) -> list[str]:
+    """The stderr lines for an error (no traceback)."""
+    if isinstance(exc, KeyboardInterrupt | RunCancelled):
+        return ["cancelled"]
+    message = str(exc)
+    if isinstance(exc, ValidationError):
+        first, *rest = message.splitlines() or [type(exc).__name__]
+        return [f"error: {first}", *rest]
+    if isinstance(exc, CliUsageError | NodeTypeError | WorkflowFailed):
+        return [f"error: {_one_line(message)}"]
+    if isinstance(exc, RemoteError):
+        text = f"{_one_line(message)} (raised on a worker)"
+    else:
+        text = f"{type(exc).__name__}: {_one_line(message)}" if message.strip() else type(exc).__name__
+    if node and f"'{node}'" not in text:
+        text += f" (node '{node}')"
+    return [f"error: {text}"]
+
+
+def report_error(exc: BaseException, *, debug: bool = False, node: str | None = None) -> int:
+    """Print `exc` on stderr (a traceback with --debug) and return the exit code."""
+    if debug:
+        traceback.print_exception(exc, file=sys.stderr)
+    else:
+        for line in error_lines(exc, node):
+            click.echo(line, err=True)
+    return exit_code_for(exc)
+
+
+class ChordflowGroup(click.Group):
+    """A click group whose `invoke` turns any command's exception into a message and an exit code."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except (click.exceptions.Exit, click.ClickException, click.Abort):
+            raise
+        except (Exception, KeyboardInterrupt) as exc:
+            code = report_error(exc, debug=bool(ctx.meta.get(DEBUG_KEY)), node=ctx.meta.get(FAILED_NODE_KEY))
+            raise click.exceptions.Exit(code) from None
+
+
+def _stdout() -> Console:
+    return Console(highlight=False)
+
+
+def _stderr() -> Console:
+    return Console(stderr=True, highlight=False)
+
+
+def _use_cwd_modules() -> None:
+    """Like `python -m`: modules in the working directory (e.g. `examples.wordcount`) are importable."""
+    cwd = os.getcwd()
+    if cwd not in sys.path and "" not in sys.path:
+        sys.path.insert(0, cwd)
+
+
+@click.group(cls=ChordflowGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("--debug", is_flag=True, help="Print full tracebacks instead of one-line errors.")
+@click.pass_context
+def cli(ctx: click.Context, debug: bool) -> None:
+    """chordflow: run JSON workflows of PocketFlow nodes, with batch fan-out locally or on Celery."""
+    ctx.meta[DEBUG_KEY] = debug
+    _use_cwd_modules()
+
+
+# -- run ---------------------------------------------------------------------------------------------------
+
+
+def parse_inputs(pairs: tuple[str, ...], inputs_file: str | None) -> dict[str, Any]:
+    """`--inputs-file` (a JSON object) first, then each `--input KEY=VALUE` on top of it."""
+    from scheduler.engine import parse_input_value
+
+    inputs: dict[str, Any] = {}
+    if inputs_file is not None:
+        path = Path(inputs_file)
+        try:
+            text = path.read_text(encoding="utf-8")
+        except FileNotFoundError:
+            raise CliUsageError(f"--inputs-file {path}: file not found") from None
+        except OSError as exc:
+            raise CliUsageError(f"--inputs-file {path}: cannot read: {exc.strerror or exc}") from None
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise CliUsageError(
+                f"--inputs-file {path}: invalid JSON at line {exc.lineno}, column {exc.colno}: {exc.msg}"
+            ) from None
+        if not isinstance(data, dict):
+            raise CliUsageError(f"--inputs-file {path}: expected a JSON object, got {type(data).__name__}")
+        inputs.update(data)
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key.strip():
+            raise CliUsageError(f"--input {pair!r}: expected KEY=VALUE")
+        inputs[key.strip()] = parse_input_value(value)
+    return inputs
+
+
+class ProgressDisplay:
+    """`on_event` handler drawing one rich progress bar per batch node (rich throttles the redraws)."""
+
+    def __init__(self, console: Console):
+        self.progress = Progress(
+            TextColumn("{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TextColumn("{task.fields[errors]} errors"),
+            TimeElapsedColumn(),
+            console=console,
+        )
+        self.tasks: dict[str, TaskID] = {}
+        self.done: dict[str, int] = {}
+        self.errors: dict[str, int] = {}
+        self.lock = threading.Lock()
+
+    def __enter__(self) -> ProgressDisplay:
+        self.progress.start()
+        return self
+
+    def __exit__(self, *exc_info: Any) -> None:
+        self.progress.stop()
+
+    def __call__(self, event: dict[str, Any]) -> None:
+        if event.get("type") != "batch_progress":
+            return
+        node = str(event["node"])
+        with self.lock:  # events come from several threads: apply them in one order, never going back
+            if node not in self.tasks:
+                self.tasks[node] = self.progress.add_task(node, total=event.get("total"), errors=0)
+                self.done[node] = self.errors[node] = 0
+            if not event.get("ok", True):
+                self.errors[node] += 1
+            self.done[node] = max(self.done[node], int(event.get("done") or 0))
+            self.progress.update(self.tasks[node], completed=self.done[node], errors=self.errors[node])
+
+
+def _make_event_handler(meta: dict[str, Any], display: ProgressDisplay | None) -> Callable[[dict[str, Any]], None]:
+    def on_event(event: dict[str, Any]) -> None:
+        if event.get("type") == "error" and event.get("node"):
+            meta.setdefault(FAILED_NODE_KEY, event["node"])
+        if display is not None:
+            display(event)
+
+    return on_event
+
+
+def _render(value: Any, limit: int | None = None) -> str:
+    text = value if isinstance(value, str) else json.dumps(value, default=str)
+    if limit is not None and len(text) > limit:
+        text = text[: limit - 3] + "..."
+    return text
+
+
+def print_summary(console: Console, wf: ir.Workflow, result: Any) -> None:
+    """The human summary: status, each batch node's counts and errors, the workflow outputs."""
+    style = {"success": "bold green", "failed": "bold red"}.get(result.status, "bold yellow")
+    line = Text("status: ")
+    line.append(result.status, style=style)
+    line.append(f"  ({len(wf.nodes)} nodes, {result.duration_s:.2f}s, run {result.run_id})")
+    console.print(line)
+    for spec in wf.nodes:
+        agg = result.shared.get(spec.id) if spec.batch else None
+        if not isinstance(agg, dict) or "count" not in agg:
+            continue
+        console.print(
+            Text(
+                f"{spec.id}: {agg.get('count', 0)} items, {agg.get('success_count', 0)} succeeded, "
+                f"{agg.get('error_count', 0)} failed"
+            )
+        )
+        errors = agg.get("errors") or []
+        if errors:
+            table = Table(title=Text(f"{spec.id} errors"), title_justify="left")
+            table.add_column("index", justify="right")
+            table.add_column("item", overflow="fold")
+            table.add_column("error", overflow="fold")
+            for entry in errors[:MAX_ERROR_ROWS]:
+                kind = entry.get("exception_type")
+                message = f"{kind}: {entry.get('error')}" if kind else str(entry.get("error"))
+                table.add_row(str(entry.get("index")), Text(_render(entry.get("item"), 60)), Text(message))
+            console.print(table)
+            if len(errors) > MAX_ERROR_ROWS:
+                console.print(Text(f"... and {len(errors) - MAX_ERROR_ROWS} more errors"))
+    if result.outputs:
+        console.print("outputs:")
+        for name, value in result.outputs.items():
+            console.print(Text(f"  {name} = {_render(value, 200)}"))
+
+
+@cli.command()
+@click.argument("workflow", metavar="WF.json")
+@click.option("--input", "-i", "pairs", multiple=True, metavar="KEY=VALUE", help="An input (JSON or text).")
+@click.option("--inputs-file", type=str, metavar="F.json", help="A JSON object of inputs.")
+@click.option("--backend", type=click.Choice(["local", "celery"]), default="local", show_default=True)
+@click.option("--output", type=click.Choice(["text", "json"]), default="text", show_default=True)
+@click.option("--debug", is_flag=True, help="Print full tracebacks instead of one-line errors.")
+@click.pass_context
+def run(
+    ctx: click.Context,
+    workflow: str,
+    pairs: tuple[str, ...],
+    inputs_file: str | None,
+    backend: str,
+    output: str,
+    debug: bool,
+) -> None:
+    """Run a workflow and print a summary (or the final store with --output json)."""
+    if debug:
+        ctx.meta[DEBUG_KEY] = True
+    import scheduler
+    from scheduler.compiler import load
+
+    inputs = parse_inputs(pairs, inputs_file)
+    wf = load(workflow)
+    show_progress = output != "json" and sys.stderr.isatty()
+    display = ProgressDisplay(_stderr()) if show_progress else None
+    cancelled = threading.Event()
+    on_event = _make_event_handler(ctx.meta, display)
+    try:
+        if display is not None:
+            with display:
+                result = scheduler.run(wf, inputs, backend=backend, on_event=on_event, cancelled=cancelled)
+        else:
+            result = scheduler.run(wf, inputs, backend=backend, on_event=on_event, cancelled=cancelled)
+    except KeyboardInterrupt:
+        cancelled.set()
+        raise
+    if output == "json":
+        click.echo(json.dumps(result.shared, default=str))
+    else:
+        print_summary(_stdout(), wf, result)
+    if result.status == "cancelled":
+        raise RunCancelled(result.error or "run cancelled")
+    if result.status != "success":
+        raise WorkflowFailed(f"workflow failed: {result.error or result.status}")
+
+
+# -- validate / schema / nodes ---------------------------------------------------------------------------------
+
+
+@cli.command()
+@click.argument("workflow", metavar="WF.json")
+def validate(workflow: str) -> None:
+    """Check a workflow (shape, edges, templates, node types) without running it."""
+    from scheduler.compiler import load
+
+    wf = load(workflow)
+    click.echo(f"ok: {len(wf.nodes)} nodes")
+
+
+@cli.command()
+def schema() -> None:
+    """Print the JSON Schema of the workflow IR."""
+    click.echo(json.dumps(ir.json_schema(), indent=2))
+
+
+def _first_doc_line(cls: type) -> str:
+    doc = (cls.__dict__.get("__doc__") or "").strip()
+    return doc.splitlines()[0] if doc else ""
+
+
+def _params_text(cls: type) -> str:
+    params = getattr(cls, "PARAMS", None)
+    if isinstance(params, dict):
+        return "\n".join(f"{name}: {desc}" if desc else str(name) for name, desc in params.items())
+    if isinstance(params, list | tuple | set):
+        return "\n".join(str(name) for name in params)
+    return ""
+
+
+@cli.command()
+def nodes() -> None:
+    """List the registered node types with their params."""
+    from worker.nodes import all_types
+
+    table = Table(title="node types", title_justify="left")
+    table.add_column("type", no_wrap=True)
+    table.add_column("params", overflow="fold")
+    table.add_column("description", overflow="fold")
+    for name, cls in all_types().items():
+        table.add_row(Text(name), Text(_params_text(cls)), Text(_first_doc_line(cls)))
+    _stdout().print(table)
+
+
+def main(argv: list[str] | None = None) -> None:
+    cli.main(args=argv, prog_name="chordflow")
+
+
+if __name__ == "__main__":
+    main()
