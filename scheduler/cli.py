@@ -10,12 +10,14 @@ codes in ONE place, `ChordflowGroup.invoke` (via `report_error`):
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import signal
 import sys
 import threading
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -204,6 +206,27 @@ def _make_event_handler(meta: dict[str, Any], display: ProgressDisplay | None) -
     return on_event
 
 
+@contextlib.contextmanager
+def _cancel_on_sigint(cancelled: threading.Event) -> Iterator[None]:
+    """Ctrl-C sets the run's cancel flag first (batch threads stop taking items), then interrupts."""
+
+    def on_sigint(signum: int, frame: Any) -> None:
+        cancelled.set()
+        raise KeyboardInterrupt
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGINT, on_sigint)
+    try:
+        yield
+    except KeyboardInterrupt:
+        cancelled.set()
+        raise
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
 def _render(value: Any, limit: int | None = None) -> str:
     text = value if isinstance(value, str) else json.dumps(value, default=str)
     if limit is not None and len(text) > limit:
@@ -216,7 +239,8 @@ def print_summary(console: Console, wf: ir.Workflow, result: Any) -> None:
     style = {"success": "bold green", "failed": "bold red"}.get(result.status, "bold yellow")
     line = Text("status: ")
     line.append(result.status, style=style)
-    line.append(f"  ({len(wf.nodes)} nodes, {result.duration_s:.2f}s, run {result.run_id})")
+    n = len(wf.nodes)
+    line.append(f"  ({n} node{'' if n == 1 else 's'}, {result.duration_s:.2f}s, run {result.run_id})")
     console.print(line)
     for spec in wf.nodes:
         agg = result.shared.get(spec.id) if spec.batch else None
@@ -276,15 +300,12 @@ def run(
     display = ProgressDisplay(_stderr()) if show_progress else None
     cancelled = threading.Event()
     on_event = _make_event_handler(ctx.meta, display)
-    try:
+    with _cancel_on_sigint(cancelled):
         if display is not None:
             with display:
                 result = scheduler.run(wf, inputs, backend=backend, on_event=on_event, cancelled=cancelled)
         else:
             result = scheduler.run(wf, inputs, backend=backend, on_event=on_event, cancelled=cancelled)
-    except KeyboardInterrupt:
-        cancelled.set()
-        raise
     if output == "json":
         click.echo(json.dumps(result.shared, default=str))
     else:

@@ -24,7 +24,15 @@ class ItemOutcome:
         return self.error is None
 
     def to_wire(self) -> list[Any]:
-        return [self.index, self.result, self.error, self.exception_type, self.item, self.appended, self.exception_module]
+        return [
+            self.index,
+            self.result,
+            self.error,
+            self.exception_type,
+            self.item,
+            self.appended,
+            self.exception_module,
+        ]
 
     @classmethod
     def from_wire(cls, data: list[Any]) -> ItemOutcome:

@@ -1,0 +1,160 @@
+"""The Celery backend: one batch node = ONE chord of `run_chunk` tasks with an `aggregate` body.
+
+The snapshot is encoded once per batch (inline under a size threshold, else stored once in Redis
+by content hash); items travel per chunk. The scheduler then follows the run's progress stream
+(one XREAD per wake-up, never a subscription per item) until the chord body is ready.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import logging
+import threading
+import uuid
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import kombu.exceptions
+import redis
+from celery import chord
+
+from ir import snapshot
+from ir.errors import BackendError, RemoteError, RunCancelled
+from scheduler import chunking
+from worker import settings
+from worker.aggregate import BatchResult, summarize
+from worker.batch import PflowBatchNode
+from worker.context import RunContext
+from worker.outcome import ItemOutcome
+from worker.runstate import RunState
+
+log = logging.getLogger(__name__)
+POLL_MS = 200
+
+
+def rebuild_exception(outcome: ItemOutcome) -> BaseException:
+    """The worker's exception as its original type when importable here, else RemoteError."""
+    name, module, message = outcome.exception_type, outcome.exception_module, outcome.error or ""
+    try:
+        cls = getattr(importlib.import_module(module or "builtins"), name or "")
+        if isinstance(cls, type) and issubclass(cls, BaseException):
+            return cls(message)
+    except Exception:  # unimportable module, missing name, or a constructor with other arguments
+        pass
+    return RemoteError(f"{module}.{name}" if module and module != "builtins" else str(name), message)
+
+
+class CeleryBackend:
+    def __init__(self, run_id: str, ctx: RunContext, **_: Any):
+        from worker.app import ensure_configured
+
+        self.app = ensure_configured()
+        self.settings = settings.load()
+        self.run_id = run_id
+        self.ctx = ctx
+        self.state = RunState(run_id)
+        self.cancelled: threading.Event = ctx.extras.setdefault("cancelled", threading.Event())
+
+    # -- dispatch -------------------------------------------------------------------------------
+    def run_batch(self, node: PflowBatchNode, items: list[Any]) -> BatchResult:
+        fail_fast = node.batch.error_handling == "fail_fast"
+        if not items:
+            return summarize([], 0, fail_fast)
+        from worker.tasks import aggregate, run_chunk
+
+        blob = snapshot.encode(snapshot.snapshot_of(node._shared), label="shared")
+        size = chunking.chunk_size(
+            len(items),
+            node.batch.chunk_size,
+            chunking.worker_processes(self.app),
+            self.settings.chunks_per_process,
+            self.settings.max_chunk_size,
+        )
+        spans = chunking.slices(len(items), size)
+        # Encode every slice before anything is enqueued: a value that cannot travel fails early.
+        payloads = [snapshot.encode(items[a:b], label=f"batch '{node.node_id}' items[{a}:{b}]") for a, b in spans]
+        snap: bytes | dict[str, str] = blob
+        with broker_errors(self.settings.result_backend):
+            if len(blob) > self.settings.snapshot_inline_bytes:
+                snap = {"ref": self.state.store_snapshot(blob)}
+            spec = node.spec.wire()
+            ids = [uuid.uuid4().hex for _ in spans]
+            header = [
+                run_chunk.signature(
+                    ({"run": self.run_id, "node": spec, "snap": snap, "start": a, "items": payload},),
+                    task_id=task_id,
+                    argsrepr=f"batch={node.node_id} items[{a}:{b}] run={self.run_id}",
+                    kwargsrepr="{}",
+                )
+                for (a, b), payload, task_id in zip(spans, payloads, ids, strict=True)
+            ]
+            body = aggregate.signature(
+                ({"run": self.run_id, "node": node.node_id, "count": len(items), "fail_fast": fail_fast},),
+                argsrepr=f"batch={node.node_id} chunks={len(spans)} run={self.run_id}",
+                kwargsrepr="{}",
+            )
+            self.state.record_chunks(ids)
+            self.state.describe(status="running", node=node.node_id, items=len(items), chunks=len(spans))
+            result = chord(header)(body)
+        log.info("run %s: batch %s -> %d chunks of <= %d items", self.run_id, node.node_id, len(spans), size)
+        try:
+            self._wait(result, node.node_id, len(items))
+        except (KeyboardInterrupt, RunCancelled):
+            self.cancel()
+            raise
+        if result.failed():
+            raise BackendError(f"batch node '{node.node_id}': a chunk failed on a worker: {result.result}")
+        batch = BatchResult.from_wire(snapshot.decode(result.result))
+        if batch.failure is not None:
+            batch.failure.exception = rebuild_exception(batch.failure) if batch.failure.exception_type else None
+        self.state.describe(status="done")
+        return batch
+
+    # -- waiting -----------------------------------------------------------------------------------
+    def _wait(self, result: Any, node_id: str, total: int) -> None:
+        seen = bytearray(total)
+        done = 0
+        last_id = "0-0"
+        emit: Callable[[dict[str, Any]], None] = self.ctx.emit
+        while True:
+            with broker_errors(self.settings.result_backend):
+                last_id, batches = self.state.read_progress(last_id, POLL_MS)
+                for batch_node, outcomes in batches:
+                    for index, ok in outcomes:
+                        if batch_node == node_id and not seen[index]:
+                            seen[index] = 1
+                            done += 1
+                            emit({"type": "batch_progress", "node": node_id, "index": index,
+                                  "done": done, "total": total, "ok": bool(ok)})  # fmt: skip
+                if self.cancelled.is_set() or self.state.cancelled():
+                    raise RunCancelled(f"run {self.run_id} cancelled during batch node '{node_id}'")
+                if result.ready():
+                    return
+
+    def cancel(self) -> None:
+        """Stop dispatch: set the cancel flag (chunks stop between items) and revoke queued chunks."""
+        self.cancelled.set()
+        try:
+            self.state.cancel()
+            self.app.control.revoke(self.state.chunk_ids())
+            self.state.describe(status="cancelled")
+        except redis.RedisError as exc:
+            log.warning("could not record the cancellation in Redis: %s", exc)
+
+
+@contextlib.contextmanager
+def broker_errors(url: str) -> Iterator[None]:
+    """Turns a lost Redis connection into one clear BackendError instead of a traceback or a hang."""
+    try:
+        yield
+    except (redis.ConnectionError, redis.TimeoutError, kombu.exceptions.OperationalError, OSError) as exc:
+        raise BackendError(f"lost the connection to Redis at {_safe(url)}: {exc}") from exc
+
+
+def _safe(url: str) -> str:
+    """The URL without its password."""
+    if "@" in url:
+        scheme, rest = url.split("://", 1)
+        return f"{scheme}://***@{rest.split('@', 1)[1]}"
+    return url

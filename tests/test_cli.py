@@ -1,0 +1,406 @@
+"""The `chordflow` CLI, run as a subprocess from the repo root: output, messages and exit codes."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pocketflow import Node
+from rich.console import Console
+
+from ir.errors import BatchItemsError, RemoteError, TemplateError, ValidationError
+from scheduler.cli import CliUsageError, ProgressDisplay, WorkflowFailed, _params_text, error_lines, exit_code_for
+
+ROOT = Path(__file__).parents[1]
+
+
+def cli_env(**extra: str) -> dict[str, str]:
+    """The subprocess environment: wide output, and the `python` node type available.
+
+    While `worker.nodes` does not import the `python` node module itself, it is loaded as a plugin
+    (CHORDFLOW_PLUGINS) in the CLI subprocess only.
+    """
+    from worker.nodes import names
+
+    env = dict(os.environ)
+    env["COLUMNS"] = "200"
+    if "python" not in names():
+        plugins = [p for p in env.get("CHORDFLOW_PLUGINS", "").split(",") if p.strip()]
+        env["CHORDFLOW_PLUGINS"] = ",".join([*plugins, "worker.nodes.python_call"])
+    env.update(extra)
+    return env
+
+
+def run_cli(*args: Any, env: dict[str, str] | None = None, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "scheduler.cli", *map(str, args)],
+        cwd=ROOT,
+        env=env or cli_env(),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def write_wf(tmp_path: Path, data: Any, name: str = "wf.json") -> Path:
+    path = tmp_path / name
+    path.write_text(data if isinstance(data, str) else json.dumps(data), encoding="utf-8")
+    return path
+
+
+def err_lines(proc: subprocess.CompletedProcess[str]) -> list[str]:
+    return [line for line in proc.stderr.splitlines() if line.strip()]
+
+
+def assert_one_line_error(proc: subprocess.CompletedProcess[str], code: int) -> str:
+    assert proc.returncode == code, (proc.returncode, proc.stdout, proc.stderr)
+    lines = err_lines(proc)
+    assert len(lines) == 1, proc.stderr
+    assert lines[0].startswith("error: "), proc.stderr
+    assert "Traceback" not in proc.stderr
+    return lines[0]
+
+
+BATCH_WF = {
+    "inputs": {"greeting": {"description": "prefix", "required": True}},
+    "nodes": [
+        {"id": "src", "type": "echo", "params": {"records": ["a", "b", "c"]}},
+        {
+            "id": "each",
+            "type": "echo",
+            "batch": {"items": "${src.records}", "as": "rec"},
+            "params": {"text": "${greeting} ${rec}"},
+        },
+    ],
+    "outputs": {"n": {"source": "${each.count}"}},
+}
+
+CONTINUE_WF = {
+    "nodes": [
+        {"id": "src", "type": "echo", "params": {"records": ["ok-0", "Error: bad one", "ok-2", "Error: bad three"]}},
+        {
+            "id": "each",
+            "type": "echo",
+            "batch": {"items": "${src.records}", "error_handling": "continue"},
+            "params": {"value": "${item}"},
+        },
+    ],
+    "outputs": {"failed": {"source": "${each.error_count}"}},
+}
+
+
+# -- run -------------------------------------------------------------------------------------------------------
+
+
+def test_run_json_output_prints_only_the_final_store(tmp_path: Path) -> None:
+    proc = run_cli("run", write_wf(tmp_path, BATCH_WF), "--input", "greeting=hi", "--output", "json")
+    assert proc.returncode == 0, proc.stderr
+    store = json.loads(proc.stdout)  # stdout is exactly one JSON document
+    assert store["greeting"] == "hi"
+    agg = store["each"]
+    assert agg["results"] == [{"text": "hi a"}, {"text": "hi b"}, {"text": "hi c"}]
+    assert (agg["count"], agg["success_count"], agg["error_count"], agg["errors"]) == (3, 3, 0, None)
+    assert proc.stderr == ""  # no progress bar without a TTY
+
+
+def test_run_inputs_are_json_when_they_parse_and_override_the_inputs_file(tmp_path: Path) -> None:
+    wf = {"nodes": [{"id": "show", "type": "echo", "params": {"n": "${n}", "s": "${s}", "l": "${l}", "f": "${f}"}}]}
+    inputs = tmp_path / "inputs.json"
+    inputs.write_text(json.dumps({"n": 1, "s": "from-file", "f": "kept"}), encoding="utf-8")
+    proc = run_cli(
+        "run",
+        write_wf(tmp_path, wf),
+        "--inputs-file",
+        inputs,
+        "-i",
+        "n=3",
+        "--input",
+        "s=hello",
+        "--input",
+        "l=[1,2]",
+        "--output",
+        "json",
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["show"] == {"n": 3, "s": "hello", "l": [1, 2], "f": "kept"}
+
+
+def test_run_text_output_summarizes_batches_errors_and_outputs(tmp_path: Path) -> None:
+    proc = run_cli("run", write_wf(tmp_path, CONTINUE_WF))
+    assert proc.returncode == 0, proc.stderr
+    out = proc.stdout
+    assert "status: success" in out
+    assert "each: 4 items, 2 succeeded, 2 failed" in out
+    assert "each errors" in out
+    assert out.index("Error: bad one") < out.index("Error: bad three")  # sorted by index
+    assert "failed = 2" in out
+    assert "src:" not in out  # non-batch nodes get no counts line
+
+
+def test_run_bad_input_syntax_is_a_usage_error(tmp_path: Path) -> None:
+    line = assert_one_line_error(run_cli("run", write_wf(tmp_path, BATCH_WF), "--input", "greeting"), 2)
+    assert "--input 'greeting'" in line
+    assert "KEY=VALUE" in line
+
+
+def test_run_missing_required_input_is_a_usage_error(tmp_path: Path) -> None:
+    proc = run_cli("run", write_wf(tmp_path, BATCH_WF))
+    line = assert_one_line_error(proc, 2)
+    assert "required input 'greeting'" in line
+
+
+def test_run_inputs_file_with_bad_json_names_line_and_column(tmp_path: Path) -> None:
+    inputs = tmp_path / "inputs.json"
+    inputs.write_text('{"a": 1,\n}', encoding="utf-8")
+    line = assert_one_line_error(run_cli("run", write_wf(tmp_path, BATCH_WF), "--inputs-file", inputs), 2)
+    assert "inputs.json" in line
+    assert "line 2, column 1" in line
+
+
+# -- user errors ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("command", ["run", "validate"])
+def test_malformed_json_is_one_line_with_line_and_column(tmp_path: Path, command: str) -> None:
+    path = write_wf(tmp_path, '{"nodes": [\n  {"id": "a", "type": "echo",}\n]}', "broken.json")
+    line = assert_one_line_error(run_cli(command, path), 2)
+    assert "broken.json" in line
+    assert "invalid JSON at line 2, column" in line
+
+
+@pytest.mark.parametrize("command", ["run", "validate"])
+def test_missing_file(tmp_path: Path, command: str) -> None:
+    line = assert_one_line_error(run_cli(command, tmp_path / "nope.json"), 2)
+    assert "nope.json" in line
+    assert "file not found" in line
+
+
+def test_unknown_node_type_suggests_the_closest(tmp_path: Path) -> None:
+    wf = {"nodes": [{"id": "a", "type": "ecko", "params": {}}]}
+    line = assert_one_line_error(run_cli("run", write_wf(tmp_path, wf)), 2)
+    assert "nodes[0] (id 'a').type: unknown node type 'ecko'" in line
+    assert "did you mean 'echo'?" in line
+
+
+def test_batch_items_not_a_list_fails_the_run_with_one_line(tmp_path: Path) -> None:
+    wf = {
+        "nodes": [
+            {"id": "src", "type": "echo", "params": {"records": {"a": 1}}},
+            {"id": "each", "type": "echo", "batch": {"items": "${src.records}"}, "params": {"v": "${item}"}},
+        ]
+    }
+    line = assert_one_line_error(run_cli("run", write_wf(tmp_path, wf)), 1)
+    assert "Batch items must be an array, got dict" in line
+    assert "BatchItemsError" in line
+    assert "'each'" in line  # names the node
+
+
+def test_unresolvable_template_names_node_param_and_template(tmp_path: Path) -> None:
+    wf = {
+        "nodes": [
+            {"id": "src", "type": "echo", "params": {"x": 1}},
+            {"id": "use", "type": "echo", "params": {"greeting": "hello ${src.missing}"}},
+        ]
+    }
+    line = assert_one_line_error(run_cli("run", write_wf(tmp_path, wf), "--output", "json"), 1)
+    assert "node 'use'" in line
+    assert "param 'greeting'" in line
+    assert "${src.missing}" in line
+
+
+def test_item_exception_propagates_as_type_and_message(tmp_path: Path) -> None:
+    wf = {
+        "nodes": [
+            {
+                "id": "src",
+                "type": "echo",
+                "params": {"records": [{"name": "ada", "age": 36}, {"name": "x", "age": "?"}]},
+            },
+            {
+                "id": "check",
+                "type": "python",
+                "batch": {"items": "${src.records}", "as": "record"},
+                "params": {"function": "examples.records:check_record", "record": "${record}"},
+            },
+        ]
+    }
+    proc = run_cli("run", write_wf(tmp_path, wf), "--output", "json")
+    line = assert_one_line_error(proc, 1)
+    assert line.startswith("error: ValueError: age of 'x' must be an integer")
+    assert proc.stdout == ""
+
+
+def test_unhandled_error_action_fails_the_run_but_still_prints_the_store(tmp_path: Path) -> None:
+    wf = {"nodes": [{"id": "s", "type": "shell", "params": {"command": "echo oops >&2; exit 3"}}]}
+    proc = run_cli("run", write_wf(tmp_path, wf), "--output", "json")
+    line = assert_one_line_error(proc, 1)
+    assert line.startswith("error: workflow failed: node 's' returned 'error'")
+    assert json.loads(proc.stdout)["s"]["exit_code"] == 3
+    text = run_cli("run", write_wf(tmp_path, wf))
+    assert text.returncode == 1
+    assert "status: failed" in text.stdout
+
+
+@pytest.mark.parametrize("where", ["group", "command"])
+def test_debug_prints_the_traceback(tmp_path: Path, where: str) -> None:
+    wf = {
+        "nodes": [
+            {"id": "src", "type": "echo", "params": {"records": "not a list"}},
+            {"id": "each", "type": "echo", "batch": {"items": "${src.records}"}, "params": {}},
+        ]
+    }
+    path = write_wf(tmp_path, wf)
+    args = ["--debug", "run", path] if where == "group" else ["run", path, "--debug"]
+    proc = run_cli(*args)
+    assert proc.returncode == 1
+    assert "Traceback (most recent call last)" in proc.stderr
+    assert "BatchItemsError: Batch items must be an array, got str" in proc.stderr
+
+
+def test_ctrl_c_exits_130_with_cancelled(tmp_path: Path) -> None:
+    (tmp_path / "slowmod.py").write_text(
+        "import pathlib, time\n"
+        "def slow(marker, seconds):\n"
+        "    pathlib.Path(marker).touch()\n"
+        "    time.sleep(seconds)\n"
+        "    return seconds\n",
+        encoding="utf-8",
+    )
+    marker = tmp_path / "started"
+    wf = {
+        "nodes": [
+            {"id": "s", "type": "python", "params": {"function": "slowmod:slow", "marker": str(marker), "seconds": 30}}
+        ]
+    }
+    env = cli_env(PYTHONPATH=os.pathsep.join(filter(None, [str(tmp_path), os.environ.get("PYTHONPATH")])))
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "scheduler.cli", "run", str(write_wf(tmp_path, wf))],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while not marker.exists():
+            assert proc.poll() is None, proc.communicate()
+            assert time.monotonic() < deadline, "the node never started"
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGINT)
+        _, stderr = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130, stderr
+    assert stderr.strip() == "cancelled"
+
+
+# -- validate / schema / nodes ----------------------------------------------------------------------------------
+
+
+def test_validate_ok(tmp_path: Path) -> None:
+    proc = run_cli("validate", write_wf(tmp_path, BATCH_WF))
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "ok: 2 nodes"
+
+
+def test_validate_lists_every_problem(tmp_path: Path) -> None:
+    wf = {
+        "nodes": [
+            {"id": "a", "type": "echo"},
+            {"id": "a", "type": "ecko"},
+            {"id": "b", "type": "echo", "params": {"v": "${zzz.out}"}},
+        ],
+        "edges": [{"from": "a", "to": "b"}, {"from": "b", "to": "nowhere"}],
+    }
+    proc = run_cli("validate", write_wf(tmp_path, wf))
+    assert proc.returncode == 2
+    assert "Traceback" not in proc.stderr
+    lines = err_lines(proc)
+    assert lines[0].startswith("error: ") and "problems" in lines[0]
+    text = proc.stderr
+    assert "duplicate node id" in text
+    assert "unknown node 'nowhere'" in text
+    assert "unknown node type 'ecko'" in text
+    assert len(lines) >= 4  # a first line, then one line per problem
+
+
+def test_schema_prints_the_ir_json_schema() -> None:
+    proc = run_cli("schema")
+    assert proc.returncode == 0, proc.stderr
+    schema = json.loads(proc.stdout)
+    assert "nodes" in schema["properties"]
+
+
+def test_nodes_lists_registered_types_with_params() -> None:
+    proc = run_cli("nodes")
+    assert proc.returncode == 0, proc.stderr
+    assert "echo" in proc.stdout
+    assert "noop" in proc.stdout
+    assert "Writes each of its params" in proc.stdout  # first docstring line of EchoNode
+
+
+def test_no_command_shows_help() -> None:
+    proc = run_cli("--help")
+    assert proc.returncode == 0
+    for command in ("run", "validate", "schema", "nodes"):
+        assert command in proc.stdout
+
+
+# -- in-process pieces --------------------------------------------------------------------------------------------
+
+
+def test_params_text_tolerates_classes_without_params() -> None:
+    class Bare(Node):
+        pass
+
+    class WithParams(Node):
+        PARAMS = {"path": "file to read"}
+
+    assert _params_text(Bare) == ""
+    assert _params_text(WithParams) == "path: file to read"
+
+
+def test_error_mapping_in_one_place() -> None:
+    assert exit_code_for(ValidationError(["a", "b"])) == 2
+    assert exit_code_for(CliUsageError("x")) == 2
+    assert exit_code_for(TemplateError("t")) == 1
+    assert exit_code_for(BatchItemsError("b")) == 1
+    assert exit_code_for(WorkflowFailed("w")) == 1
+    assert exit_code_for(KeyboardInterrupt()) == 130
+    assert error_lines(ValidationError(["p1", "p2"], source="wf.json")) == [
+        "error: wf.json: 2 problems:",
+        "  - p1",
+        "  - p2",
+    ]
+    assert error_lines(ValueError("bad\nvalue"), node="n") == ["error: ValueError: bad value (node 'n')"]
+    assert error_lines(TemplateError("node 'n' param 'p': cannot resolve ${x}"), node="n") == [
+        "error: TemplateError: node 'n' param 'p': cannot resolve ${x}"
+    ]
+    assert error_lines(RemoteError("KeyError", "'k'")) == ["error: KeyError: 'k' (raised on a worker)"]
+    assert error_lines(KeyboardInterrupt()) == ["cancelled"]
+
+
+def test_progress_display_applies_out_of_order_events_monotonically() -> None:
+    console = Console(file=io.StringIO(), force_terminal=True, width=100)
+    events = [
+        {"type": "state", "node": "x"},
+        {"type": "batch_progress", "node": "b", "index": 0, "done": 1, "total": 3, "ok": True},
+        {"type": "batch_progress", "node": "b", "index": 2, "done": 3, "total": 3, "ok": False},
+        {"type": "batch_progress", "node": "b", "index": 1, "done": 2, "total": 3, "ok": True},
+    ]
+    with ProgressDisplay(console) as display:
+        for event in events:
+            display(event)
+    (task,) = display.progress.tasks
+    assert (task.description, task.completed, task.total, task.fields["errors"]) == ("b", 3, 3, 1)
+    assert "3/3" in console.file.getvalue()

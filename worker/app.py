@@ -1,0 +1,69 @@
+"""The Celery app: `celery -A worker.app worker` (or `chordflow worker`) runs chordflow chunks.
+
+Configured from the environment (worker.settings). Reliability choices: late acks and
+reject-on-worker-lost so a killed worker's chunk is delivered again; a visibility timeout above
+the longest chunk; prefetch 1 (chunks are long); msgpack/json only, never pickle; ordered chords;
+task events on for Flower.
+"""
+
+from __future__ import annotations
+
+import threading
+
+from celery import Celery, signals
+
+from worker import settings
+from worker.nodes import registry
+
+
+def config(s: settings.Settings) -> dict:
+    return {
+        "broker_url": s.broker_url,
+        "result_backend": s.result_backend,
+        "task_serializer": "msgpack",
+        "result_serializer": "msgpack",
+        "accept_content": ["msgpack", "json"],
+        "result_accept_content": ["msgpack", "json"],
+        "task_acks_late": True,
+        "task_reject_on_worker_lost": True,
+        "worker_prefetch_multiplier": 1,
+        "broker_transport_options": {"visibility_timeout": s.visibility_timeout},
+        "result_backend_transport_options": {"retry_policy": {"timeout": 5.0}},
+        "result_chord_ordered": True,
+        "result_expires": s.run_ttl,
+        "result_chord_join_timeout": 30.0,
+        "task_default_queue": s.queue,
+        "task_track_started": True,
+        "task_send_sent_event": True,
+        "worker_send_task_events": True,
+        "worker_soft_shutdown_timeout": 30.0,
+        "worker_enable_soft_shutdown_on_idle": True,
+        "worker_hijack_root_logger": False,
+        "broker_connection_retry_on_startup": True,
+        "broker_connection_max_retries": 3,
+    }
+
+
+app = Celery("chordflow", include=["worker.tasks"])
+app.conf.update(config(settings.load()))
+_applied = settings.load()
+
+
+def ensure_configured() -> Celery:
+    """Re-read the environment (the scheduler may set it after import); safe before first use."""
+    global _applied
+    current = settings.load()
+    if current != _applied:
+        app.conf.update(config(current))
+        # Drop the connection pools and result backend built from the old URLs.
+        app._pool, app._backend_cache, app._local = None, None, threading.local()
+        app.amqp._producer_pool = None
+        _applied = current
+    return app
+
+
+@signals.worker_process_init.connect
+@signals.worker_init.connect
+def _load_plugins(**_: object) -> None:
+    """User node types (CHORDFLOW_PLUGINS) must exist on every worker before a chunk arrives."""
+    registry.load_plugins()

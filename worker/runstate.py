@@ -1,0 +1,115 @@
+"""Per-run state in Redis: progress stream, cancel/abort flags, snapshots, permits, chunk ids.
+
+Every key lives under `chordflow:run:<run_id>:` (snapshots under `chordflow:snap:<sha256>`) and
+expires after `run_ttl`. The Lua scripts sit beside this module in worker/lua/.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import msgpack
+import redis
+
+from worker import settings
+
+_LUA = Path(__file__).with_name("lua")
+
+
+@cache
+def _script_source(name: str) -> str:
+    return (_LUA / f"{name}.lua").read_text()
+
+
+_clients: dict[str, redis.Redis] = {}
+
+
+def client(url: str | None = None) -> redis.Redis:
+    """One Redis client per URL per process (the result backend's server holds run state)."""
+    url = url or settings.load().result_backend
+    if url not in _clients:
+        _clients[url] = redis.Redis.from_url(url, socket_timeout=10, socket_connect_timeout=5, health_check_interval=30)
+    return _clients[url]
+
+
+class RunState:
+    def __init__(self, run_id: str, redis_client: redis.Redis | None = None, ttl: int | None = None):
+        self.run_id = run_id
+        self.redis = redis_client or client()
+        self.ttl = ttl or settings.load().run_ttl
+        self.prefix = f"chordflow:run:{run_id}:"
+        self._acquire = self.redis.register_script(_script_source("acquire_permit"))
+        self._publish = self.redis.register_script(_script_source("publish_progress"))
+
+    def key(self, name: str) -> str:
+        return self.prefix + name
+
+    # -- flags ------------------------------------------------------------------------------
+    def cancel(self) -> None:
+        self.redis.set(self.key("cancel"), 1, ex=self.ttl)
+
+    def cancelled(self) -> bool:
+        return bool(self.redis.exists(self.key("cancel")))
+
+    def abort(self, node_id: str) -> None:
+        """fail_fast: the first failed item stops every other chunk of this batch."""
+        self.redis.set(self.key(f"abort:{node_id}"), 1, ex=self.ttl)
+
+    def should_stop(self, node_id: str) -> bool:
+        return bool(self.redis.exists(self.key("cancel"), self.key(f"abort:{node_id}")))
+
+    # -- progress ---------------------------------------------------------------------------
+    def publish(self, node_id: str, outcomes: list[tuple[int, bool]]) -> None:
+        self._publish(keys=[self.key("events")], args=[node_id, msgpack.packb(outcomes), self.ttl])
+
+    def read_progress(self, last_id: str, block_ms: int) -> tuple[str, list[tuple[str, list[tuple[int, bool]]]]]:
+        """Entries after `last_id` (waits up to block_ms). Returns (new last id, [(node, outcomes)])."""
+        reply = self.redis.xread({self.key("events"): last_id}, block=block_ms, count=1000)
+        batches = []
+        for _stream, entries in reply or []:
+            for entry_id, fields in entries:
+                last_id = entry_id.decode() if isinstance(entry_id, bytes) else entry_id
+                batches.append((fields[b"node"].decode(), msgpack.unpackb(fields[b"b"])))
+        return last_id, batches
+
+    # -- snapshots ---------------------------------------------------------------------------
+    def store_snapshot(self, blob: bytes) -> str:
+        """Stores the bytes once under their content hash; chunk messages carry only the key."""
+        key = "chordflow:snap:" + hashlib.sha256(blob).hexdigest()
+        self.redis.set(key, blob, ex=self.ttl)
+        return key
+
+    def load_snapshot(self, key: str) -> bytes:
+        blob = self.redis.get(key)
+        if blob is None:
+            raise LookupError(f"snapshot {key} is missing from Redis (expired after {self.ttl}s, or flushed)")
+        return blob
+
+    # -- chunks and permits -----------------------------------------------------------------
+    def record_chunks(self, task_ids: list[str]) -> None:
+        pipe = self.redis.pipeline()
+        pipe.rpush(self.key("chunks"), *task_ids)
+        pipe.expire(self.key("chunks"), self.ttl)
+        pipe.execute()
+
+    def chunk_ids(self) -> list[str]:
+        return [t.decode() for t in self.redis.lrange(self.key("chunks"), 0, -1)]
+
+    def acquire_permit(self, node_id: str, token: str, limit: int, lease: float) -> bool:
+        now = time.time()
+        granted = self._acquire(keys=[self.key(f"permits:{node_id}")], args=[token, limit, now + lease, now, self.ttl])
+        return bool(granted)
+
+    def release_permit(self, node_id: str, token: str) -> None:
+        self.redis.zrem(self.key(f"permits:{node_id}"), token)
+
+    def describe(self, **fields: Any) -> None:
+        """Run metadata for `chordflow status`."""
+        pipe = self.redis.pipeline()
+        pipe.hset(self.key("meta"), mapping={k: str(v) for k, v in fields.items()})
+        pipe.expire(self.key("meta"), self.ttl)
+        pipe.execute()

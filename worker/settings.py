@@ -1,0 +1,44 @@
+"""Settings read from the environment by the scheduler and every worker (DESIGN section 2)."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+DEFAULT_BROKER = "redis://127.0.0.1:6379/0"
+
+
+@dataclass(frozen=True)
+class Settings:
+    broker_url: str
+    result_backend: str
+    visibility_timeout: int  # seconds; must exceed the longest chunk
+    snapshot_inline_bytes: int  # snapshots up to this size travel inside each chunk message
+    chunks_per_process: int  # auto chunk size: this many chunks per worker process...
+    max_chunk_size: int  # ...but never more items than this in one chunk
+    run_ttl: int  # seconds that run state (progress stream, flags, snapshots) stays in Redis
+    queue: str
+
+
+def _int(name: str, default: int) -> int:
+    value = os.environ.get(name)
+    if value is None or value == "":
+        return default
+    try:
+        return int(value)
+    except ValueError:
+        raise ValueError(f"environment variable {name} must be an integer, got {value!r}") from None
+
+
+def load() -> Settings:
+    broker = os.environ.get("CHORDFLOW_BROKER_URL") or DEFAULT_BROKER
+    return Settings(
+        broker_url=broker,
+        result_backend=os.environ.get("CHORDFLOW_RESULT_BACKEND") or broker,
+        visibility_timeout=_int("CHORDFLOW_VISIBILITY_TIMEOUT", 3600),
+        snapshot_inline_bytes=_int("CHORDFLOW_SNAPSHOT_INLINE_BYTES", 64 * 1024),
+        chunks_per_process=_int("CHORDFLOW_CHUNKS_PER_PROCESS", 4),
+        max_chunk_size=_int("CHORDFLOW_MAX_CHUNK_SIZE", 5000),
+        run_ttl=_int("CHORDFLOW_RUN_TTL", 86400),
+        queue=os.environ.get("CHORDFLOW_QUEUE") or "chordflow",
+    )
