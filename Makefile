@@ -28,7 +28,7 @@ bench: install
 	$(BIN)/python -m bench
 
 flower: install
-	$(BIN)/python -m scheduler.flower $(FLOWER_ARGS)
+	$(BIN)/chordflow flower $(FLOWER_ARGS)
 
 worker: install
 	$(BIN)/chordflow worker

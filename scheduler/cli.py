@@ -1,4 +1,4 @@
-"""The `chordflow` command line: run, validate, schema, nodes (more commands plug into `cli`).
+"""The `chordflow` command line: run, validate, schema, nodes, worker, cancel, flower.
 
 Every command is a plain click function on the `cli` group. Errors are turned into messages and exit
 codes in ONE place, `ChordflowGroup.invoke` (via `report_error`):
@@ -17,6 +17,7 @@ import signal
 import sys
 import threading
 import traceback
+import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -296,6 +297,9 @@ def run(
 
     inputs = parse_inputs(pairs, inputs_file)
     wf = load(workflow)
+    run_id = uuid.uuid4().hex[:12]
+    if backend != "local" and output != "json":
+        _stderr().print(Text(f"run {run_id} (cancel with: chordflow cancel {run_id})"))
     show_progress = output != "json" and sys.stderr.isatty()
     display = ProgressDisplay(_stderr()) if show_progress else None
     cancelled = threading.Event()
@@ -303,9 +307,11 @@ def run(
     with _cancel_on_sigint(cancelled):
         if display is not None:
             with display:
-                result = scheduler.run(wf, inputs, backend=backend, on_event=on_event, cancelled=cancelled)
+                result = scheduler.run(
+                    wf, inputs, backend=backend, on_event=on_event, cancelled=cancelled, run_id=run_id
+                )
         else:
-            result = scheduler.run(wf, inputs, backend=backend, on_event=on_event, cancelled=cancelled)
+            result = scheduler.run(wf, inputs, backend=backend, on_event=on_event, cancelled=cancelled, run_id=run_id)
     if output == "json":
         click.echo(json.dumps(result.shared, default=str))
     else:
@@ -361,6 +367,64 @@ def nodes() -> None:
     for name, cls in all_types().items():
         table.add_row(Text(name), Text(_params_text(cls)), Text(_first_doc_line(cls)))
     _stdout().print(table)
+
+
+# -- the cluster: worker / cancel / flower --------------------------------------------------------------------
+
+
+@cli.command(context_settings={"ignore_unknown_options": True})
+@click.option("--concurrency", "-c", type=int, default=None, help="Pool processes (default: CPU count).")
+@click.option("--queues", "-Q", default=None, help="Comma-separated queues (default: CHORDFLOW_QUEUE or chordflow).")
+@click.option("--loglevel", "-l", default="info", show_default=True)
+@click.option("--pool", "-P", default="prefork", show_default=True, help="Celery pool: prefork, solo or threads.")
+@click.argument("celery_args", nargs=-1, type=click.UNPROCESSED)
+def worker(concurrency: int | None, queues: str | None, loglevel: str, pool: str, celery_args: tuple[str, ...]) -> None:
+    """Run a Celery worker for chordflow chunks (extra arguments go to `celery worker`)."""
+    from worker import settings
+    from worker.app import ensure_configured
+    from worker.nodes import registry
+
+    registry.load_plugins()  # fail here, with one line, if a plugin cannot be imported
+    argv = ["worker", "-l", loglevel, "-P", pool, "-Q", queues or settings.load().queue]
+    if concurrency:
+        argv += ["-c", str(concurrency)]
+    ensure_configured().worker_main(argv=[*argv, *celery_args])
+
+
+@cli.command()
+@click.argument("run_id")
+def cancel(run_id: str) -> None:
+    """Cancel a distributed run: chunks stop between items and queued chunks are revoked."""
+    from worker.app import ensure_configured
+    from worker.runstate import RunState
+
+    state = RunState(run_id)
+    if not state.redis.exists(state.key("meta")):
+        raise CliUsageError(f"unknown run '{run_id}' (no state in Redis; finished runs expire)")
+    chunks = state.chunk_ids()
+    state.cancel()
+    ensure_configured().control.revoke(chunks)
+    state.describe(status="cancelled")
+    click.echo(f"cancel requested for run {run_id}: {len(chunks)} chunks revoked")
+
+
+@cli.command()
+@click.option("--port", type=int, default=5555, show_default=True)
+@click.option("--address", default="127.0.0.1", show_default=True)
+@click.option("--unauthenticated", is_flag=True, help="Start without basic auth (only on a trusted network).")
+def flower(port: int, address: str, unauthenticated: bool) -> None:
+    """Start Flower on the configured broker, with basic auth from FLOWER_BASIC_AUTH (user:password)."""
+    from worker.app import ensure_configured
+
+    auth = os.environ.get("FLOWER_BASIC_AUTH", "")
+    if not auth and not unauthenticated:
+        raise CliUsageError("set FLOWER_BASIC_AUTH=user:password (or pass --unauthenticated) to start Flower")
+    if auth and not all(":" in pair for pair in auth.split(",")):
+        raise CliUsageError("FLOWER_BASIC_AUTH must be user:password[,user2:password2]")
+    argv = ["flower", f"--port={port}", f"--address={address}"]
+    if auth:
+        argv.append(f"--basic-auth={auth}")
+    ensure_configured().start(argv=argv)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from pocketflow import BaseNode, Flow
@@ -24,10 +25,28 @@ class WorkflowFlow(Flow):
 
 
 def load(workflow: Any) -> ir.Workflow:
-    """`ir.load` plus the node-type check against the registry (plugins included)."""
+    """`ir.load` plus the checks that need the registry: node types, and each type's own param check.
+
+    A node class may define `check_params(raw_params) -> str | None`, run on the unresolved params
+    (e.g. `shell` rejects templates inside a command string).
+    """
     if isinstance(workflow, ir.Workflow):
         return workflow
-    return ir.load(workflow, node_types=registry.names())
+    wf = ir.load(workflow, node_types=registry.names())
+    problems = []
+    for i, spec in enumerate(wf.nodes):
+        check = getattr(registry.get(spec.type), "check_params", None)
+        problem = check(spec.params) if check else None
+        if problem:
+            problems.append(f"nodes[{i}] (id '{spec.id}').params: {problem}")
+    if problems:
+        raise ir.ValidationError(
+            problems,
+            source=str(workflow)
+            if isinstance(workflow, Path) or (isinstance(workflow, str) and not workflow.lstrip().startswith("{"))
+            else None,
+        )
+    return wf
 
 
 def compile(workflow: Any) -> WorkflowFlow:

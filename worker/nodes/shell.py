@@ -83,6 +83,7 @@ class ShellNode(Node):
         "cwd": "working directory",
         "timeout": "seconds before the command is killed and TimeoutError raised (default 60)",
     }
+    check_params = staticmethod(check_command_param)  # static validation hook (scheduler.compiler.load)
 
     def prep(self, shared: Any) -> dict[str, Any]:
         params = self.params
