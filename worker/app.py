@@ -9,8 +9,10 @@ task events on for Flower.
 from __future__ import annotations
 
 import threading
+from typing import Any
 
 from celery import Celery, signals
+from celery.backends.redis import RedisBackend
 
 from worker import settings
 from worker.nodes import registry
@@ -44,7 +46,30 @@ def config(s: settings.Settings) -> dict:
     }
 
 
-app = Celery("chordflow", include=["worker.tasks"])
+class RunResultBackend(RedisBackend):
+    """The Redis result backend without pub/sub result subscriptions.
+
+    Celery subscribes to the result channel of every task it sends and of every chord member; the
+    scheduler never waits that way (it reads the run's progress stream and polls the chord body),
+    so those subscriptions would only cost a round trip per chunk and linger until exit.
+    """
+
+    def on_task_call(self, producer: object, task_id: str) -> None:
+        return None
+
+    def add_pending_result(self, result: Any, weak: bool = False, start_drainer: bool = True) -> Any:
+        return result
+
+    def remove_pending_result(self, result: Any) -> Any:
+        return result
+
+
+class ChordflowCelery(Celery):
+    def _get_backend(self) -> RunResultBackend:
+        return RunResultBackend(app=self, url=self.conf.result_backend)
+
+
+app = ChordflowCelery("chordflow", include=["worker.tasks"])
 app.conf.update(config(settings.load()))
 _applied = settings.load()
 

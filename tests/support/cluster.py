@@ -12,7 +12,7 @@ from scheduler.localcluster import Cluster
 @pytest.fixture(scope="session")
 def celery_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     """The suite's shared cluster: its own redis-server on a free port and two solo workers."""
-    cluster = Cluster(tmp_path_factory.mktemp("cluster"), plugins="tests.support.nodes")
+    cluster = Cluster(tmp_path_factory.mktemp("cluster"), plugins="tests.support.nodes,tests.support.dist_nodes")
     try:
         cluster.start_worker("w1")
         cluster.start_worker("w2")

@@ -1,0 +1,73 @@
+"""Node types for the distributed tests. They run inside real worker processes, so whatever they
+need to report goes through Redis (the cluster's server), never through module state."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from pocketflow import Node
+
+from worker.nodes import register
+from worker.runstate import client
+
+
+@register("test-slow")
+class SlowNode(Node):
+    """Simulates `seconds` of work per item (real work, not synchronization); writes its index."""
+
+    def prep(self, shared: Any) -> tuple[float, Any]:
+        return float(self.params.get("seconds", 0.001)), shared.get("__index__")
+
+    def exec(self, prep_res: tuple[float, Any]) -> Any:
+        time.sleep(prep_res[0])
+        return prep_res[1]
+
+    def post(self, shared: Any, prep_res: Any, exec_res: Any) -> str:
+        shared["index"] = exec_res
+        return "default"
+
+
+@register("test-gauge")
+class GaugeNode(Node):
+    """Counts items in flight cluster-wide in Redis and records the highest count seen."""
+
+    SCRIPT = """
+    local now = redis.call('INCR', KEYS[1])
+    local top = tonumber(redis.call('GET', KEYS[2]) or '0')
+    if now > top then redis.call('SET', KEYS[2], now) end
+    return now
+    """
+
+    def prep(self, shared: Any) -> dict[str, Any]:
+        return dict(self.params)
+
+    def exec(self, params: dict[str, Any]) -> int:
+        redis = client()
+        key = params["key"]
+        try:
+            now = redis.eval(self.SCRIPT, 2, f"{key}:now", f"{key}:max")
+            time.sleep(float(params.get("seconds", 0.02)))  # the item's work, overlapping other items
+        finally:
+            redis.decr(f"{key}:now")
+        return int(now)
+
+    def post(self, shared: Any, prep_res: Any, exec_res: int) -> str:
+        shared["in_flight"] = exec_res
+        return "default"
+
+
+class _Unimportable(Exception):
+    pass
+
+
+_Unimportable.__module__ = "chordflow_nowhere"
+_Unimportable.__qualname__ = _Unimportable.__name__ = "WeirdError"
+
+
+@register("test-raise-unimportable")
+class RaiseUnimportableNode(Node):
+    """Raises an exception whose type the scheduler cannot import."""
+
+    def exec(self, prep_res: Any) -> None:
+        raise _Unimportable("from a module the scheduler does not have")
