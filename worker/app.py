@@ -29,7 +29,16 @@ def config(s: settings.Settings) -> dict:
         "task_acks_late": True,
         "task_reject_on_worker_lost": True,
         "worker_prefetch_multiplier": 1,
-        "broker_transport_options": {"visibility_timeout": s.visibility_timeout},
+        "broker_transport_options": {
+            "visibility_timeout": s.visibility_timeout,
+            # Sweep for lost (unacked, past the timeout) chunks every few seconds, scanning each time;
+            # kombu's default sweep is ~100 s apart, which would delay recovery far past the timeout.
+            "unacked_restore_interval": max(1, min(10, s.visibility_timeout // 4)),
+            "unacked_restore_throttle": 1,
+            # A broker that vanishes without closing the socket must not hang a publish forever.
+            "socket_timeout": 15,
+            "socket_connect_timeout": 5,
+        },
         "result_backend_transport_options": {"retry_policy": {"timeout": 5.0}},
         "result_chord_ordered": True,
         "result_expires": s.run_ttl,

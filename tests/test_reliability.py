@@ -1,0 +1,94 @@
+"""Faults with real processes: a SIGKILLed worker, the broker going away. Each test has its own
+cluster (redis-server + workers) because it destroys part of it."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import scheduler
+from scheduler.localcluster import Cluster
+from tests.support import dist_nodes  # noqa: F401  (the test node types, in this process too)
+
+VISIBILITY_TIMEOUT = 6
+PLUGINS = "tests.support.nodes,tests.support.dist_nodes"
+
+
+@pytest.fixture
+def own_cluster(tmp_path: Path) -> Iterator[Cluster]:
+    cluster = Cluster(tmp_path, visibility_timeout=VISIBILITY_TIMEOUT, plugins=PLUGINS)
+    previous = cluster.apply_env()
+    try:
+        cluster.start_worker("k1")
+        cluster.start_worker("k2")
+        yield cluster
+    finally:
+        cluster.restore_env(previous)
+        cluster.stop()
+
+
+def test_sigkilled_worker_loses_and_duplicates_nothing(own_cluster: Cluster) -> None:
+    total = 5000
+    midway = threading.Event()
+    outcome: dict[str, Any] = {}
+
+    def on_event(event: dict[str, Any]) -> None:
+        if event["type"] == "batch_progress" and event["done"] >= total // 5:
+            midway.set()
+
+    def target() -> None:
+        wf = {"nodes": [{"id": "b", "type": "test-slow", "params": {"seconds": 0.002}, "batch": {"items": "${items}"}}]}
+        try:
+            outcome["result"] = scheduler.run(wf, {"items": list(range(total))}, backend="celery", on_event=on_event)
+        except BaseException as exc:
+            outcome["error"] = exc
+
+    thread = threading.Thread(target=target)
+    thread.start()
+    assert midway.wait(120), "the batch never got going"
+    own_cluster.workers["k1"].kill(signal.SIGKILL)  # mid-chunk: its chunk is unacknowledged
+    thread.join(VISIBILITY_TIMEOUT + 90)
+    assert not thread.is_alive(), "the batch did not finish after the lost chunk's visibility timeout"
+    assert "error" not in outcome, outcome.get("error")
+    aggregate = outcome["result"].shared["b"]
+    assert aggregate["count"] == total
+    assert aggregate["success_count"] == total
+    assert [r["index"] for r in aggregate["results"]] == list(range(total))  # each index exactly once, in order
+
+
+def test_broker_going_away_ends_chordflow_run_with_a_clear_error(own_cluster: Cluster, tmp_path: Path) -> None:
+    wf = tmp_path / "slow.json"
+    wf.write_text(
+        '{"nodes": [{"id": "b", "type": "test-slow", "params": {"seconds": 0.05},'
+        ' "batch": {"items": "${items}", "chunk_size": 10}}]}'
+    )
+    items = "[" + ",".join(str(i) for i in range(400)) + "]"
+    env = {**own_cluster.env, "CHORDFLOW_PLUGINS": PLUGINS}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "scheduler.cli", "run", str(wf), "--input", f"items={items}", "--backend", "celery"],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    # The run announces itself on stderr before dispatching; then the broker dies under it.
+    first_line = proc.stderr.readline()
+    assert first_line.startswith("run "), first_line
+    own_cluster.redis.kill(signal.SIGKILL)
+    try:
+        _, err = proc.communicate(timeout=90)
+    finally:
+        if proc.poll() is None:
+            os.kill(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 1
+    assert "lost the connection to Redis" in err
+    assert "Traceback" not in err
+    assert len([line for line in err.splitlines() if line.startswith("error:")]) == 1
