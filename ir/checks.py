@@ -102,4 +102,20 @@ def template_references(wf: Workflow) -> Iterator[str]:
                 yield f"{location}: {ref.text} refers to unknown node or input '{root}'{hint}"
 
 
-ALL_CHECKS = (duplicate_ids, edges_and_start, batch_aliases, template_references)
+def output_references(wf: Workflow) -> Iterator[str]:
+    """Workflow `outputs` must be templates over nodes or inputs that exist."""
+    ids = {n.id for n in wf.nodes}
+    inputs = set(wf.inputs or {})
+    for name, output in (wf.outputs or {}).items():
+        found = references(output.source)
+        if not found:
+            yield f"outputs.{name}.source: must be a template like '${{node.key}}', got {output.source!r}"
+        for ref in found:
+            if ref.root in ids or ref.root in inputs or ref.root.startswith("_"):
+                continue
+            hint = _did_you_mean(ref.root, ids | inputs)
+            if wf.inputs is not None or hint:  # without declared inputs, an unknown name may be a run input
+                yield f"outputs.{name}.source: {ref.text} refers to unknown node or input '{ref.root}'{hint}"
+
+
+ALL_CHECKS = (duplicate_ids, edges_and_start, batch_aliases, template_references, output_references)

@@ -7,6 +7,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from ir.templates import is_single_template
+
 IDENTIFIER_RE = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
 ITEMS_TEMPLATE_RE = re.compile(r"^\$\{.+\}$")
 NODE_ID_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_-]*$")
@@ -34,8 +36,8 @@ class BatchSpec(_Model):
     def _items(cls, value: Any) -> str:
         if value is None:
             raise ValueError("batch.items is required")
-        if not isinstance(value, str) or not ITEMS_TEMPLATE_RE.match(value):
-            raise ValueError("batch.items must be a template reference, like '${node.key}'")
+        if not isinstance(value, str) or not ITEMS_TEMPLATE_RE.match(value) or not is_single_template(value):
+            raise ValueError(f"batch.items must be a template reference, like '${{node.key}}', got {value!r}")
         return value
 
     @field_validator("as_", mode="before")

@@ -108,7 +108,9 @@ def run(
         namespace = store.get(ctx.last_node) if ctx.last_node else None
         detail = namespace.get("error") or namespace.get("stderr") if isinstance(namespace, dict) else None
         error = f"node '{ctx.last_node}' returned 'error'" + (f": {detail}" if detail else "")
-    outputs = {name: resolve_template(out.source, store, f"outputs.{name}") for name, out in (wf.outputs or {}).items()}
+    outputs = {}
+    if status == "success":  # a failed or cancelled run may not have produced what outputs refer to
+        outputs = {name: resolve_template(o.source, store, f"outputs.{name}") for name, o in (wf.outputs or {}).items()}
     return RunResult(store, status, error, outputs, run_id, time.perf_counter() - started)
 
 

@@ -101,11 +101,13 @@ class RedisServer(ManagedProcess):
 class Cluster:
     """One redis-server plus named Celery workers that use it, and the env that points at it."""
 
-    def __init__(self, workdir: Path, visibility_timeout: int = 3600, plugins: str = ""):
+    def __init__(
+        self, workdir: Path, visibility_timeout: int = 3600, plugins: str = "", base_env: dict[str, str] | None = None
+    ):
         self.workdir = workdir
         self.redis = RedisServer(workdir)
         self.env = {
-            **os.environ,
+            **(os.environ if base_env is None else base_env),
             "CHORDFLOW_BROKER_URL": self.redis.url,
             "CHORDFLOW_RESULT_BACKEND": self.redis.url,
             "CHORDFLOW_VISIBILITY_TIMEOUT": str(visibility_timeout),

@@ -163,7 +163,8 @@ def test_end_to_end_batch_usage_reaches_the_accumulator_in_item_order(backend: s
             {
                 "id": "each",
                 "type": "llm",
-                "params": {"prompt": "${item}"},
+                # The model is named in the IR: a worker process does not see this test's monkeypatched env.
+                "params": {"prompt": "${item}", "model": "fake"},
                 "batch": {"items": "${prompts}", "parallel": True},
             }
         ]

@@ -41,6 +41,7 @@ class PflowBatchNode(BatchNode):
         self._items = compile_value(batch.items)
         self._shared: dict[str, Any] = {}
         self._accumulators: tuple[str, ...] = ()
+        self._appended: dict[str, list] = {}
         self._index = 0
 
     def clone(self) -> PflowBatchNode:
@@ -70,25 +71,33 @@ class PflowBatchNode(BatchNode):
         item_shared[self.node_id] = {}
         item_shared[self.alias] = item
         item_shared["__index__"] = self._index
-        for key in self._accumulators:
-            item_shared[key] = []
+        if self._appended:
+            item_shared.update(self._appended)
         return self.inner._run(item_shared), item_shared
 
     def run_item(self, index: int, item: Any) -> ItemOutcome:
         """The per-item executor: retries via Node._exec, then classify (DESIGN section 3)."""
         self._index = index
+        # One fresh list per accumulator for the whole item, across its attempts: every call an item
+        # made (e.g. an LLM call before a retry or a raise) is accounted for.
+        self._appended = {key: [] for key in self._accumulators} if self._accumulators else {}
         try:
             action, item_shared = Node._exec(self, item)
         except Exception as exc:
-            return ItemOutcome.raised(index, item, exc)
+            outcome = ItemOutcome.raised(index, item, exc)
+            outcome.appended = self._collected()
+            return outcome
         namespace = item_shared.get(self.node_id, {})
-        appended = None
-        if self._accumulators:
-            appended = {k: item_shared[k] for k in self._accumulators if item_shared.get(k)} or None
+        appended = self._collected()
         error = failure_of(action, namespace)
         if error is None:
             return ItemOutcome(index, namespace, None, None, None, appended)
         return ItemOutcome(index, namespace, error, None, item, appended)
+
+    def _collected(self) -> dict[str, list] | None:
+        if not self._appended:
+            return None
+        return {k: v for k, v in self._appended.items() if v} or None
 
     def _exec(self, items: list[Any]) -> BatchResult:
         ctx = context.current()

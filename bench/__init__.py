@@ -1,0 +1,1 @@
+"""chordflow benchmarks against raw Celery: `python -m bench` (see bench/README.md)."""

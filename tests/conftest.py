@@ -1,0 +1,33 @@
+"""Test configuration: the test node types as a plugin, the `backend` fixture, per-test state reset."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+# Set at import time: the scheduler and every worker started later read the same variable.
+os.environ["CHORDFLOW_PLUGINS"] = "tests.support.nodes,tests.support.dist_nodes"
+
+from tests.support import nodes as test_nodes  # imported after the environment is set
+
+pytest_plugins = ["tests.support.cluster"]
+
+BACKENDS = ["local", "celery"]
+
+
+@pytest.fixture(params=BACKENDS)
+def backend(request: pytest.FixtureRequest) -> str:
+    """The batch backend to run on; every batch behaviour test through scheduler.run takes it.
+
+    "celery" runs on the suite's own redis-server and real worker processes (tests/support/cluster.py).
+    """
+    if request.param == "celery":
+        request.getfixturevalue("celery_cluster")
+    return request.param
+
+
+@pytest.fixture(autouse=True)
+def _reset_test_nodes() -> None:
+    """Module-level state of the in-process test nodes starts empty in every test."""
+    test_nodes.reset()
