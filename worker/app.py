@@ -42,6 +42,7 @@ def config(s: settings.Settings) -> dict:
         "result_backend_transport_options": {"retry_policy": {"timeout": 5.0}},
         "result_chord_ordered": True,
         "result_expires": s.run_ttl,
+        "result_chord_expires": s.run_ttl,
         "result_chord_join_timeout": 30.0,
         "task_default_queue": s.queue,
         "task_track_started": True,
