@@ -64,8 +64,9 @@ def test_private_keys_never_travel() -> None:
 
 json_like = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text() | st.binary(),
-    lambda children: st.lists(children, max_size=4)
-    | st.dictionaries(st.text(max_size=5) | st.integers(), children, max_size=4),
+    lambda children: (
+        st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=5) | st.integers(), children, max_size=4)
+    ),
     max_leaves=20,
 )
 
