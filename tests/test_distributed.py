@@ -7,9 +7,13 @@ cluster itself. Real redis-server and real worker processes (tests/support/clust
 
 from __future__ import annotations
 
+import base64
+import signal
 import subprocess
 import sys
 import threading
+import urllib.error
+import urllib.request
 import uuid
 from typing import Any
 
@@ -20,6 +24,7 @@ from pocketflow import Node
 import scheduler
 from ir.errors import BackendError, RemoteError, SnapshotError
 from scheduler import chunking
+from scheduler.localcluster import ManagedProcess, free_port
 from tests.support import dist_nodes  # noqa: F401  (the test node types, in this process too)
 from worker.nodes import register
 from worker.runstate import RunState, client
@@ -198,3 +203,59 @@ def test_cancel_of_unknown_run_is_a_usage_error(celery_cluster: Any) -> None:
     )
     assert cancel.returncode == 2
     assert "unknown run 'nosuchrun'" in cancel.stderr
+
+
+def test_ctrl_c_cancels_a_celery_run(celery_cluster: Any, tmp_path: Any) -> None:
+    wf = tmp_path / "slow.json"
+    wf.write_text(
+        '{"nodes": [{"id": "b", "type": "test-slow", "params": {"seconds": 0.05},'
+        ' "batch": {"items": "${items}", "chunk_size": 10}}]}'
+    )
+    items = "[" + ",".join(str(i) for i in range(400)) + "]"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "scheduler.cli", "run", str(wf), "--input", f"items={items}", "--backend", "celery"],
+        env=celery_cluster.env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        run_id = proc.stderr.readline().split()[1]
+        state = RunState(run_id)
+        assert state.redis.xread({state.key("events"): "0-0"}, block=60_000, count=1)  # items are running
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130
+    assert "cancelled" in err
+    assert "Traceback" not in err
+    assert state.cancelled()
+    assert state.redis.hget(state.key("meta"), "status") == b"cancelled"
+
+
+def test_flower_refuses_to_start_without_credentials(celery_cluster: Any) -> None:
+    env = {k: v for k, v in celery_cluster.env.items() if k != "FLOWER_BASIC_AUTH"}
+    proc = subprocess.run([sys.executable, "-m", "scheduler.cli", "flower"], env=env, capture_output=True, text=True)
+    assert proc.returncode == 2
+    assert "FLOWER_BASIC_AUTH" in proc.stderr
+
+
+def test_flower_serves_behind_basic_auth(celery_cluster: Any, tmp_path: Any) -> None:
+    port = free_port()
+    env = {**celery_cluster.env, "FLOWER_BASIC_AUTH": "ops:s3cret"}
+    argv = [sys.executable, "-m", "scheduler.cli", "flower", "--port", str(port)]
+    flower = ManagedProcess(argv, tmp_path / "flower.log", "Visit me at", env=env)
+    try:
+        url = f"http://127.0.0.1:{port}/"
+        with pytest.raises(urllib.error.HTTPError) as denied:
+            urllib.request.urlopen(url, timeout=10)
+        assert denied.value.code == 401
+        request = urllib.request.Request(
+            url, headers={"Authorization": "Basic " + base64.b64encode(b"ops:s3cret").decode()}
+        )
+        with urllib.request.urlopen(request, timeout=10) as response:
+            assert response.status == 200
+    finally:
+        flower.kill()
