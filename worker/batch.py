@@ -64,6 +64,7 @@ class PflowBatchNode(BatchNode):
         """Remember the store (or a worker's snapshot of it) the items are copied from."""
         self._shared = shared
         self._accumulators = accumulator_keys(shared)
+        self._appended = {}
 
     def exec(self, item: Any) -> tuple[Any, dict[str, Any]]:
         """One attempt at one item, on `item_shared = dict(shared)` with the alias injected."""
@@ -80,7 +81,8 @@ class PflowBatchNode(BatchNode):
         self._index = index
         # One fresh list per accumulator for the whole item, across its attempts: every call an item
         # made (e.g. an LLM call before a retry or a raise) is accounted for.
-        self._appended = {key: [] for key in self._accumulators} if self._accumulators else {}
+        if self._accumulators:
+            self._appended = {key: [] for key in self._accumulators}
         try:
             action, item_shared = Node._exec(self, item)
         except Exception as exc:
@@ -88,15 +90,13 @@ class PflowBatchNode(BatchNode):
             outcome.appended = self._collected()
             return outcome
         namespace = item_shared.get(self.node_id, {})
-        appended = self._collected()
-        error = failure_of(action, namespace)
+        appended = self._collected() if self._appended else None
+        error = failure_of(action, namespace) if namespace or action == "error" else None
         if error is None:
             return ItemOutcome(index, namespace, None, None, None, appended)
         return ItemOutcome(index, namespace, error, None, item, appended)
 
     def _collected(self) -> dict[str, list] | None:
-        if not self._appended:
-            return None
         return {k: v for k, v in self._appended.items() if v} or None
 
     def _exec(self, items: list[Any]) -> BatchResult:
