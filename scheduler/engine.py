@@ -89,10 +89,9 @@ def run(
     flow = compile(wf)
     run_id = run_id or uuid.uuid4().hex[:12]
     cancelled = cancelled or threading.Event()
-    ctx = RunContext(sink=on_event)
-    ctx.extras["cancelled"] = cancelled
+    ctx = RunContext(sink=on_event, cancelled=cancelled)
     if on_event is not None:
-        ctx.extras["item_middleware"] = lambda node_id, total: [ProgressEvents(ctx.emit, node_id, total, cancelled)]
+        ctx.item_middleware = lambda node_id, total: [ProgressEvents(ctx.emit, node_id, total)]
     ctx.backend = _backend(backend, run_id, ctx, options)
     last_action = None
     with context.using(ctx):

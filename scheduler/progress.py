@@ -11,15 +11,12 @@ from worker.outcome import ItemOutcome
 
 
 class ProgressEvents(ItemMiddleware):
-    """Emits one `batch_progress` event per finished item; stops the loop once the run is cancelled."""
+    """Emits one `batch_progress` event per finished item (thread-safe: parallel batches share it)."""
 
-    def __init__(self, emit: Callable[[dict[str, Any]], None], node_id: str, total: int, cancelled: threading.Event):
-        self.emit, self.node_id, self.total, self.cancelled = emit, node_id, total, cancelled
+    def __init__(self, emit: Callable[[dict[str, Any]], None], node_id: str, total: int):
+        self.emit, self.node_id, self.total = emit, node_id, total
         self.done = 0
         self.lock = threading.Lock()
-
-    def before_item(self, index: int) -> bool:
-        return not self.cancelled.is_set()
 
     def after_item(self, outcome: ItemOutcome) -> None:
         with self.lock:

@@ -17,7 +17,7 @@ from ir.models import NodeSpec
 from ir.templates import compile_value
 from worker import context
 from worker.aggregate import BatchResult, merge_accumulators, summarize
-from worker.executor import FailFast, ItemMiddleware, run_in_process
+from worker.executor import ItemMiddleware, StopSignals, run_in_process
 from worker.outcome import ItemOutcome, failure_of
 from worker.store import is_dunder
 from worker.wrappers import clone_node
@@ -104,17 +104,16 @@ class PflowBatchNode(BatchNode):
         if ctx.backend is not None:
             return ctx.backend.run_batch(self, items)
         outcomes = run_in_process(self, items, self.middleware(len(items)))
-        cancelled = ctx.extras.get("cancelled")
-        if cancelled is not None and cancelled.is_set():
+        if ctx.cancelled.is_set():
             raise RunCancelled(f"run cancelled during batch node '{self.node_id}'")
         return summarize(outcomes, len(items), self.batch.error_handling == "fail_fast")
 
     def middleware(self, total: int) -> list[ItemMiddleware]:
-        """In-process hooks: fail-fast abort, plus whatever the run context adds (progress)."""
-        hooks: list[ItemMiddleware] = [FailFast()] if self.batch.error_handling == "fail_fast" else []
-        factory = context.current().extras.get("item_middleware")
-        if factory is not None:
-            hooks.extend(factory(self.node_id, total))
+        """In-process hooks: cancel and fail-fast stops, plus whatever the run adds (progress events)."""
+        ctx = context.current()
+        hooks: list[ItemMiddleware] = [StopSignals(ctx.cancelled, self.batch.error_handling == "fail_fast")]
+        if ctx.item_middleware is not None:
+            hooks.extend(ctx.item_middleware(self.node_id, total))
         return hooks
 
     def post(self, shared: Any, prep_res: list[Any], exec_res: BatchResult) -> str:

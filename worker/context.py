@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
@@ -15,6 +16,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 if TYPE_CHECKING:
     from worker.aggregate import BatchResult
     from worker.batch import PflowBatchNode
+    from worker.executor import ItemMiddleware
 
 
 class BatchBackend(Protocol):
@@ -25,10 +27,12 @@ class BatchBackend(Protocol):
 
 @dataclass
 class RunContext:
-    backend: BatchBackend | None = None
-    sink: Callable[[dict[str, Any]], None] | None = None
+    backend: BatchBackend | None = None  # None: batches run in-process
+    sink: Callable[[dict[str, Any]], None] | None = None  # receives events (DESIGN section 6)
+    cancelled: threading.Event = field(default_factory=threading.Event)
+    # Extra in-process item hooks per batch: (node_id, total) -> middleware (e.g. progress events).
+    item_middleware: Callable[[str, int], list[ItemMiddleware]] | None = None
     last_node: str | None = None
-    extras: dict[str, Any] = field(default_factory=dict)
 
     def emit(self, event: dict[str, Any]) -> None:
         if self.sink is not None:

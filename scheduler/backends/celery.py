@@ -10,7 +10,6 @@ from __future__ import annotations
 import contextlib
 import importlib
 import logging
-import threading
 import uuid
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -54,7 +53,7 @@ class CeleryBackend:
         self.run_id = run_id
         self.ctx = ctx
         self.state = RunState(run_id)
-        self.cancelled: threading.Event = ctx.extras.setdefault("cancelled", threading.Event())
+        self.cancelled = ctx.cancelled
 
     # -- dispatch -------------------------------------------------------------------------------
     def run_batch(self, node: PflowBatchNode, items: list[Any]) -> BatchResult:
