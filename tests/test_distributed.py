@@ -26,6 +26,7 @@ from ir.errors import BackendError, RemoteError, SnapshotError
 from scheduler import chunking
 from scheduler.localcluster import ManagedProcess, free_port
 from tests.support import dist_nodes  # noqa: F401  (the test node types, in this process too)
+from tests.support.cluster import start_slow_cli_run
 from worker.nodes import register
 from worker.runstate import RunState, client
 
@@ -206,23 +207,8 @@ def test_cancel_of_unknown_run_is_a_usage_error(celery_cluster: Any) -> None:
 
 
 def test_ctrl_c_cancels_a_celery_run(celery_cluster: Any, tmp_path: Any) -> None:
-    wf = tmp_path / "slow.json"
-    wf.write_text(
-        '{"nodes": [{"id": "b", "type": "test-slow", "params": {"seconds": 0.05},'
-        ' "batch": {"items": "${items}", "chunk_size": 10}}]}'
-    )
-    items = "[" + ",".join(str(i) for i in range(400)) + "]"
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "scheduler.cli", "run", str(wf), "--input", f"items={items}", "--backend", "celery"],
-        env=celery_cluster.env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    proc, run_id = start_slow_cli_run(tmp_path, celery_cluster.env)
     try:
-        run_id = proc.stderr.readline().split()[1]
-        state = RunState(run_id)
-        assert state.redis.xread({state.key("events"): "0-0"}, block=60_000, count=1)  # items are running
         proc.send_signal(signal.SIGINT)
         _, err = proc.communicate(timeout=30)
     finally:
@@ -231,6 +217,7 @@ def test_ctrl_c_cancels_a_celery_run(celery_cluster: Any, tmp_path: Any) -> None
     assert proc.returncode == 130
     assert "cancelled" in err
     assert "Traceback" not in err
+    state = RunState(run_id)
     assert state.cancelled()
     assert state.redis.hget(state.key("meta"), "status") == b"cancelled"
 

@@ -3,10 +3,7 @@ cluster (redis-server + workers) because it destroys part of it."""
 
 from __future__ import annotations
 
-import os
 import signal
-import subprocess
-import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,6 +14,7 @@ import pytest
 import scheduler
 from scheduler.localcluster import Cluster
 from tests.support import dist_nodes  # noqa: F401  (the test node types, in this process too)
+from tests.support.cluster import start_slow_cli_run
 
 VISIBILITY_TIMEOUT = 6
 PLUGINS = "tests.support.nodes,tests.support.dist_nodes"
@@ -65,29 +63,13 @@ def test_sigkilled_worker_loses_and_duplicates_nothing(own_cluster: Cluster) -> 
 
 
 def test_broker_going_away_ends_chordflow_run_with_a_clear_error(own_cluster: Cluster, tmp_path: Path) -> None:
-    wf = tmp_path / "slow.json"
-    wf.write_text(
-        '{"nodes": [{"id": "b", "type": "test-slow", "params": {"seconds": 0.05},'
-        ' "batch": {"items": "${items}", "chunk_size": 10}}]}'
-    )
-    items = "[" + ",".join(str(i) for i in range(400)) + "]"
-    env = {**own_cluster.env, "CHORDFLOW_PLUGINS": PLUGINS}
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "scheduler.cli", "run", str(wf), "--input", f"items={items}", "--backend", "celery"],
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    # The run announces itself on stderr before dispatching; then the broker dies under it.
-    first_line = proc.stderr.readline()
-    assert first_line.startswith("run "), first_line
-    own_cluster.redis.kill(signal.SIGKILL)
+    proc, _ = start_slow_cli_run(tmp_path, {**own_cluster.env, "CHORDFLOW_PLUGINS": PLUGINS})
+    own_cluster.redis.kill(signal.SIGKILL)  # items are running: the broker dies under the run
     try:
         _, err = proc.communicate(timeout=90)
     finally:
         if proc.poll() is None:
-            os.kill(proc.pid, signal.SIGKILL)
+            proc.kill()
     assert proc.returncode == 1
     assert "lost the connection to Redis" in err
     assert "Traceback" not in err

@@ -3,11 +3,16 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
+import redis
 
 from scheduler.localcluster import Cluster
+from worker.runstate import RunState
 
 # The workers' environment: the suite's, as it is when conftest loads this plugin — not whatever a
 # monkeypatching test happens to have set when the session cluster is first started.
@@ -28,3 +33,22 @@ def celery_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster
         cluster.restore_env(previous)
     finally:
         cluster.stop()
+
+
+def start_slow_cli_run(tmp_path: Path, env: dict[str, str], items: int = 400) -> tuple[subprocess.Popen, str]:
+    """`chordflow run --backend celery` on a batch of slow items, as a subprocess; returns it and its run id
+    once items are running (the run's progress stream has its first entry)."""
+    wf = tmp_path / "slow.json"
+    wf.write_text(
+        '{"nodes": [{"id": "b", "type": "test-slow", "params": {"seconds": 0.05},'
+        ' "batch": {"items": "${items}", "chunk_size": 10}}]}'
+    )
+    values = "[" + ",".join(str(i) for i in range(items)) + "]"
+    argv = [sys.executable, "-m", "scheduler.cli", "run", str(wf), "--input", f"items={values}", "--backend", "celery"]
+    proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    first_line = proc.stderr.readline()  # "run <id> (cancel with: ...)", printed before dispatch
+    assert first_line.startswith("run "), first_line
+    run_id = first_line.split()[1]
+    state = RunState(run_id, redis.Redis.from_url(env["CHORDFLOW_RESULT_BACKEND"]))
+    assert state.redis.xread({state.key("events"): "0-0"}, block=60_000, count=1), "no item ever ran"
+    return proc, run_id
