@@ -17,24 +17,17 @@ from typing import Any
 
 from pocketflow import Node
 
+from worker.nodes.params import param
 from worker.nodes.registry import register
 
 
 def _path(node_type: str, params: dict[str, Any]) -> str:
-    path = params.get("path")
-    if path is None or path == "":
-        raise ValueError(f"{node_type}: param 'path' is required")
-    if not isinstance(path, str | os.PathLike):
-        raise ValueError(f"{node_type}: param 'path' must be a string, got {type(path).__name__}")
+    path = param(node_type, params, "path", (str, os.PathLike), required=True, empty_is_missing=True, what="a string")
     return os.path.abspath(os.fspath(path))
 
 
 def _encoding(node_type: str, params: dict[str, Any]) -> str:
-    encoding = params.get("encoding")
-    if encoding is None:
-        return "utf-8"
-    if not isinstance(encoding, str):
-        raise ValueError(f"{node_type}: param 'encoding' must be a string, got {type(encoding).__name__}")
+    encoding = param(node_type, params, "encoding", str, default="utf-8")
     try:
         return codecs.lookup(encoding).name
     except LookupError:
@@ -97,11 +90,8 @@ class WriteFileNode(Node):
 
     def prep(self, shared: Any) -> tuple[str, bytes, bool]:
         path, encoding = _path("write-file", self.params), _encoding("write-file", self.params)
-        content, append = self.params.get("content"), self.params.get("append", False)
-        if content is None:
-            raise ValueError("write-file: param 'content' is required")
-        if not isinstance(append, bool):
-            raise ValueError(f"write-file: param 'append' must be a boolean, got {type(append).__name__}")
+        content = param("write-file", self.params, "content", object, required=True)
+        append = param("write-file", self.params, "append", bool, default=False)
         text = content if isinstance(content, str) else json.dumps(content, indent=2, ensure_ascii=False)
         try:
             return path, text.encode(encoding), append

@@ -16,10 +16,21 @@ from typing import Any
 
 from pocketflow import Node
 
+from worker.nodes.params import param
 from worker.nodes.registry import register
 
 JSON_TYPE_RE = re.compile(r"^application/(.+\+)?json$")
 METHOD_RE = re.compile(r"^[A-Z]+$")
+URL_WHAT, METHOD_WHAT = "an http:// or https:// URL", "an HTTP method like GET or POST"
+TIMEOUT_WHAT = "a positive number of seconds"
+
+
+def _web_url(url: str) -> bool:
+    return urllib.parse.urlsplit(url).scheme.lower() in ("http", "https")
+
+
+def _method(method: str) -> bool:
+    return METHOD_RE.match(method.upper()) is not None
 
 
 def _scalar(node_param: str, value: Any) -> str:
@@ -30,29 +41,14 @@ def _scalar(node_param: str, value: Any) -> str:
     raise ValueError(f"http: param '{node_param}' values must be strings or numbers, got {type(value).__name__}")
 
 
-def _dict(params: dict[str, Any], name: str) -> dict[str, Any]:
-    value = params.get(name)
-    if value is None:
-        return {}
-    if not isinstance(value, dict):
-        raise ValueError(f"http: param '{name}' must be a dict, got {type(value).__name__}")
-    return value
-
-
 def build_request(params: dict[str, Any]) -> tuple[urllib.request.Request, float]:
     """Validate the params and turn them into a urllib Request plus the timeout."""
-    url, method, timeout = params.get("url"), params.get("method") or "GET", params.get("timeout", 30)
-    if url is None or url == "":
-        raise ValueError("http: param 'url' is required")
-    if not isinstance(url, str) or urllib.parse.urlsplit(url).scheme.lower() not in ("http", "https"):
-        raise ValueError(f"http: param 'url' must be an http:// or https:// URL, got {url!r}")
-    if not isinstance(method, str) or not METHOD_RE.match(method.upper()):
-        raise ValueError(f"http: param 'method' must be an HTTP method like GET or POST, got {method!r}")
-    if isinstance(timeout, bool) or not isinstance(timeout, int | float) or timeout <= 0:
-        raise ValueError(f"http: param 'timeout' must be a positive number of seconds, got {timeout!r}")
+    url = param("http", params, "url", str, required=True, empty_is_missing=True, what=URL_WHAT, check=_web_url)
+    method = param("http", params, "method", str, default="GET", empty_is_missing=True, what=METHOD_WHAT, check=_method)
+    timeout = param("http", params, "timeout", (int, float), default=30, what=TIMEOUT_WHAT, check=lambda t: t > 0)
     query = [
         (str(k), _scalar("params", v))
-        for k, value in _dict(params, "params").items()
+        for k, value in param("http", params, "params", dict, default={}).items()
         for v in (value if isinstance(value, list) else [value])
         if v is not None
     ]
@@ -60,7 +56,7 @@ def build_request(params: dict[str, Any]) -> tuple[urllib.request.Request, float
         url += ("&" if urllib.parse.urlsplit(url).query else ("" if url.endswith("?") else "?")) + (
             urllib.parse.urlencode(query)
         )
-    headers = {str(k): _scalar("headers", v) for k, v in _dict(params, "headers").items()}
+    headers = {str(k): _scalar("headers", v) for k, v in param("http", params, "headers", dict, default={}).items()}
     data = None
     if params.get("json") is not None and params.get("body") is not None:
         raise ValueError("http: params 'json' and 'body' are exclusive; give one")
@@ -69,9 +65,7 @@ def build_request(params: dict[str, Any]) -> tuple[urllib.request.Request, float
         if not any(k.lower() == "content-type" for k in headers):
             headers["Content-Type"] = "application/json"
     elif params.get("body") is not None:
-        if not isinstance(params["body"], str):
-            raise ValueError(f"http: param 'body' must be a string, got {type(params['body']).__name__}")
-        data = params["body"].encode("utf-8")
+        data = param("http", params, "body", str).encode("utf-8")
     return urllib.request.Request(url, data=data, headers=headers, method=method.upper()), timeout
 
 

@@ -14,6 +14,7 @@ from typing import Any
 
 from pocketflow import Node
 
+from worker.nodes.params import param
 from worker.nodes.registry import register
 
 FAKE = "fake"
@@ -34,13 +35,6 @@ def llm_package() -> Any | None:
     return llm
 
 
-def _optional_str(params: dict[str, Any], name: str) -> str | None:
-    value = params.get(name)
-    if value is not None and not isinstance(value, str):
-        raise ValueError(f"llm: param '{name}' must be a string, got {type(value).__name__}")
-    return value
-
-
 @register("llm")
 class LlmNode(Node):
     """Writes the model's `response`; the call happens in exec so the node's retries apply."""
@@ -54,16 +48,11 @@ class LlmNode(Node):
     }
 
     def prep(self, shared: Any) -> dict[str, Any]:
-        prompt = self.params.get("prompt")
-        if prompt is None:
-            raise ValueError("llm: param 'prompt' is required")
-        if not isinstance(prompt, str):
-            raise ValueError(f"llm: param 'prompt' must be a string, got {type(prompt).__name__}")
-        temperature = self.params.get("temperature")
-        if temperature is not None and (isinstance(temperature, bool) or not isinstance(temperature, int | float)):
-            raise ValueError(f"llm: param 'temperature' must be a number, got {temperature!r}")
-        model = _optional_str(self.params, "model") or os.environ.get("CHORDFLOW_LLM_MODEL") or None
-        return {"prompt": prompt, "model": model, "system": _optional_str(self.params, "system"), "temp": temperature}
+        prompt = param("llm", self.params, "prompt", str, required=True)
+        temperature = param("llm", self.params, "temperature", (int, float))
+        model = param("llm", self.params, "model", str) or os.environ.get("CHORDFLOW_LLM_MODEL") or None
+        system = param("llm", self.params, "system", str)
+        return {"prompt": prompt, "model": model, "system": system, "temp": temperature}
 
     def exec(self, prep_res: dict[str, Any]) -> tuple[str, str]:
         prompt, model, system = prep_res["prompt"], prep_res["model"], prep_res["system"]

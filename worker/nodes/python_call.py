@@ -13,15 +13,19 @@ from typing import Any
 
 from pocketflow import Node
 
+from worker.nodes.params import param
 from worker.nodes.registry import register
+
+
+def _is_reference(reference: str) -> bool:
+    return reference.count(":") == 1 and all(reference.split(":"))
 
 
 def resolve_function(reference: Any) -> Callable[..., Any]:
     """'package.module:function' (or 'module:Class.method') -> the callable, or ValueError naming it."""
-    if reference is None:
-        raise ValueError("python: param 'function' is required")
-    if not isinstance(reference, str) or reference.count(":") != 1 or not all(reference.split(":")):
-        raise ValueError(f"python: param 'function' must be 'module:function', got {reference!r}")
+    reference = param(
+        "python", {"function": reference}, "function", str, required=True, what="'module:function'", check=_is_reference
+    )
     module_name, attr_path = reference.split(":")
     try:
         target: Any = importlib.import_module(module_name)

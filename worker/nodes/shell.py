@@ -20,6 +20,7 @@ from typing import Any
 from pocketflow import Node
 
 from ir.templates import references
+from worker.nodes.params import param
 from worker.nodes.registry import register
 
 ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -49,25 +50,23 @@ def env_value(value: Any) -> str:
 
 
 def _env_dict(params: dict[str, Any], name: str) -> dict[str, str]:
-    value = params.get(name)
-    if value is None:
-        return {}
-    if not isinstance(value, dict):
-        raise ValueError(f"shell: param '{name}' must be a dict, got {type(value).__name__}")
+    value = param("shell", params, name, dict, default={})
     for key in value:
         if not isinstance(key, str) or not ENV_NAME_RE.match(key):
             raise ValueError(f"shell: param '{name}' has an invalid variable name {key!r}")
     return {key: env_value(v) for key, v in value.items()}
 
 
-def _argv(command: Any) -> list[str]:
-    if isinstance(command, str) and command.strip():
-        return ["/bin/sh", "-c", command]
-    if isinstance(command, list) and command and all(isinstance(a, str | int | float) for a in command):
-        return [str(a) for a in command]
-    if command is None:
-        raise ValueError("shell: param 'command' is required")
-    raise ValueError(f"shell: param 'command' must be a non-empty string or list of strings, got {command!r}")
+def _is_command(command: str | list[Any]) -> bool:
+    if isinstance(command, str):
+        return bool(command.strip())
+    return bool(command) and all(isinstance(a, str | int | float) for a in command)
+
+
+def _argv(params: dict[str, Any]) -> list[str]:
+    what = "a non-empty string or list of strings"
+    command = param("shell", params, "command", (str, list), required=True, what=what, check=_is_command)
+    return ["/bin/sh", "-c", command] if isinstance(command, str) else [str(a) for a in command]
 
 
 @register("shell")
@@ -87,15 +86,12 @@ class ShellNode(Node):
 
     def prep(self, shared: Any) -> dict[str, Any]:
         params = self.params
-        stdin, cwd, timeout = params.get("stdin"), params.get("cwd"), params.get("timeout", 60)
-        if stdin is not None and not isinstance(stdin, str):
-            raise ValueError(f"shell: param 'stdin' must be a string, got {type(stdin).__name__}")
-        if cwd is not None and not isinstance(cwd, str | os.PathLike):
-            raise ValueError(f"shell: param 'cwd' must be a path string, got {type(cwd).__name__}")
-        if isinstance(timeout, bool) or not isinstance(timeout, int | float) or timeout <= 0:
-            raise ValueError(f"shell: param 'timeout' must be a positive number of seconds, got {timeout!r}")
+        stdin = param("shell", params, "stdin", str)
+        cwd = param("shell", params, "cwd", (str, os.PathLike), what="a path string")
+        what = "a positive number of seconds"
+        timeout = param("shell", params, "timeout", (int, float), default=60, what=what, check=lambda t: t > 0)
         env = {**os.environ, **_env_dict(params, "env"), **_env_dict(params, "vars")}
-        return {"argv": _argv(params.get("command")), "stdin": stdin, "cwd": cwd, "timeout": timeout, "env": env}
+        return {"argv": _argv(params), "stdin": stdin, "cwd": cwd, "timeout": timeout, "env": env}
 
     def exec(self, prep_res: dict[str, Any]) -> dict[str, Any]:
         argv, timeout = prep_res["argv"], prep_res["timeout"]
