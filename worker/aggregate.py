@@ -1,4 +1,9 @@
-"""The one merge of item outcomes into a batch result, used by the local loop and the chord callback."""
+"""The one merge of item outcomes into a batch result, used by the local loop and the chord callback.
+
+Outcomes travel per chunk in columnar form (ChunkResult): the results of a contiguous run of items as
+one list, plus the few failed items in full. Merging chunks is then list concatenation in index
+order, not one object per item.
+"""
 
 from __future__ import annotations
 
@@ -7,6 +12,39 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from worker.outcome import ItemOutcome
+
+
+@dataclass(slots=True)
+class ChunkResult:
+    """Outcomes of items [start, start + len(results)), in index order."""
+
+    start: int
+    results: list[Any]
+    failures: list[ItemOutcome]  # the failed items only, in index order
+    appended: dict[str, list]  # accumulator entries of these items, in index order
+
+    @classmethod
+    def of(cls, start: int, outcomes: list[ItemOutcome]) -> ChunkResult:
+        outcomes.sort(key=_index)  # in-process parallel items finish in any order
+        appended: dict[str, list] = {}
+        for o in outcomes:
+            if o.appended:
+                for key, entries in o.appended.items():
+                    appended.setdefault(key, []).extend(entries)
+        failures = [o for o in outcomes if o.error is not None]
+        return cls(start, [o.result for o in outcomes], failures, appended)
+
+    def to_wire(self) -> list[Any]:
+        return [self.start, self.results, [f.to_wire() for f in self.failures], self.appended]
+
+    @classmethod
+    def from_wire(cls, data: list[Any]) -> ChunkResult:
+        start, results, failures, appended = data
+        return cls(start, results, [ItemOutcome.from_wire(f) for f in failures], appended)
+
+
+def _index(outcome: ItemOutcome) -> int:
+    return outcome.index
 
 
 @dataclass
@@ -27,49 +65,43 @@ class BatchResult:
         return cls(aggregate, appended, ItemOutcome.from_wire(failure) if failure else None)
 
 
-def order(outcomes: Iterable[ItemOutcome], count: int) -> list[ItemOutcome]:
-    """Outcomes by index, exactly one per index (a redelivered chunk's duplicates are dropped)."""
-    by_index: list[ItemOutcome | None] = [None] * count
-    for outcome in outcomes:
-        if by_index[outcome.index] is None:
-            by_index[outcome.index] = outcome
-    missing = [i for i, o in enumerate(by_index) if o is None]
-    if missing:
-        raise RuntimeError(f"batch incomplete: {len(missing)} of {count} items have no outcome (first: {missing[0]})")
-    return by_index  # type: ignore[return-value]
-
-
-def aggregate(ordered: list[ItemOutcome]) -> dict[str, Any]:
-    """results / count / success_count / error_count / errors, in input order (DESIGN section 3)."""
-    errors = []
-    for o in ordered:
-        if o.error is not None:
-            entry = {"index": o.index, "item": o.item, "error": o.error}
-            if o.exception_type:
-                entry["exception_type"] = o.exception_type
-            errors.append(entry)
-    return {
-        "results": [o.result for o in ordered],
-        "count": len(ordered),
-        "success_count": len(ordered) - len(errors),
+def merge(chunks: Iterable[ChunkResult], count: int, fail_fast: bool) -> BatchResult:
+    """Chunks (any order; a redelivered chunk's duplicate is dropped) -> the DESIGN section 3 aggregate."""
+    by_start: dict[int, ChunkResult] = {}
+    for chunk in chunks:
+        kept = by_start.get(chunk.start)
+        if kept is None or len(chunk.results) > len(kept.results):
+            by_start[chunk.start] = chunk
+    ordered = [by_start[start] for start in sorted(by_start)]
+    failures = [f for chunk in ordered for f in chunk.failures]
+    if fail_fast and failures:
+        return BatchResult(None, {}, min(failures, key=_index))
+    results: list[Any] = []
+    appended: dict[str, list] = {}
+    for chunk in ordered:
+        if chunk.start != len(results):
+            raise RuntimeError(f"batch incomplete: no outcome for items {len(results)}..{chunk.start - 1} of {count}")
+        results.extend(chunk.results)
+        for key, entries in chunk.appended.items():
+            appended.setdefault(key, []).extend(entries)
+    if len(results) != count:
+        raise RuntimeError(f"batch incomplete: outcomes for {len(results)} of {count} items")
+    errors = [_error_entry(f) for f in failures]
+    aggregate = {
+        "results": results,
+        "count": count,
+        "success_count": count - len(errors),
         "error_count": len(errors),
         "errors": errors or None,
     }
+    return BatchResult(aggregate, appended)
 
 
-def summarize(outcomes: Iterable[ItemOutcome], count: int, fail_fast: bool) -> BatchResult:
-    outcomes = list(outcomes)
-    if fail_fast:
-        failed = [o for o in outcomes if o.error is not None]
-        if failed:
-            return BatchResult(None, {}, min(failed, key=lambda o: o.index))
-    ordered = order(outcomes, count)
-    appended: dict[str, list] = {}
-    for o in ordered:
-        if o.appended:
-            for key, entries in o.appended.items():
-                appended.setdefault(key, []).extend(entries)
-    return BatchResult(aggregate(ordered), appended)
+def _error_entry(failure: ItemOutcome) -> dict[str, Any]:
+    entry = {"index": failure.index, "item": failure.item, "error": failure.error}
+    if failure.exception_type:
+        entry["exception_type"] = failure.exception_type
+    return entry
 
 
 def merge_accumulators(shared: MutableMapping[str, Any], appended: dict[str, list]) -> None:

@@ -20,7 +20,7 @@ if TYPE_CHECKING:
 
 
 class BatchBackend(Protocol):
-    """Runs every item of one batch and returns the merged result (`worker.aggregate.summarize`)."""
+    """Runs every item of one batch and returns the merged result (`worker.aggregate.merge`)."""
 
     def run_batch(self, node: PflowBatchNode, items: list[Any]) -> BatchResult: ...
 

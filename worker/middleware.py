@@ -1,5 +1,8 @@
 """ItemMiddleware for distributed chunks: stop checks, batched progress, cluster-wide permits.
 
+`batch` is the batch key (`<node id>#<dispatch id>`): a node that runs twice in one run (a loop) gets
+a fresh abort flag, progress and permits each time.
+
 Each talks to Redis at most every `interval` seconds or once per N items, never once per item.
 """
 
@@ -16,8 +19,8 @@ from worker.runstate import RunState
 class StopCheck(ItemMiddleware):
     """Stops a chunk when the run is cancelled or (fail_fast) another item of the batch failed."""
 
-    def __init__(self, state: RunState, node_id: str, fail_fast: bool, interval: float = 0.1):
-        self.state, self.node_id, self.fail_fast, self.interval = state, node_id, fail_fast, interval
+    def __init__(self, state: RunState, batch: str, fail_fast: bool, interval: float = 0.1):
+        self.state, self.batch, self.fail_fast, self.interval = state, batch, fail_fast, interval
         self.stopped = False
         self.next_check = 0.0
 
@@ -27,20 +30,20 @@ class StopCheck(ItemMiddleware):
         now = time.monotonic()
         if now >= self.next_check:
             self.next_check = now + self.interval
-            self.stopped = self.state.should_stop(self.node_id)
+            self.stopped = self.state.should_stop(self.batch)
         return not self.stopped
 
     def after_item(self, outcome: ItemOutcome) -> None:
         if self.fail_fast and outcome.error is not None:
             self.stopped = True
-            self.state.abort(self.node_id)
+            self.state.abort(self.batch)
 
 
 class ProgressPublisher(ItemMiddleware):
     """Buffers (index, ok) pairs and appends them to the run's stream in batches."""
 
-    def __init__(self, state: RunState, node_id: str, interval: float = 0.25, max_buffer: int = 2000):
-        self.state, self.node_id, self.interval, self.max_buffer = state, node_id, interval, max_buffer
+    def __init__(self, state: RunState, batch: str, interval: float = 0.25, max_buffer: int = 2000):
+        self.state, self.batch, self.interval, self.max_buffer = state, batch, interval, max_buffer
         self.buffer: list[tuple[int, bool]] = []
         self.next_flush = time.monotonic() + interval
 
@@ -51,7 +54,7 @@ class ProgressPublisher(ItemMiddleware):
 
     def flush(self) -> None:
         if self.buffer:
-            self.state.publish(self.node_id, self.buffer)
+            self.state.publish(self.batch, self.buffer)
             self.buffer = []
         self.next_flush = time.monotonic() + self.interval
 
@@ -66,8 +69,8 @@ class ConcurrencyPermit(ItemMiddleware):
     (renewed while running) so a killed worker's permit frees itself.
     """
 
-    def __init__(self, state: RunState, node_id: str, limit: int, lease: float = 30.0, poll: float = 0.05):
-        self.state, self.node_id, self.limit, self.lease, self.poll = state, node_id, limit, lease, poll
+    def __init__(self, state: RunState, batch: str, limit: int, lease: float = 30.0, poll: float = 0.05):
+        self.state, self.batch, self.limit, self.lease, self.poll = state, batch, limit, lease, poll
         self.token = uuid.uuid4().hex
         self.renew_at = 0.0
         self.held = False
@@ -77,8 +80,8 @@ class ConcurrencyPermit(ItemMiddleware):
         if self.held and now < self.renew_at:
             return True
         delay = self.poll
-        while not self.state.acquire_permit(self.node_id, self.token, self.limit, self.lease):
-            if self.state.should_stop(self.node_id):
+        while not self.state.acquire_permit(self.batch, self.token, self.limit, self.lease):
+            if self.state.should_stop(self.batch):
                 return False
             time.sleep(delay)  # waiting for another chunk to finish; nothing to subscribe to
             delay = min(delay * 2, 1.0)
@@ -88,5 +91,5 @@ class ConcurrencyPermit(ItemMiddleware):
 
     def close(self) -> None:
         if self.held:
-            self.state.release_permit(self.node_id, self.token)
+            self.state.release_permit(self.batch, self.token)
             self.held = False

@@ -44,6 +44,7 @@ class RunState:
         self.prefix = f"chordflow:run:{run_id}:"
         self._acquire = self.redis.register_script(_script_source("acquire_permit"))
         self._publish = self.redis.register_script(_script_source("publish_progress"))
+        self._finish = self.redis.register_script(_script_source("finish_batch"))
 
     def key(self, name: str) -> str:
         return self.prefix + name
@@ -55,26 +56,37 @@ class RunState:
     def cancelled(self) -> bool:
         return bool(self.redis.exists(self.key("cancel")))
 
-    def abort(self, node_id: str) -> None:
+    def abort(self, batch: str) -> None:
         """fail_fast: the first failed item stops every other chunk of this batch."""
-        self.redis.set(self.key(f"abort:{node_id}"), 1, ex=self.ttl)
+        self.redis.set(self.key(f"abort:{batch}"), 1, ex=self.ttl)
 
-    def should_stop(self, node_id: str) -> bool:
-        return bool(self.redis.exists(self.key("cancel"), self.key(f"abort:{node_id}")))
+    def should_stop(self, batch: str) -> bool:
+        return bool(self.redis.exists(self.key("cancel"), self.key(f"abort:{batch}")))
 
     # -- progress ---------------------------------------------------------------------------
-    def publish(self, node_id: str, outcomes: list[tuple[int, bool]]) -> None:
-        self._publish(keys=[self.key("events")], args=[node_id, msgpack.packb(outcomes), self.ttl])
+    def publish(self, batch: str, outcomes: list[tuple[int, bool]]) -> None:
+        self._publish(keys=[self.key("events")], args=[batch, msgpack.packb(outcomes), self.ttl])
 
-    def read_progress(self, last_id: str, block_ms: int) -> tuple[str, list[tuple[str, list[tuple[int, bool]]]]]:
-        """Entries after `last_id` (waits up to block_ms). Returns (new last id, [(node, outcomes)])."""
-        reply = self.redis.xread({self.key("events"): last_id}, block=block_ms, count=1000)
-        batches = []
+    def read_progress(self, last_id: str, block_ms: int) -> tuple[str, list[tuple[str, list[Any] | None]]]:
+        """Entries after `last_id` (waits up to block_ms): (new last id, [(batch, [[index, ok], ...])]).
+
+        An entry with `None` instead of outcomes marks the end of that batch: its result is stored.
+        """
+        reply = self.redis.xread({self.key("events"): last_id}, block=block_ms or None, count=1000)
+        batches: list[tuple[str, list[Any] | None]] = []
         for _stream, entries in reply or []:
             for entry_id, fields in entries:
                 last_id = entry_id.decode() if isinstance(entry_id, bytes) else entry_id
-                batches.append((fields[b"node"].decode(), msgpack.unpackb(fields[b"b"])))
+                outcomes = msgpack.unpackb(fields[b"b"]) if b"b" in fields else None
+                batches.append((fields[b"batch"].decode(), outcomes))
         return last_id, batches
+
+    def finish_batch(self, batch: str, result: bytes) -> None:
+        """Store a batch's merged result, then announce it on the stream (one atomic script)."""
+        self._finish(keys=[self.key(f"result:{batch}"), self.key("events")], args=[result, batch, self.ttl])
+
+    def batch_result(self, batch: str) -> bytes | None:
+        return self.redis.get(self.key(f"result:{batch}"))
 
     # -- snapshots ---------------------------------------------------------------------------
     def store_snapshot(self, blob: bytes) -> str:
@@ -99,13 +111,13 @@ class RunState:
     def chunk_ids(self) -> list[str]:
         return [t.decode() for t in self.redis.lrange(self.key("chunks"), 0, -1)]
 
-    def acquire_permit(self, node_id: str, token: str, limit: int, lease: float) -> bool:
+    def acquire_permit(self, batch: str, token: str, limit: int, lease: float) -> bool:
         now = time.time()
-        granted = self._acquire(keys=[self.key(f"permits:{node_id}")], args=[token, limit, now + lease, now, self.ttl])
+        granted = self._acquire(keys=[self.key(f"permits:{batch}")], args=[token, limit, now + lease, now, self.ttl])
         return bool(granted)
 
-    def release_permit(self, node_id: str, token: str) -> None:
-        self.redis.zrem(self.key(f"permits:{node_id}"), token)
+    def release_permit(self, batch: str, token: str) -> None:
+        self.redis.zrem(self.key(f"permits:{batch}"), token)
 
     def describe(self, **fields: Any) -> None:
         """Run metadata for `chordflow status`."""

@@ -10,13 +10,12 @@ from typing import Any
 
 from ir import snapshot
 from ir.models import NodeSpec
-from worker.aggregate import summarize
+from worker.aggregate import ChunkResult, merge
 from worker.app import app
 from worker.batch import PflowBatchNode
 from worker.build import batch_node
 from worker.executor import ItemMiddleware, run_items
 from worker.middleware import ConcurrencyPermit, ProgressPublisher, StopCheck
-from worker.outcome import ItemOutcome
 from worker.runstate import RunState
 
 _CACHE_SIZE = 8
@@ -53,21 +52,26 @@ def run_chunk(self: Any, job: dict[str, Any]) -> bytes:
     state = RunState(job["run"])
     node = _node(job["node"]).clone()  # its own instance: safe under any worker pool
     spec = node.batch
-    if state.should_stop(node.node_id):
-        return snapshot.encode([])
+    batch = job["batch"]
+    if state.should_stop(batch):
+        return snapshot.encode(ChunkResult(job["start"], [], [], {}).to_wire())
     node.bind(_snapshot(job["snap"], state))
     items = snapshot.decode(job["items"])
-    hooks: list[ItemMiddleware] = [StopCheck(state, node.node_id, spec.error_handling == "fail_fast")]
+    hooks: list[ItemMiddleware] = [StopCheck(state, batch, spec.error_handling == "fail_fast")]
     if spec.max_concurrent:
-        hooks.append(ConcurrencyPermit(state, node.node_id, spec.max_concurrent))
-    hooks.append(ProgressPublisher(state, node.node_id))
+        hooks.append(ConcurrencyPermit(state, batch, spec.max_concurrent))
+    hooks.append(ProgressPublisher(state, batch))
     outcomes = run_items(node, enumerate(items, job["start"]), hooks)
-    return snapshot.encode([o.to_wire() for o in outcomes], label=f"batch '{node.node_id}' results")
+    chunk = ChunkResult.of(job["start"], outcomes)
+    return snapshot.encode(chunk.to_wire(), label=f"batch '{node.node_id}' results")
 
 
 @app.task(name="chordflow.aggregate")
-def aggregate(chunk_results: list[bytes], job: dict[str, Any]) -> bytes:
-    """Chord body: merge every chunk's outcomes by index into the batch result (one merge function)."""
-    outcomes = (ItemOutcome.from_wire(w) for blob in chunk_results for w in snapshot.decode(blob))
-    result = summarize(outcomes, job["count"], job["fail_fast"])
-    return snapshot.encode(result.to_wire(), label=f"batch '{job['node']}' aggregate")
+def aggregate(chunk_results: list[bytes], job: dict[str, Any]) -> str:
+    """Chord body: merge the chunks by index (the same merge as in-process), store the batch result
+    in Redis and wake the scheduler."""
+    chunks = [ChunkResult.from_wire(snapshot.decode(blob)) for blob in chunk_results]
+    result = merge(chunks, job["count"], job["fail_fast"])
+    blob = snapshot.encode(result.to_wire(), label=f"batch '{job['node']}' aggregate")
+    RunState(job["run"]).finish_batch(job["batch"], blob)
+    return "stored"

@@ -11,7 +11,7 @@ import contextlib
 import importlib
 import logging
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import kombu.exceptions
@@ -22,7 +22,7 @@ from ir import snapshot
 from ir.errors import BackendError, RemoteError, RunCancelled
 from scheduler import chunking
 from worker import settings
-from worker.aggregate import BatchResult, summarize
+from worker.aggregate import BatchResult, merge
 from worker.batch import PflowBatchNode
 from worker.context import RunContext
 from worker.outcome import ItemOutcome
@@ -54,12 +54,13 @@ class CeleryBackend:
         self.ctx = ctx
         self.state = RunState(run_id)
         self.cancelled = ctx.cancelled
+        self.stream_pos = "0-0"  # how far this run's progress stream has been read
 
     # -- dispatch -------------------------------------------------------------------------------
     def run_batch(self, node: PflowBatchNode, items: list[Any]) -> BatchResult:
         fail_fast = node.batch.error_handling == "fail_fast"
         if not items:
-            return summarize([], 0, fail_fast)
+            return merge([], 0, fail_fast)
         from worker.tasks import aggregate, run_chunk
 
         blob = snapshot.encode(snapshot.snapshot_of(node._shared), label="shared")
@@ -78,10 +79,11 @@ class CeleryBackend:
             if len(blob) > self.settings.snapshot_inline_bytes:
                 snap = {"ref": self.state.store_snapshot(blob)}
             spec = node.spec.wire()
+            batch = f"{node.node_id}#{uuid.uuid4().hex[:8]}"  # a node in a loop dispatches a fresh batch each time
             ids = [uuid.uuid4().hex for _ in spans]
             header = [
                 run_chunk.signature(
-                    ({"run": self.run_id, "node": spec, "snap": snap, "start": a, "items": payload},),
+                    ({"run": self.run_id, "batch": batch, "node": spec, "snap": snap, "start": a, "items": payload},),
                     task_id=task_id,
                     argsrepr=f"batch={node.node_id} items[{a}:{b}] run={self.run_id}",
                     kwargsrepr="{}",
@@ -89,7 +91,15 @@ class CeleryBackend:
                 for (a, b), payload, task_id in zip(spans, payloads, ids, strict=True)
             ]
             body = aggregate.signature(
-                ({"run": self.run_id, "node": node.node_id, "count": len(items), "fail_fast": fail_fast},),
+                (
+                    {
+                        "run": self.run_id,
+                        "batch": batch,
+                        "node": node.node_id,
+                        "count": len(items),
+                        "fail_fast": fail_fast,
+                    },
+                ),
                 argsrepr=f"batch={node.node_id} chunks={len(spans)} run={self.run_id}",
                 kwargsrepr="{}",
             )
@@ -98,38 +108,52 @@ class CeleryBackend:
             result = chord(header)(body)
         log.info("run %s: batch %s -> %d chunks of <= %d items", self.run_id, node.node_id, len(spans), size)
         try:
-            self._wait(result, node.node_id, len(items))
+            blob = self._wait(result, batch, node.node_id, len(items))
         except (KeyboardInterrupt, RunCancelled):
             self.cancel()
             raise
-        if result.failed():
-            raise BackendError(f"batch node '{node.node_id}': a chunk failed on a worker: {result.result}")
-        batch = BatchResult.from_wire(snapshot.decode(result.result))
+        batch = BatchResult.from_wire(snapshot.decode(blob))
         if batch.failure is not None:
             batch.failure.exception = rebuild_exception(batch.failure) if batch.failure.exception_type else None
         self.state.describe(status="done")
         return batch
 
     # -- waiting -----------------------------------------------------------------------------------
-    def _wait(self, result: Any, node_id: str, total: int) -> None:
-        seen = bytearray(total)
+    def _wait(self, result: Any, batch: str, node_id: str, total: int) -> bytes:
+        """Follow the progress stream until the chord body announces the stored result.
+
+        Each wake-up is one XREAD (blocking up to POLL_MS); between them the cancel flag and the chord's
+        state are checked, so a chunk that crashed (the body never runs) fails the run instead of hanging.
+        """
+        seen = bytearray(total) if self.ctx.sink is not None else None
         done = 0
-        last_id = "0-0"
-        emit: Callable[[dict[str, Any]], None] = self.ctx.emit
         while True:
             with broker_errors(self.settings.result_backend):
-                last_id, batches = self.state.read_progress(last_id, POLL_MS)
-                for batch_node, outcomes in batches:
-                    for index, ok in outcomes:
-                        if batch_node == node_id and not seen[index]:
-                            seen[index] = 1
-                            done += 1
-                            emit({"type": "batch_progress", "node": node_id, "index": index,
-                                  "done": done, "total": total, "ok": bool(ok)})  # fmt: skip
+                self.stream_pos, batches = self.state.read_progress(self.stream_pos, POLL_MS)
+                for entry_batch, outcomes in batches:
+                    if entry_batch != batch:
+                        continue
+                    if outcomes is None:
+                        blob = self.state.batch_result(batch)
+                        if blob is None:
+                            raise BackendError(f"batch node '{node_id}': its result expired from Redis")
+                        return blob
+                    if seen is not None:
+                        done = self._emit_progress(node_id, outcomes, seen, done, total)
                 if self.cancelled.is_set() or self.state.cancelled():
                     raise RunCancelled(f"run {self.run_id} cancelled during batch node '{node_id}'")
-                if result.ready():
-                    return
+                if not batches and result.failed():
+                    raise BackendError(f"batch node '{node_id}': a chunk failed on a worker: {result.result}")
+
+    def _emit_progress(self, node_id: str, outcomes: list[Any], seen: bytearray, done: int, total: int) -> int:
+        """One `batch_progress` event per item seen for the first time (a redelivered chunk repeats some)."""
+        for index, ok in outcomes:
+            if not seen[index]:
+                seen[index] = 1
+                done += 1
+                self.ctx.emit({"type": "batch_progress", "node": node_id, "index": index,
+                               "done": done, "total": total, "ok": bool(ok)})  # fmt: skip
+        return done
 
     def cancel(self) -> None:
         """Stop dispatch: set the cancel flag (chunks stop between items) and revoke queued chunks."""

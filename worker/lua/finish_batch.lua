@@ -1,0 +1,6 @@
+-- The chord body stores the merged batch result, then wakes the scheduler through the run's stream.
+-- KEYS[1]: the result key; KEYS[2]: the stream; ARGV[1]: result bytes; ARGV[2]: batch key; ARGV[3]: ttl
+redis.call('SET', KEYS[1], ARGV[1], 'EX', tonumber(ARGV[3]))
+redis.call('XADD', KEYS[2], '*', 'batch', ARGV[2], 'done', '1')
+redis.call('EXPIRE', KEYS[2], tonumber(ARGV[3]))
+return 1
