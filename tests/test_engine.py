@@ -264,3 +264,23 @@ def test_node_exception_propagates_unchanged():
     wf = workflow({"id": "f", "type": "test-fail", "params": {"value": "v", "fail": True}})
     with pytest.raises(ValueError, match=r"^boom v$"):
         scheduler.run(wf)
+
+
+def test_batch_node_in_a_loop_runs_afresh_each_pass(backend: str) -> None:
+    """A node that runs twice in one run dispatches two independent batches (results of the last pass)."""
+    workflow = {
+        "nodes": [
+            {"id": "start", "type": "test-rounds", "params": {"rounds": 0}},
+            {"id": "b", "type": "echo", "params": {"v": "${item}-${__rounds__}"}, "batch": {"items": "${items}"}},
+            {"id": "loop", "type": "test-rounds", "params": {"rounds": 3}},
+        ],
+        "edges": [
+            {"from": "start", "to": "b", "action": "done"},
+            {"from": "b", "to": "loop"},
+            {"from": "loop", "to": "b", "action": "again"},
+        ],
+    }
+    result = scheduler.run(workflow, {"items": ["x", "y"]}, backend=backend)
+    assert result.status == "success"
+    assert result.shared["__rounds__"] == 3
+    assert [r["v"] for r in result.shared["b"]["results"]] == ["x-2", "y-2"]

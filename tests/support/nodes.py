@@ -300,3 +300,15 @@ class BranchNode(_ParamNode):
     def post(self, shared: Any, prep_res: dict[str, Any], exec_res: Any) -> str:
         shared["value"] = prep_res.get("value")
         return prep_res.get("action", "default")
+
+
+@register("test-rounds")
+class RoundsNode(Node):
+    """Counts passes in the root key `__rounds__`; returns "again" until param `rounds` passes are done."""
+
+    def prep(self, shared: Any) -> int:
+        return int(shared.get("__rounds__", 0)) + 1
+
+    def post(self, shared: Any, prep_res: int, exec_res: Any) -> str:
+        shared["__rounds__"] = prep_res
+        return "again" if prep_res < int(self.params.get("rounds", 1)) else "done"
