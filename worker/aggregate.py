@@ -23,17 +23,6 @@ class ChunkResult:
     failures: list[ItemOutcome]  # the failed items only, in index order
     appended: dict[str, list]  # accumulator entries of these items, in index order
 
-    @classmethod
-    def of(cls, start: int, outcomes: list[ItemOutcome]) -> ChunkResult:
-        outcomes.sort(key=_index)  # in-process parallel items finish in any order
-        appended: dict[str, list] = {}
-        for o in outcomes:
-            if o.appended:
-                for key, entries in o.appended.items():
-                    appended.setdefault(key, []).extend(entries)
-        failures = [o for o in outcomes if o.error is not None]
-        return cls(start, [o.result for o in outcomes], failures, appended)
-
     def to_wire(self) -> list[Any]:
         return [self.start, self.results, [f.to_wire() for f in self.failures], self.appended]
 
@@ -41,10 +30,6 @@ class ChunkResult:
     def from_wire(cls, data: list[Any]) -> ChunkResult:
         start, results, failures, appended = data
         return cls(start, results, [ItemOutcome.from_wire(f) for f in failures], appended)
-
-
-def _index(outcome: ItemOutcome) -> int:
-    return outcome.index
 
 
 @dataclass
@@ -75,7 +60,7 @@ def merge(chunks: Iterable[ChunkResult], count: int, fail_fast: bool) -> BatchRe
     ordered = [by_start[start] for start in sorted(by_start)]
     failures = [f for chunk in ordered for f in chunk.failures]
     if fail_fast and failures:
-        return BatchResult(None, {}, min(failures, key=_index))
+        return BatchResult(None, {}, min(failures, key=lambda f: f.index))
     results: list[Any] = []
     appended: dict[str, list] = {}
     for chunk in ordered:

@@ -16,7 +16,7 @@ from ir.errors import BatchItemFailed, BatchItemsError, RunCancelled
 from ir.models import NodeSpec
 from ir.templates import compile_value
 from worker import context
-from worker.aggregate import BatchResult, ChunkResult, merge, merge_accumulators
+from worker.aggregate import BatchResult, merge, merge_accumulators
 from worker.executor import ItemMiddleware, StopSignals, run_in_process
 from worker.outcome import ItemOutcome, failure_of
 from worker.store import is_dunder
@@ -103,10 +103,10 @@ class PflowBatchNode(BatchNode):
         ctx = context.current()
         if ctx.backend is not None:
             return ctx.backend.run_batch(self, items)
-        outcomes = run_in_process(self, items, self.middleware(len(items)))
+        chunks = run_in_process(self, items, self.middleware(len(items)))
         if ctx.cancelled.is_set():
             raise RunCancelled(f"run cancelled during batch node '{self.node_id}'")
-        return merge([ChunkResult.of(0, outcomes)], len(items), self.batch.error_handling == "fail_fast")
+        return merge(chunks, len(items), self.batch.error_handling == "fail_fast")
 
     def middleware(self, total: int) -> list[ItemMiddleware]:
         """In-process hooks: cancel and fail-fast stops, plus whatever the run adds (progress events)."""

@@ -1,6 +1,7 @@
 """The per-item executor loop and its middleware hooks.
 
-`run_items` runs items through `PflowBatchNode.run_item` (isolated copy, retries, classification).
+`run_items` runs items through `PflowBatchNode.run_item` (isolated copy, retries, classification)
+and collects them into a columnar ChunkResult.
 Everything cross-cutting — progress, fail-fast aborts, checkpoints, concurrency permits — hangs on it
 as an ItemMiddleware rather than living inside the loop. The local backend and the Celery chunk task
 both call this same loop.
@@ -9,10 +10,11 @@ both call this same loop.
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
+from worker.aggregate import ChunkResult
 from worker.outcome import ItemOutcome
 
 if TYPE_CHECKING:
@@ -53,56 +55,80 @@ class StopSignals(ItemMiddleware):
             self.failed = True
 
 
-def run_items(
-    node: PflowBatchNode, indexed_items: Iterable[tuple[int, Any]], middleware: list[ItemMiddleware]
-) -> list[ItemOutcome]:
-    outcomes: list[ItemOutcome] = []
-    run_item = node.run_item
+def run_items(node: PflowBatchNode, items: Sequence[Any], start: int, middleware: list[ItemMiddleware]) -> ChunkResult:
+    """Run `items` (item i has index start+i) through `node.run_item`, hooks around each.
+
+    Outcomes go straight into a columnar ChunkResult (results list + failures), so nothing per item is
+    kept beyond its result. A hook that stops the loop leaves a shorter, still contiguous, chunk.
+    """
+    results: list[Any] = []
+    failures: list[ItemOutcome] = []
+    appended: dict[str, list] = {}
+    run_item, keep = node.run_item, results.append
+    before = [m.before_item for m in middleware]
+    after = [m.after_item for m in middleware]
     try:
-        if not middleware:
-            return [run_item(index, item) for index, item in indexed_items]
-        before = [m.before_item for m in middleware]
-        after = [m.after_item for m in middleware]
-        append = outcomes.append
-        for index, item in indexed_items:
-            for check in before:
-                if not check(index):
-                    return outcomes
+        for index, item in enumerate(items, start):
+            if not _may_start(before, index):
+                break
             outcome = run_item(index, item)
-            append(outcome)
+            keep(outcome.result)
+            if outcome.error is not None:
+                failures.append(outcome)
+            if outcome.appended:
+                for key, entries in outcome.appended.items():
+                    appended.setdefault(key, []).extend(entries)
             for hook in after:
                 hook(outcome)
-        return outcomes
     finally:
         for m in middleware:
             m.close()
+    return ChunkResult(start, results, failures, appended)
 
 
-class _LockedIterator(Iterator[tuple[int, Any]]):
-    def __init__(self, iterable: Iterable[tuple[int, Any]]):
+def _may_start(checks: list[Any], index: int) -> bool:
+    for check in checks:
+        if not check(index):
+            return False
+    return True
+
+
+def run_in_process(node: PflowBatchNode, items: list[Any], middleware: list[ItemMiddleware]) -> list[ChunkResult]:
+    """Sequential: one chunk. With `batch.parallel`: `max_concurrent` threads, each with its own clone of
+    the node, take small contiguous blocks of items; the blocks are merged like distributed chunks."""
+    spec = node.batch
+    if not spec.parallel or len(items) < 2:
+        return [run_items(node, items, 0, middleware)]
+    threads = min(spec.max_concurrent or DEFAULT_THREADS, len(items))
+    size = max(1, min(64, len(items) // (threads * 8)))
+    starts = _LockedIterator(range(0, len(items), size))
+    views = [_NoClose(m) for m in middleware]  # close() runs once, after every thread
+
+    def work(clone: PflowBatchNode) -> list[ChunkResult]:
+        chunks = []
+        for start in starts:
+            block = items[start : start + size]
+            chunks.append(run_items(clone, block, start, views))
+            if len(chunks[-1].results) < len(block):  # a hook stopped it: stop taking blocks
+                break
+        return chunks
+
+    with ThreadPoolExecutor(max_workers=threads, thread_name_prefix=f"batch-{node.node_id}") as pool:
+        futures = [pool.submit(work, node.clone()) for _ in range(threads)]
+        chunks = [chunk for future in futures for chunk in future.result()]
+    for m in middleware:
+        m.close()
+    return chunks
+
+
+class _LockedIterator(Iterator[int]):
+    def __init__(self, iterable: Iterable[int]):
         self._it = iter(iterable)
         self._lock = threading.Lock()
 
-    def __next__(self) -> tuple[int, Any]:
+    def __next__(self) -> int:
         with self._lock:
             return next(self._it)
-
-
-def run_in_process(node: PflowBatchNode, items: list[Any], middleware: list[ItemMiddleware]) -> list[ItemOutcome]:
-    """Sequential, or with `batch.parallel` on a thread pool of `max_concurrent` clones of the node."""
-    spec = node.batch
-    if not spec.parallel or len(items) < 2:
-        return run_items(node, enumerate(items), middleware)
-    threads = min(spec.max_concurrent or DEFAULT_THREADS, len(items))
-    shared_iter = _LockedIterator(enumerate(items))
-    # Middleware close() must run once, after every thread: the threads get hook-only views.
-    views = [_NoClose(m) for m in middleware]
-    with ThreadPoolExecutor(max_workers=threads, thread_name_prefix=f"batch-{node.node_id}") as pool:
-        futures = [pool.submit(run_items, node.clone(), shared_iter, views) for _ in range(threads)]
-        outcomes = [o for f in futures for o in f.result()]
-    for m in middleware:
-        m.close()
-    return outcomes
 
 
 class _NoClose(ItemMiddleware):

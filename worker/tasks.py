@@ -61,8 +61,7 @@ def run_chunk(self: Any, job: dict[str, Any]) -> bytes:
     if spec.max_concurrent:
         hooks.append(ConcurrencyPermit(state, batch, spec.max_concurrent))
     hooks.append(ProgressPublisher(state, batch))
-    outcomes = run_items(node, enumerate(items, job["start"]), hooks)
-    chunk = ChunkResult.of(job["start"], outcomes)
+    chunk = run_items(node, items, job["start"], hooks)
     return snapshot.encode(chunk.to_wire(), label=f"batch '{node.node_id}' results")
 
 
