@@ -25,8 +25,9 @@ import scheduler
 from ir.errors import BackendError, RemoteError, SnapshotError
 from scheduler import chunking
 from scheduler.localcluster import ManagedProcess, free_port
-from tests.support import dist_nodes  # noqa: F401  (the test node types, in this process too)
+from tests.support import dist_nodes  # the test node types, in this process too
 from tests.support.cluster import start_slow_cli_run
+from worker.app import ensure_configured
 from worker.nodes import register
 from worker.runstate import RunState, client
 
@@ -131,7 +132,7 @@ def test_fail_fast_aborts_other_chunks_and_reraises_the_original_type() -> None:
     with pytest.raises(ValueError, match="boom"):
         scheduler.run(wf, shared=shared, backend="celery", run_id=run_id)
     assert "b" not in shared
-    published = sum(len(o) for _, o in RunState(run_id).read_progress("0-0", 0)[1] if o)
+    published = sum(len(RunState.unpack_outcomes(o)) for _, o in RunState(run_id).read_progress("0-0", 0)[1] if o)
     assert published < len(items)  # chunks stopped between items / before starting
 
 
@@ -246,3 +247,9 @@ def test_flower_serves_behind_basic_auth(celery_cluster: Any, tmp_path: Any) -> 
             assert response.status == 200
     finally:
         flower.kill()
+
+
+def test_other_tasks_on_the_app_can_still_wait_for_their_results() -> None:
+    """chordflow skips result subscriptions only for its own chords; `.get()` works for anything else."""
+    ensure_configured()
+    assert dist_nodes.add.delay(2, 3).get(timeout=30) == 5

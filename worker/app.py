@@ -8,7 +8,9 @@ task events on for Flower.
 
 from __future__ import annotations
 
+import contextlib
 import threading
+from collections.abc import Iterator
 from typing import Any
 
 from celery import Celery, signals
@@ -57,21 +59,37 @@ def config(s: settings.Settings) -> dict:
 
 
 class RunResultBackend(RedisBackend):
-    """The Redis result backend without pub/sub result subscriptions.
+    """The Redis result backend, minus pub/sub subscriptions for chordflow's own chords.
 
-    Celery subscribes to the result channel of every task it sends and of every chord member; the
-    scheduler never waits that way (it reads the run's progress stream and polls the chord body),
-    so those subscriptions would only cost a round trip per chunk and linger until exit.
+    Celery subscribes to the result channel of every task it sends and of every chord member. The
+    scheduler never waits that way (it reads the run's progress stream), so inside `quiet()` those
+    subscriptions are skipped: they would cost a round trip per chunk and linger until exit. Outside
+    it — any other task sent with this app — `AsyncResult.get()` works as usual.
     """
 
-    def on_task_call(self, producer: object, task_id: str) -> None:
-        return None
+    def __init__(self, *args: Any, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        self._quiet = threading.local()
+
+    @contextlib.contextmanager
+    def quiet(self) -> Iterator[None]:
+        self._quiet.on = True
+        try:
+            yield
+        finally:
+            self._quiet.on = False
+
+    def _is_quiet(self) -> bool:
+        return getattr(self._quiet, "on", False)
+
+    def on_task_call(self, producer: Any, task_id: str) -> None:
+        if not self._is_quiet():
+            super().on_task_call(producer, task_id)
 
     def add_pending_result(self, result: Any, weak: bool = False, start_drainer: bool = True) -> Any:
-        return result
-
-    def remove_pending_result(self, result: Any) -> Any:
-        return result
+        if self._is_quiet():
+            return result
+        return super().add_pending_result(result, weak=weak, start_drainer=start_drainer)
 
 
 class ChordflowCelery(Celery):

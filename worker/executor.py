@@ -87,7 +87,8 @@ def run_items(node: PflowBatchNode, items: Sequence[Any], start: int, middleware
 
 
 def _may_start(checks: list[Any], index: int) -> bool:
-    for check in checks:
+    # A plain loop, not all(<generator>): this runs once per item and the generator costs more than the checks.
+    for check in checks:  # noqa: SIM110
         if not check(index):
             return False
     return True

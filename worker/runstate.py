@@ -67,19 +67,23 @@ class RunState:
     def publish(self, batch: str, outcomes: list[tuple[int, bool]]) -> None:
         self._publish(keys=[self.key("events")], args=[batch, msgpack.packb(outcomes), self.ttl])
 
-    def read_progress(self, last_id: str, block_ms: int) -> tuple[str, list[tuple[str, list[Any] | None]]]:
-        """Entries after `last_id` (waits up to block_ms): (new last id, [(batch, [[index, ok], ...])]).
+    def read_progress(self, last_id: str, block_ms: int) -> tuple[str, list[tuple[str, bytes | None]]]:
+        """Entries after `last_id` (waits up to block_ms): (new last id, [(batch, packed outcomes)]).
 
-        An entry with `None` instead of outcomes marks the end of that batch: its result is stored.
+        Outcomes stay packed (`unpack_outcomes`) so a scheduler nobody listens to skips decoding them;
+        an entry with `None` instead marks the end of that batch: its result is stored.
         """
         reply = self.redis.xread({self.key("events"): last_id}, block=block_ms or None, count=1000)
-        batches: list[tuple[str, list[Any] | None]] = []
+        batches: list[tuple[str, bytes | None]] = []
         for _stream, entries in reply or []:
             for entry_id, fields in entries:
                 last_id = entry_id.decode() if isinstance(entry_id, bytes) else entry_id
-                outcomes = msgpack.unpackb(fields[b"b"]) if b"b" in fields else None
-                batches.append((fields[b"batch"].decode(), outcomes))
+                batches.append((fields[b"batch"].decode(), fields.get(b"b")))
         return last_id, batches
+
+    @staticmethod
+    def unpack_outcomes(packed: bytes) -> list[tuple[int, bool]]:
+        return msgpack.unpackb(packed)
 
     def finish_batch(self, batch: str, result: bytes) -> None:
         """Store a batch's merged result, then announce it on the stream (one atomic script)."""

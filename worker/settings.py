@@ -36,7 +36,7 @@ def load() -> Settings:
         broker_url=broker,
         result_backend=os.environ.get("CHORDFLOW_RESULT_BACKEND") or broker,
         visibility_timeout=_int("CHORDFLOW_VISIBILITY_TIMEOUT", 3600),
-        snapshot_inline_bytes=_int("CHORDFLOW_SNAPSHOT_INLINE_BYTES", 64 * 1024),
+        snapshot_inline_bytes=_int("CHORDFLOW_SNAPSHOT_INLINE_BYTES", 16 * 1024),
         chunks_per_process=_int("CHORDFLOW_CHUNKS_PER_PROCESS", 4),
         max_chunk_size=_int("CHORDFLOW_MAX_CHUNK_SIZE", 5000),
         run_ttl=_int("CHORDFLOW_RUN_TTL", 86400),

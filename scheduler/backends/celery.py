@@ -105,7 +105,8 @@ class CeleryBackend:
             )
             self.state.record_chunks(ids)
             self.state.describe(status="running", node=node.node_id, items=len(items), chunks=len(spans))
-            result = chord(header)(body)
+            with self.app.backend.quiet():
+                result = chord(header)(body)
         log.info("run %s: batch %s -> %d chunks of <= %d items", self.run_id, node.node_id, len(spans), size)
         try:
             blob = self._wait(result, batch, node.node_id, len(items))
@@ -139,7 +140,7 @@ class CeleryBackend:
                             raise BackendError(f"batch node '{node_id}': its result expired from Redis")
                         return blob
                     if seen is not None:
-                        done = self._emit_progress(node_id, outcomes, seen, done, total)
+                        done = self._emit_progress(node_id, RunState.unpack_outcomes(outcomes), seen, done, total)
                 if self.cancelled.is_set() or self.state.cancelled():
                     raise RunCancelled(f"run {self.run_id} cancelled during batch node '{node_id}'")
                 if not batches and result.failed():

@@ -8,6 +8,7 @@ from typing import Any
 
 from pocketflow import Node
 
+from worker.app import app
 from worker.nodes import register
 from worker.runstate import client
 
@@ -71,3 +72,9 @@ class RaiseUnimportableNode(Node):
 
     def exec(self, prep_res: Any) -> None:
         raise _Unimportable("from a module the scheduler does not have")
+
+
+@app.task(name="tests.add")
+def add(a: int, b: int) -> int:
+    """A plain Celery task on chordflow's app: other tasks keep Celery's usual result waiting."""
+    return a + b
