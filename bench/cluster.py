@@ -12,13 +12,14 @@ import importlib.metadata
 import os
 import platform
 import subprocess
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import redis
 
-from bench import raw_tasks
+from bench import raw_tasks, variants
 from bench.measure import WorkerLogs, log
 from scheduler.localcluster import Cluster
 
@@ -36,14 +37,19 @@ class BenchCluster:
     redis: redis.Redis
     logs: WorkerLogs
     processes: int
+    client: Any = None  # stock Celery app with worker/app.py's config: dispatches the raw baselines
+    get_check: str = ""
     registered: dict[str, list[str]] = field(default_factory=dict)
     worker_stats: dict[str, Any] = field(default_factory=dict)
     previous_env: dict[str, str | None] = field(default_factory=dict)
 
     def stop(self) -> None:
-        gc.collect()  # AsyncResults unsubscribe in __del__: let them do it while Redis is still up
-        with contextlib.suppress(Exception):  # no result consumer was ever started, or it is closed
-            self.app.backend.result_consumer.stop()
+        if self.client is not None:  # results unsubscribe when released: let them, while Redis is still up
+            variants.settle(self.client)
+        gc.collect()
+        for app in (self.client, self.app):
+            with contextlib.suppress(Exception):  # no result consumer was ever started, or it is closed
+                app.backend.result_consumer.stop()
         self.cluster.stop()
         self.cluster.restore_env(self.previous_env)
         log("cluster stopped (redis-server and both workers)")
@@ -78,10 +84,36 @@ def start(workdir: Path) -> BenchCluster:
         log(f"workers registered {', '.join(raw_tasks.TASK_NAMES)}; {processes} worker processes in total")
         logs = WorkerLogs([w.log for w in cluster.workers.values()])
         client = redis.Redis.from_url(cluster.redis.url)
-        return BenchCluster(cluster, app, client, logs, processes, registered, stats, previous)
+        bench = BenchCluster(cluster, app, client, logs, processes, variants.stock_client(), "", registered, stats)
+        bench.previous_env = previous
+        bench.get_check = check_get(app)
+        log(f"AsyncResult.get() on chordflow's own app: {bench.get_check}")
+        return bench
     except BaseException:
         cluster.stop()
         raise
+
+
+def check_get(app: Any, delay: float = 0.5, timeout: float = 3.0) -> str:
+    """Does `AsyncResult.get()` work on chordflow's app? (Its result backend may not subscribe.)
+
+    The task is sent with a countdown so that it cannot be finished when `.get()` starts: a `.get()`
+    that only looks at the stored state once, and never hears of it later, then shows as a timeout.
+    """
+    from celery.exceptions import TimeoutError as CeleryTimeout
+
+    result = app.signature(raw_tasks.NAIVE_TASK, args=({}, 0)).apply_async(countdown=delay)
+    t0 = time.perf_counter()
+    backend = f"{type(app.backend).__module__}.{type(app.backend).__name__}"
+    try:
+        result.get(timeout=timeout)
+    except CeleryTimeout:
+        stored = result.backend.get_task_meta(result.id).get("status")
+        return (
+            f"a task sent with countdown={delay} s was not seen by `.get(timeout={timeout:.0f})`: timed out although "
+            f"the worker had stored the result (state {stored}); result backend {backend}"
+        )
+    return f"returned after {time.perf_counter() - t0:.3f} s for a task sent with countdown={delay} s ({backend})"
 
 
 def machine_facts(bench: BenchCluster | None) -> dict[str, str]:
@@ -114,6 +146,7 @@ def machine_facts(bench: BenchCluster | None) -> dict[str, str]:
         "msgpack": version("msgpack"),
         "pocketflow": version("pocketflow"),
         "psutil": version("psutil"),
+        "load average at start (1/5/15 min)": " / ".join(f"{x:.2f}" for x in os.getloadavg()),
     }
     if bench is not None:
         server = bench.redis.info("server")

@@ -136,7 +136,8 @@ class Phases:
     body_s: float = 0.0  # the chord body's run time
     first_received: float | None = None
     last_header_done: float | None = None
-    body_done: float | None = None
+    body_done: float | None = None  # the log line; replaced by the result's `date_done` when readable
+    body_id: str | None = None
 
     def as_dict(self, started: float, returned: float) -> dict[str, Any]:
         def ms(a: float | None, b: float | None) -> float | None:
@@ -186,6 +187,7 @@ class WorkerLogs:
                 elif m.group("name") == body_task:
                     phases.body_s += float(m.group("secs"))
                     phases.body_done = at
+                    phases.body_id = m.group("id")
                 else:
                     phases.tasks += 1
                     phases.busy_s += float(m.group("secs"))
@@ -205,12 +207,24 @@ class Sample:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
+def stored_at(meta_reader: Callable[[str], dict[str, Any]], task_id: str) -> float | None:
+    """When the worker stored a task's result (its `date_done`, microseconds, timezone-aware)."""
+    try:
+        done = meta_reader(task_id).get("date_done")
+    except Exception:
+        return None
+    if isinstance(done, str):
+        done = dt.datetime.fromisoformat(done)
+    return done.timestamp() if isinstance(done, dt.datetime) else None
+
+
 def measure(
     call: Callable[[], Any],
     *,
     redis_client: Any = None,
     logs: WorkerLogs | None = None,
     body_task: str = "",
+    meta_reader: Callable[[str], dict[str, Any]] | None = None,
     limit: int = 600,
     what: str = "run",
 ) -> tuple[Sample, Any]:
@@ -226,10 +240,11 @@ def measure(
         seconds = time.perf_counter() - t0
         wall_end = wall_start + seconds
     sample = Sample(seconds, rss.increase)
+    if logs is not None:  # waits for the body's log line: its trailing writes (ack, events) land first
+        phases = logs.phases(body_task)
+        if phases.body_id and meta_reader is not None:
+            phases.body_done = stored_at(meta_reader, phases.body_id) or phases.body_done
+        sample.phases = phases.as_dict(wall_start, wall_end)
     if redis_client is not None and before_bytes is not None:
-        if logs is not None:  # let the body's trailing writes (ack, events) land before reading INFO
-            sample.phases = logs.phases(body_task).as_dict(wall_start, wall_end)
         sample.bytes_in = redis_bytes_in(redis_client) - before_bytes
-    elif logs is not None:
-        sample.phases = logs.phases(body_task).as_dict(wall_start, wall_end)
     return sample, value

@@ -182,17 +182,30 @@ def issue2_section(results: Results) -> list[str]:
         "",
         f"Ratio **{ratio:.2f}x** (target <= 3x: {_verdict(ratio <= 3)}).",
         "",
-        "Where the local per-item time goes, one layer added per row (each best of 3, same items):",
+        "Where the local per-item time goes, one layer added per row (each best of 3, same items; *GC off* = "
+        "the same with the cyclic garbage collector disabled; *calls/item* = Python function calls per item "
+        "counted by cProfile):",
         "",
-        "| layer | us/item | added us/item |",
-        "|---|---:|---:|",
+        "| layer | us/item | added | us/item, GC off | added, GC off | calls/item |",
+        "|---|---:|---:|---:|---:|---:|",
     ]
-    previous = None
-    for label, seconds in i2["layers"]:
-        per = seconds / n * 1e6
-        added = "" if previous is None else f"{per - previous:+.2f}"
-        lines.append(f"| {label} | {per:.2f} | {added} |")
-        previous = per
+    layers = i2["layers"]
+    prev_on = prev_off = None
+    for label, on, off, calls, note in layers["rows"]:
+        if on is None:
+            lines.append(f"| {label} | {note} | | | | |")
+            continue
+        on_us, off_us = on / n * 1e6, off / n * 1e6
+        add_on = "" if prev_on is None else f"{on_us - prev_on:+.2f}"
+        add_off = "" if prev_off is None else f"{off_us - prev_off:+.2f}"
+        lines.append(f"| {label} | {on_us:.2f} | {add_on} | {off_us:.2f} | {add_off} | {calls:.1f} |")
+        prev_on, prev_off = on_us, off_us
+    gcs = layers["gc"]
+    lines += [
+        "",
+        f"Cyclic GC collections during one full local run of {n:,} items: generation 0: {gcs.get(0, 0)}, "
+        f"1: {gcs.get(1, 0)}, 2: {gcs.get(2, 0)} (thresholds {layers['gc_threshold']}).",
+    ]
     return lines
 
 
@@ -279,14 +292,24 @@ def render(results: Results) -> list[str]:
         "|---|---|",
     ]
     lines += [f"| {k} | {v} |" for k, v in results.facts.items()]
+    lines += [f"| chordflow source fingerprint | {results.fingerprint_start} |"]
+    if results.fingerprint_end != results.fingerprint_start:
+        lines += [
+            f"| **WARNING** | chordflow's sources changed during the run (fingerprint at the end: "
+            f"{results.fingerprint_end}); processes started before the change ran the old code |"
+        ]
     lines += [
         "",
         "- **Workers: two solo workers** (`-P solo -c 1` each = 2 worker processes), the same for every Celery "
         "variant; started by `scheduler.localcluster.Cluster` with `CHORDFLOW_PLUGINS=bench.raw_tasks`, and "
         "`inspect().registered()` confirmed both workers registered `bench.naive_item`, `bench.collect`, "
         "`bench.chunk`, `bench.concat` (and chordflow's tasks) before anything was timed.",
-        "- Same Celery app (worker/app.py) and msgpack for every Celery variant; the machine's Redis on 6379 is "
-        "never used.",
+        "- Same Celery configuration (worker/app.py `config()`: msgpack, acks_late, prefetch 1, ordered chords, "
+        "task events) for every Celery variant; the machine's Redis on 6379 is never used. The baselines' tasks "
+        "are defined on worker/app.py's `app` (bench/raw_tasks.py) and run by the same workers; the bench "
+        "dispatches and awaits them by name through a stock `Celery` client app built from that same `config()` "
+        "(Celery's own RedisBackend: `.get()` waits on result pub/sub, as in any raw Celery program). "
+        f"`AsyncResult.get()` on chordflow's own app, checked at start: {results.get_check or 'not checked'}.",
         "- Items are the ints `0..N-1`; every item runs the same PocketFlow `NoopNode` "
         "(worker/nodes/echo.py) on `dict(shared)` plus the node namespace and the item.",
         "- (a) **naive per-item chord**: `chord([bench.naive_item.s(shared, item) for item in items])"
@@ -301,7 +324,9 @@ def render(results: Results) -> list[str]:
         "is the whole store, the item list included, as it is designed to.",
         "- **Wall time**: `time.perf_counter()` around the whole dispatch-and-wait (and the result check); best of 2 "
         "runs for N <= 10k, one run above. A warm-up of each variant (200 items) runs first and is not timed; "
-        "`gc.collect()` runs before every timed call (outside the timing).",
+        "`gc.collect()` runs before every timed call, and after each raw-Celery run the stock client's pending "
+        "unsubscribe replies are read off its pub/sub socket (both outside the timing, so one run's leftovers "
+        "are not charged to the next).",
         "- **Scheduler peak RSS +**: peak resident set of this (dispatching) process during the call minus its RSS "
         "just before (Linux `VmHWM` after resetting it through `/proc/self/clear_refs`; max over the runs).",
         "- **Redis bytes in**: delta of the bench redis-server's `INFO stats total_net_input_bytes` around the call.",
@@ -323,7 +348,8 @@ def render(results: Results) -> list[str]:
         "## Where the time goes",
         "",
         "Phases of the best run of every Celery measurement, in ms after the dispatch started, from the workers' "
-        "own log lines (`Task ... received` / `succeeded in`, millisecond timestamps on the same clock). "
+        "own log lines (`Task ... received` / `succeeded in`, millisecond timestamps on the same clock) and, for "
+        "*chord body done*, the body result's `date_done` (when the worker stored it). "
         "*Worker busy* is the sum of the header tasks' run times over both workers; *inspect broadcast* says "
         "whether chordflow refreshed its cached worker-process count during that call.",
         "",
@@ -333,9 +359,8 @@ def render(results: Results) -> list[str]:
     lines += notice_summary(results)
     lines += [
         "",
-        f"chordflow's wait loop (scheduler/backends/celery.py `_wait`) blocks in `XREAD` on the run's progress "
-        f"stream for up to POLL_MS = {celery_backend.POLL_MS} ms and checks the chord body's state only when that "
-        "call returns.",
+        f"chordflow's POLL_MS (scheduler/backends/celery.py, the longest its wait loop blocks in one XREAD): "
+        f"{getattr(celery_backend, 'POLL_MS', 'n/a')} ms.",
     ]
     lines += profile_section(results)
     lines += ["", "The analysis of these numbers (which targets are missed and why) is in README.md, *Findings*.", ""]

@@ -6,6 +6,8 @@ Writes RESULTS.md and throughput.png into --out (default: this directory). Progr
 from __future__ import annotations
 
 import argparse
+import hashlib
+import os
 import shlex
 import shutil
 import sys
@@ -18,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from bench import cluster as bench_cluster
-from bench import profile, report, variants
+from bench import diagnose, report, variants
 from bench.measure import Sample, log, measure
 from ir import snapshot
 
@@ -65,6 +67,9 @@ class Results:
     quick: bool = False
     chunks: int = 0
     rss_method: str = ""
+    get_check: str = ""
+    fingerprint_start: str = ""
+    fingerprint_end: str = ""
 
     def get(self, variant: str, n: int) -> Record | None:
         return next((r for r in self.records if r.variant == variant and r.n == n and r.samples), None)
@@ -89,12 +94,14 @@ def main(argv: list[str] | None = None) -> int:
         shlex.quote(a) for a in getattr(sys, "orig_argv", [sys.executable, "-m", "bench", *sys.argv[1:]])
     )
     t0 = time.perf_counter()
+    results.fingerprint_start = fingerprint()
     workdir = Path(tempfile.mkdtemp(prefix="chordflow-bench-"))
     bench = None
     try:
         bench = bench_cluster.start(workdir)
         results.facts = bench_cluster.machine_facts(bench)
         results.chunks = variants.chunk_count(bench.processes)
+        results.get_check = bench.get_check
         run_all(bench, results, args.quick)
     finally:
         if bench is not None:
@@ -102,6 +109,10 @@ def main(argv: list[str] | None = None) -> int:
         if not results.facts:
             results.facts = bench_cluster.machine_facts(None)
     results.duration = time.perf_counter() - t0
+    results.fingerprint_end = fingerprint()
+    if results.fingerprint_end != results.fingerprint_start:
+        log("WARNING: chordflow's sources changed while the bench ran; the results mix two versions")
+    results.facts["load average at end (1/5/15 min)"] = " / ".join(f"{x:.2f}" for x in os.getloadavg())
     args.out.mkdir(parents=True, exist_ok=True)
     md, png = report.write(results, args.out)
     log(f"wrote {md} and {png} ({results.duration:.0f} s in all)")
@@ -112,6 +123,24 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def fingerprint() -> str:
+    """sha256 over chordflow's sources (ir/, scheduler/, worker/: .py and .lua) and the newest mtime.
+
+    Others edit the code while benchmarks run: this says which code was measured, and whether it moved.
+    """
+    root = HERE.parent
+    digest = hashlib.sha256()
+    newest = 0.0
+    sources = (p for d in ("ir", "scheduler", "worker") for p in (root / d).rglob("*"))
+    files = sorted(p for p in sources if p.suffix in (".py", ".lua"))
+    for path in files:
+        digest.update(str(path.relative_to(root)).encode())
+        digest.update(path.read_bytes())
+        newest = max(newest, path.stat().st_mtime)
+    stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(newest))
+    return f"sha256 {digest.hexdigest()[:16]} over {len(files)} files (newest edit {stamp})"
+
+
 def run_all(bench: bench_cluster.BenchCluster, results: Results, quick: bool) -> None:
     ns = QUICK_NS if quick else FULL_NS
     naive_ns = tuple(n for n in NAIVE_NS if n in ns)
@@ -119,9 +148,9 @@ def run_all(bench: bench_cluster.BenchCluster, results: Results, quick: bool) ->
 
     def runner(variant: str, items: list[Any]) -> Callable[[], dict[str, Any]]:
         if variant == variants.NAIVE:
-            return lambda: variants.run_naive(items, shared)
+            return lambda: variants.run_naive(bench.client, items, shared)
         if variant == variants.CHUNKED:
-            return lambda: variants.run_chunked(items, shared, results.chunks)
+            return lambda: variants.run_chunked(bench.client, items, shared, results.chunks)
         if variant == variants.CELERY:
             return lambda: variants.run_chordflow(items, "celery")
         return lambda: variants.run_chordflow(items, "local")
@@ -129,6 +158,7 @@ def run_all(bench: bench_cluster.BenchCluster, results: Results, quick: bool) ->
     log(f"warm-up: every variant once with {WARMUP_N} items (not timed)")
     for variant in variants.VARIANTS:
         runner(variant, list(range(WARMUP_N)))()
+    variants.settle(bench.client)
 
     order = (variants.LOCAL, variants.CHUNKED, variants.CELERY, variants.NAIVE)
     for n in ns:
@@ -147,7 +177,7 @@ def run_all(bench: bench_cluster.BenchCluster, results: Results, quick: bool) ->
     results.issue2 = issue2()
     for n in (10_000,) if quick else (10_000, 100_000):
         log(f"diagnostics: cProfile of one extra chordflow celery run, N={n:,} (not timed)")
-        results.profiles.append(profile.profile_chordflow(n))
+        results.profiles.append(diagnose.profile_chordflow(n))
 
 
 def timed(
@@ -158,8 +188,10 @@ def timed(
     repeats: int,
     results: Results,
     limit: int = 900,
+    label: str = "",
 ) -> Record:
     record = Record(variant, n)
+    label = label or variant
     celery = variant != variants.LOCAL
     for attempt in range(repeats):
         refreshed = inspect_cache()
@@ -169,12 +201,15 @@ def timed(
                 redis_client=bench.redis if celery else None,
                 logs=bench.logs if celery else None,
                 body_task=variants.BODY_TASK.get(variant, ""),
+                meta_reader=bench.client.backend.get_task_meta if celery else None,
                 limit=limit,
-                what=f"{variant} N={n}",
+                what=f"{label} N={n}",
             )
+            if variant in (variants.NAIVE, variants.CHUNKED):
+                variants.settle(bench.client)  # outside the timing: this run's leftovers stay out of the next
         except Exception as exc:
             record.error = f"{type(exc).__name__}: {exc}"
-            log(f"{variant:22s} N={n:>9,}  FAILED: {record.error}")
+            log(f"{label:22s} N={n:>9,}  FAILED: {record.error}")
             traceback.print_exc(file=sys.stderr)
             if celery:
                 bench.app.control.purge()  # leave no half-run batch in the queue for the next variant
@@ -185,7 +220,7 @@ def timed(
         record.info.update(info or {})
         results.rss_method = results.rss_method or "VmHWM"
         log(
-            f"{variant:22s} N={n:>9,}  run {attempt + 1}/{repeats}: {sample.seconds:8.3f} s  "
+            f"{label:22s} N={n:>9,}  run {attempt + 1}/{repeats}: {sample.seconds:8.3f} s  "
             f"{sample.seconds / n * 1e6:9.2f} us/item  rss +{sample.rss_increase / 2**20:7.1f} MB"
             + (f"  redis in {sample.bytes_in / 1e6:8.2f} MB" if sample.bytes_in is not None else "")
         )
@@ -210,6 +245,7 @@ def large_snapshot(bench: bench_cluster.BenchCluster, results: Results) -> dict[
         lambda: variants.run_chordflow(items, "celery", blob=blob),
         2,
         results,
+        label="chordflow celery +1MB",
     )
     items_bytes = len(snapshot.encode(items))
     snap_bytes = len(snapshot.encode({"items": items, "blob": blob}))
@@ -237,7 +273,7 @@ def issue2() -> dict[str, Any]:
     best_plain = min(s.seconds for s in plain)
     log(f"issue 2: local {best_local:.3f} s vs plain loop {best_plain:.3f} s = {best_local / best_plain:.2f}x")
     log("issue 2: per-layer breakdown (best of 3 each)")
-    layers = profile.local_layers(ISSUE2_N)
+    layers = diagnose.local_layers(ISSUE2_N)
     return {
         "n": ISSUE2_N,
         "local": [s.seconds for s in local],

@@ -2,7 +2,7 @@
 
 `run_items` runs items through `PflowBatchNode.run_item` (isolated copy, retries, classification)
 and collects them into a columnar ChunkResult.
-Everything cross-cutting — progress, fail-fast aborts, checkpoints, concurrency permits — hangs on it
+Everything cross-cutting — progress, stops (cancel, fail_fast), cluster-wide concurrency permits — hangs on it
 as an ItemMiddleware rather than living inside the loop. The local backend and the Celery chunk task
 both call this same loop.
 """
