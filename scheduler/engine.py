@@ -6,6 +6,7 @@ import queue
 import threading
 import time
 import uuid
+import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -56,13 +57,13 @@ def apply_inputs(wf: ir.Workflow, store: dict[str, Any], inputs: dict[str, Any] 
     store.update(given)
 
 
-def _backend(name: str, run_id: str, ctx: RunContext, options: dict[str, Any]) -> Any:
+def _backend(name: str, run_id: str, ctx: RunContext) -> Any:
     if name == "local":
         return None
     if name == "celery":
         from scheduler.backends.celery import CeleryBackend
 
-        return CeleryBackend(run_id=run_id, ctx=ctx, **options)
+        return CeleryBackend(run_id=run_id, ctx=ctx)
     raise ValidationError(f"backend: unknown backend '{name}' (choose from {', '.join(BACKENDS)})")
 
 
@@ -92,7 +93,9 @@ def run(
     ctx = RunContext(sink=on_event, cancelled=cancelled)
     if on_event is not None:
         ctx.item_middleware = lambda node_id, total: [ProgressEvents(ctx.emit, node_id, total)]
-    ctx.backend = _backend(backend, run_id, ctx, options)
+    if options:
+        warnings.warn(f"scheduler.run: ignoring unknown options {sorted(options)}", stacklevel=2)
+    ctx.backend = _backend(backend, run_id, ctx)
     last_action = None
     with context.using(ctx):
         try:

@@ -45,7 +45,7 @@ def rebuild_exception(outcome: ItemOutcome) -> BaseException:
 
 
 class CeleryBackend:
-    def __init__(self, run_id: str, ctx: RunContext, **_: Any):
+    def __init__(self, run_id: str, ctx: RunContext):
         from worker.app import ensure_configured
 
         self.app = ensure_configured()
