@@ -116,9 +116,16 @@ class Cluster:
         }
         self.workers: dict[str, ManagedProcess] = {}
 
-    def start_worker(self, name: str, *, pool: str = "solo", concurrency: int = 1) -> ManagedProcess:
-        argv = [sys.executable, "-m", "celery", "-A", "worker.app", "worker", "-n", f"{name}@%h", "-P", pool]
-        argv += ["-c", str(concurrency), "-l", "info", "--without-mingle", "--without-gossip"]
+    def start_worker(
+        self, name: str, *, pool: str = "solo", concurrency: int = 1, via: str = "celery"
+    ) -> ManagedProcess:
+        """A worker process started either as `celery -A worker.app worker` or as `chordflow worker`."""
+        if via == "chordflow":
+            argv = [sys.executable, "-m", "scheduler.cli", "worker", "-P", pool, "-c", str(concurrency), "-l", "info"]
+        else:
+            argv = [sys.executable, "-m", "celery", "-A", "worker.app", "worker", "-P", pool, "-c", str(concurrency)]
+            argv += ["-l", "info"]
+        argv += ["-n", f"{name}@%h", "--without-mingle", "--without-gossip"]
         worker = ManagedProcess(argv, self.workdir / f"worker-{name}.log", "ready.", env=self.env)
         self.workers[name] = worker
         return worker

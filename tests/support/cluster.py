@@ -26,8 +26,8 @@ def celery_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster
         tmp_path_factory.mktemp("cluster"), plugins="tests.support.nodes,tests.support.dist_nodes", base_env=BASE_ENV
     )
     try:
-        cluster.start_worker("w1")
-        cluster.start_worker("w2")
+        cluster.start_worker("w1")  # `celery -A worker.app worker`
+        cluster.start_worker("w2", via="chordflow")  # `chordflow worker`: both ways must serve chunks
         previous = cluster.apply_env()
         yield cluster
         cluster.restore_env(previous)

@@ -78,3 +78,14 @@ class RaiseUnimportableNode(Node):
 def add(a: int, b: int) -> int:
     """A plain Celery task on chordflow's app: other tasks keep Celery's usual result waiting."""
     return a + b
+
+
+@register("test-worker-name")
+class WorkerNameNode(Node):
+    """Writes the Celery hostname of the worker that ran the item (`w1@host`)."""
+
+    def post(self, shared: Any, prep_res: Any, exec_res: Any) -> str:
+        from celery import current_task
+
+        shared["worker"] = current_task.request.hostname if current_task else "in-process"
+        return "default"
