@@ -67,10 +67,17 @@ def ratios(results: Results) -> list[tuple[str, str, str, bool | None]]:
         rows.append(("large snapshot (1 MB value, 10k items): bytes into Redis", value, target, ok))
     i2 = results.issue2
     if i2:
-        ratio = i2["best_local"] / i2["best_plain"]
-        check = "issue 2: local per-item cost / plain NoopNode loop, N=100k"
-        rows.append((check, f"{ratio:.2f}x", "<= 3x", ratio <= 3))
+        keeping, discarding = issue2_ratios(i2)
+        check = "issue 2: local per-item cost / plain NoopNode loop keeping results, N=100k"
+        value = f"{keeping:.2f}x ({discarding:.2f}x against the loop that discards results)"
+        rows.append((check, value, "<= 3x", keeping <= 3))
     return rows
+
+
+def issue2_ratios(i2: dict[str, Any]) -> tuple[float, float]:
+    """local / plain loop keeping results (the judged one), local / plain loop discarding them."""
+    best = i2["best"]
+    return best["local"] / best["plain"], best["local"] / best["discarding"]
 
 
 def results_table(results: Results) -> list[str]:
@@ -166,21 +173,30 @@ def issue2_section(results: Results) -> list[str]:
     i2 = results.issue2
     if not i2:
         return []
-    n = i2["n"]
-    ratio = i2["best_local"] / i2["best_plain"]
+    n, best = i2["n"], i2["best"]
+    keeping, discarding = issue2_ratios(i2)
+    rows = (
+        ("chordflow local", "local"),
+        ("plain loop keeping results: `...; node._run(s); results.append(s['b'])`", "plain"),
+        ("plain loop discarding results: the same without `results.append`", "discarding"),
+    )
     lines = [
         f"`scheduler.run(workflow, {{'items': items}}, backend='local')` with {n:,} no-op items vs a plain loop "
-        "`s = dict(shared); s['b'] = {}; s['item'] = item; node._run(s)` over the same `NoopNode` "
-        "(best of 3 each):",
+        "`s = dict(shared); s['b'] = {}; s['item'] = item; node._run(s); results.append(s['b'])` over the same "
+        "`NoopNode`, and the same loop without `results.append` (best of 3 each):",
         "",
         "| | best s | runs s | us/item |",
         "|---|---:|---|---:|",
-        f"| chordflow local | {i2['best_local']:.4f} | {', '.join(f'{s:.4f}' for s in i2['local'])} "
-        f"| {i2['best_local'] / n * 1e6:.2f} |",
-        f"| plain loop | {i2['best_plain']:.4f} | {', '.join(f'{s:.4f}' for s in i2['plain'])} "
-        f"| {i2['best_plain'] / n * 1e6:.2f} |",
+    ]
+    lines += [
+        f"| {label} | {best[key]:.4f} | {', '.join(f'{s:.4f}' for s in i2['runs'][key])} | {best[key] / n * 1e6:.2f} |"
+        for label, key in rows
+    ]
+    lines += [
         "",
-        f"Ratio **{ratio:.2f}x** (target <= 3x: {_verdict(ratio <= 3)}).",
+        f"Ratio against the loop keeping results (a batch must return them): **{keeping:.2f}x** (target <= 3x: "
+        f"{_verdict(keeping <= 3)}). Against the loop that discards every result: {discarding:.2f}x (not the "
+        "target's baseline: that loop does less work than any batch can).",
         "",
         "Where the local per-item time goes, one layer added per row (each best of 3, same items; *GC off* = "
         "the same with the cyclic garbage collector disabled; *calls/item* = Python function calls per item "
@@ -308,8 +324,9 @@ def render(results: Results) -> list[str]:
         "task events) for every Celery variant; the machine's Redis on 6379 is never used. The baselines' tasks "
         "are defined on worker/app.py's `app` (bench/raw_tasks.py) and run by the same workers; the bench "
         "dispatches and awaits them by name through a stock `Celery` client app built from that same `config()` "
-        "(Celery's own RedisBackend: `.get()` waits on result pub/sub, as in any raw Celery program). "
-        f"`AsyncResult.get()` on chordflow's own app, checked at start: {results.get_check or 'not checked'}.",
+        "(Celery's own RedisBackend: `.get()` waits on result pub/sub), which is what a raw-Celery user writes. "
+        "`AsyncResult.get()` on chordflow's own app (it hung when this bench was first written; fixed since, see "
+        f"README.md), re-checked at start with a task sent with a countdown: {results.get_check or 'not checked'}.",
         "- Items are the ints `0..N-1`; every item runs the same PocketFlow `NoopNode` "
         "(worker/nodes/echo.py) on `dict(shared)` plus the node namespace and the item.",
         "- (a) **naive per-item chord**: `chord([bench.naive_item.s(shared, item) for item in items])"

@@ -50,9 +50,9 @@ def stock_client() -> Celery:
     """A stock Celery app with exactly worker/app.py's configuration, for dispatching the raw baselines.
 
     Same broker, serializer (msgpack), acks_late, prefetch, queue and chord ordering as chordflow's app;
-    only the result backend class is Celery's own RedisBackend. worker/app.py's RunResultBackend turns
-    off result subscriptions (chordflow polls its chord body instead), so `AsyncResult.get()` on
-    chordflow's app never hears about a result that was not ready when it was called.
+    only the result backend class is Celery's own RedisBackend: what a raw-Celery user writes. (chordflow's
+    RunResultBackend skips result subscriptions only inside `backend.quiet()`, around its own chord
+    dispatch, so `.get()` works on chordflow's app as well; `cluster.check_get` confirms it at start.)
     """
     from worker import app as worker_app
     from worker import settings
@@ -120,8 +120,24 @@ def run_chordflow(items: list[Any], backend: str, **extra_inputs: Any) -> dict[s
     return {}
 
 
-def plain_loop(items: list[Any], shared: dict[str, Any]) -> None:
-    """The floor for issue 2: the same NoopNode called per item with no engine around it."""
+def plain_loop(items: list[Any], shared: dict[str, Any]) -> list[Any]:
+    """The fair floor for issue 2: the same NoopNode per item, no engine, each item's namespace kept.
+
+    A batch has to hand back every item's result, so this is the loop chordflow local is judged against.
+    """
+    node = NoopNode()
+    results = []
+    for item in items:
+        s = dict(shared)
+        s["b"] = {}
+        s["item"] = item
+        node._run(s)
+        results.append(s["b"])
+    return results
+
+
+def plain_loop_discarding(items: list[Any], shared: dict[str, Any]) -> None:
+    """The same loop minus `results.append`: no per-item result survives (reported beside, not judged)."""
     node = NoopNode()
     for item in items:
         s = dict(shared)

@@ -1,0 +1,274 @@
+"""Where the time goes: cProfile of the scheduler process, and the local per-item cost layer by layer.
+
+Used by `python -m bench` for its diagnostics section (extra runs, never the timed ones), and
+standalone: `python -m bench.diagnose [--n 10000] [--top 15]` prints the full cProfile tables of one
+chordflow celery run on a fresh bench cluster.
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import gc
+import io
+import pstats
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from bench import variants
+from bench.measure import log
+
+# (label, file suffix, function name): the scheduler-side steps of one celery batch worth naming.
+FOCUS = (
+    ("scheduler.run (total)", "scheduler/engine.py", "run"),
+    ("CeleryBackend.run_batch", "scheduler/backends/celery.py", "run_batch"),
+    ("  chunking.worker_processes (inspect broadcast, cached)", "scheduler/chunking.py", "worker_processes"),
+    ("  snapshot.encode (snapshot + item slices)", "ir/snapshot.py", "encode"),
+    ("  chord(header)(body): publish the chunk messages", "celery/canvas.py", "__call__"),
+    ("  CeleryBackend._wait (until the batch is done)", "scheduler/backends/celery.py", "_wait"),
+    ("    RunState.read_progress (XREAD, blocks up to POLL_MS)", "worker/runstate.py", "read_progress"),
+    ("    CeleryBackend._emit_progress", "scheduler/backends/celery.py", "_emit_progress"),
+    ("    AsyncResult.ready (chord state)", "celery/result.py", "ready"),
+    ("    AsyncResult.failed", "celery/result.py", "failed"),
+    ("    RunState.cancelled (EXISTS per wake-up)", "worker/runstate.py", "cancelled"),
+    ("    RunState.batch_result (GET the stored batch result)", "worker/runstate.py", "batch_result"),
+    ("  snapshot.decode (the batch result)", "ir/snapshot.py", "decode"),
+    ("  BatchResult.from_wire", "worker/aggregate.py", "from_wire"),
+)
+
+
+def profile_call(call: Callable[[], Any]) -> tuple[float, pstats.Stats]:
+    profiler = cProfile.Profile()
+    t0 = time.perf_counter()
+    profiler.enable()
+    try:
+        call()
+    finally:
+        profiler.disable()
+    return time.perf_counter() - t0, pstats.Stats(profiler)
+
+
+def focus_rows(stats: pstats.Stats) -> list[tuple[str, int, float, float]]:
+    """(label, calls, own time, cumulative time) for the FOCUS functions present in the profile."""
+    rows = []
+    table = stats.stats  # type: ignore[attr-defined]
+    for label, suffix, name in FOCUS:
+        calls, own, cum = 0, 0.0, 0.0
+        for (filename, _line, func), (_cc, nc, tt, ct, _callers) in table.items():
+            if func == name and filename.endswith(suffix):
+                calls, own, cum = calls + nc, own + tt, max(cum, ct)
+        if calls:
+            rows.append((label, calls, own, cum))
+    return rows
+
+
+def top_rows(stats: pstats.Stats, limit: int) -> list[tuple[str, int, float, float]]:
+    """The functions with the most own (internal) time."""
+    table = stats.stats  # type: ignore[attr-defined]
+    ranked = sorted(table.items(), key=lambda kv: kv[1][2], reverse=True)[:limit]
+    rows = []
+    for (filename, line, func), (_cc, nc, tt, ct, _callers) in ranked:
+        where = filename.split("site-packages/")[-1].replace(str(Path.cwd()) + "/", "")
+        rows.append((f"{where}:{line}({func})" if line else func, nc, tt, ct))
+    return rows
+
+
+def profile_chordflow(n: int, top: int = 10) -> dict[str, Any]:
+    """One extra chordflow celery run of `n` items under cProfile (slower than the timed runs)."""
+    items = list(range(n))
+    seconds, stats = profile_call(lambda: variants.run_chordflow(items, "celery"))
+    return {"n": n, "seconds": seconds, "focus": focus_rows(stats), "top": top_rows(stats, top)}
+
+
+# -- issue 2: the local per-item cost, layer by layer ------------------------------------------------
+def _best(call: Callable[[], Any], repeats: int, gc_off: bool = False) -> float:
+    best = float("inf")
+    for _ in range(repeats):
+        gc.collect()
+        if gc_off:
+            gc.disable()
+        try:
+            t0 = time.perf_counter()
+            call()
+            best = min(best, time.perf_counter() - t0)
+        finally:
+            gc.enable()
+    return best
+
+
+def gc_collections(call: Callable[[], Any]) -> dict[int, int]:
+    """How many cyclic-GC collections of each generation run during `call()`."""
+    counts = {0: 0, 1: 0, 2: 0}
+
+    def count(phase: str, info: dict[str, Any]) -> None:
+        if phase == "start":
+            counts[info["generation"]] = counts.get(info["generation"], 0) + 1
+
+    gc.collect()
+    gc.callbacks.append(count)
+    try:
+        call()
+    finally:
+        gc.callbacks.remove(count)
+    return counts
+
+
+def calls_per_item(call: Callable[[], Any], n: int) -> float:
+    """Python-level function calls per item (cProfile's count over one run)."""
+    _seconds, stats = profile_call(call)
+    return stats.total_calls / n  # type: ignore[attr-defined]
+
+
+def local_layers(n: int, repeats: int = 3) -> dict[str, Any]:
+    """Rows of (label, best-of-`repeats` seconds with the GC on, the same with it off, Python calls per
+    item, note) for `n` items, each row adding one layer; plus the GC collections of one full run.
+
+    Built from chordflow's own building blocks (read-only use): the item chain the compiler builds,
+    `PflowBatchNode.run_item`, the per-item loop with the node's own in-process hooks, the whole
+    in-process batch (`_exec`: loop + merge), then the full `scheduler.run`. Internals move while
+    others work: a layer whose API changed is reported as not measured instead of failing the bench.
+    """
+    from scheduler.compiler import load
+    from worker import context
+    from worker.build import batch_node, item_chain
+    from worker.executor import run_items
+
+    items = list(range(n))
+    shared = {"items": items}
+    spec = load(variants.WORKFLOW).nodes[0]
+    node_id, alias = spec.id, spec.batch.alias
+
+    def chain_loop() -> None:
+        chain = item_chain(spec)
+        results = []
+        for index, item in enumerate(items):
+            s = dict(shared)
+            s[node_id] = {}
+            s[alias] = item
+            s["__index__"] = index
+            chain._run(s)
+            results.append(s[node_id])
+
+    def bound() -> Any:
+        node = batch_node(spec)
+        node.bind(shared)
+        return node
+
+    def run_item_loop() -> None:
+        run_item = bound().run_item
+        results = []  # each item's result kept, as the executor keeps it (the ItemOutcome is dropped)
+        for index, item in enumerate(items):
+            results.append(run_item(index, item).result)
+
+    def with_hooks() -> None:
+        with context.using(context.RunContext()):
+            node = bound()
+            run_items(node, items, 0, node.middleware(n))
+
+    def in_process_batch() -> None:
+        with context.using(context.RunContext()):
+            bound()._exec(items)
+
+    def full_run() -> None:
+        variants.run_chordflow(items, "local")
+
+    layers = [
+        (
+            "plain loop, results discarded: `dict(shared)` + 2 keys, `NoopNode()._run(s)`",
+            lambda: variants.plain_loop_discarding(items, shared),
+        ),
+        ("+ keep each item's namespace in a list (the fair floor)", lambda: variants.plain_loop(items, shared)),
+        ("+ wrapper chain NamespacedNode > TemplateNode > NoopNode (+ `__index__`)", chain_loop),
+        ("+ `PflowBatchNode.run_item` (Node._exec retries, exec copy, ItemOutcome, classify)", run_item_loop),
+        ("+ `executor.run_items`: in-process hooks (`node.middleware`), columnar `ChunkResult`", with_hooks),
+        ("+ merge: `PflowBatchNode._exec` in-process (loop + `aggregate.merge`)", in_process_batch),
+        ("`scheduler.run(backend='local')` (+ load, compile, post, events)", full_run),
+    ]
+    rows: list[tuple[str, float | None, float | None, float | None, str]] = []
+    for label, call in layers:
+        try:
+            with_gc, without_gc = _best(call, repeats), _best(call, repeats, gc_off=True)
+            rows.append((label, with_gc, without_gc, calls_per_item(call, n), ""))
+        except Exception as exc:  # an internal API changed under us
+            rows.append((label, None, None, None, f"not measured: {type(exc).__name__}: {exc}"))
+    return {"rows": rows, "gc": gc_collections(full_run), "gc_threshold": gc.get_threshold()}
+
+
+def chunk_cost(size: int = 5000, repeats: int = 5) -> tuple[float, float]:
+    """us/item of one chunk's task body run in-process (no Celery): chordflow's run_chunk vs bench.chunk.
+
+    Needs this process pointed at a Redis (run state); builds run_chunk's job by hand, mirroring
+    scheduler/backends/celery.py (an internal format: may need updating when that changes).
+    """
+    from bench import raw_tasks
+    from ir import snapshot
+    from scheduler.compiler import load
+    from worker import tasks
+    from worker.runstate import RunState
+
+    items = list(range(size))
+    state = RunState("bench-diagnose")
+    ref = {"ref": state.store_snapshot(snapshot.encode({"items": items}))}
+    job = {
+        "run": "bench-diagnose",
+        "batch": "b#diagnose",
+        "node": load(variants.WORKFLOW).nodes[0].wire(),
+        "snap": ref,
+        "start": 0,
+        "items": snapshot.encode(items),
+    }
+    chordflow = _best(lambda: tasks.run_chunk.run(job), repeats)
+    raw = _best(lambda: raw_tasks.chunk.run({}, items), repeats)
+    return chordflow / size * 1e6, raw / size * 1e6
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.diagnose", description=__doc__)
+    parser.add_argument("--n", type=int, default=10_000, help="items in the profiled chordflow celery run")
+    parser.add_argument("--top", type=int, default=25, help="rows of each cProfile table")
+    parser.add_argument("--local", action="store_true", help="also print the local per-item layer breakdown")
+    parser.add_argument("--chunk", action="store_true", help="also time one 5,000-item chunk body in-process")
+    args = parser.parse_args(argv)
+    from bench import cluster as bench_cluster
+
+    workdir = Path(tempfile.mkdtemp(prefix="chordflow-profile-"))
+    bench = bench_cluster.start(workdir)
+    try:
+        variants.run_chordflow(list(range(200)), "celery")  # warm-up: connections, worker caches
+        profiler = cProfile.Profile()
+        items = list(range(args.n))
+        profiler.enable()
+        variants.run_chordflow(items, "celery")
+        profiler.disable()
+        out = io.StringIO()
+        stats = pstats.Stats(profiler, stream=out)
+        stats.sort_stats("cumulative").print_stats(args.top)
+        stats.sort_stats("tottime").print_stats(args.top)
+        print(out.getvalue())
+        for label, calls, own, cum in focus_rows(stats):
+            print(f"{label:60s} calls={calls:6d} own={own * 1000:8.1f} ms cum={cum * 1000:8.1f} ms")
+        if args.local:
+            layers = local_layers(100_000)
+            for label, on, off, calls, note in layers["rows"]:
+                if on is None:
+                    print(f"  n/a  {label} {note}")
+                    continue
+                print(f"{on * 10:7.3f} us/item (GC off {off * 10:6.3f}, {calls:5.1f} calls/item)  {label}")
+            print(f"GC collections during one full local run: {layers['gc']}")
+        if args.chunk:
+            try:
+                cf, raw = chunk_cost()
+                print(f"one 5,000-item chunk, in-process: chordflow.run_chunk {cf:.2f} us/item, bench.chunk {raw:.2f}")
+            except Exception as exc:  # run_chunk's job format moved
+                print(f"chunk cost not measured: {type(exc).__name__}: {exc}")
+    finally:
+        bench.stop()
+    log(f"worker and redis logs kept in {workdir}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
