@@ -66,8 +66,10 @@ def lookup(context: Mapping[str, Any], path: tuple[str | int, ...]) -> Any:
             value = value[part] if isinstance(value, list | tuple) and -len(value) <= part < len(value) else _MISSING
         elif isinstance(value, Mapping):
             value = value.get(part, _MISSING)
+        elif part.startswith("_") or isinstance(value, str | int | float):
+            value = _MISSING  # no private attributes of objects, no attributes of scalars
         else:
-            value = getattr(value, part, _MISSING) if not isinstance(value, str | int | float) else _MISSING
+            value = getattr(value, part, _MISSING)
     return value
 
 
