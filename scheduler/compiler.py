@@ -15,10 +15,10 @@ from worker.nodes import registry
 class WorkflowFlow(Flow):
     """A pocketflow Flow that knows its workflow and ends quietly when an action has no edge."""
 
-    def __init__(self, start: BaseNode, workflow: ir.Workflow):
+    def __init__(self, start: BaseNode, workflow: ir.Workflow, nodes: dict[str, BaseNode]):
         super().__init__(start=start)
         self.workflow = workflow
-        self.nodes = {}
+        self.nodes = nodes  # node id -> its outermost wrapper
 
     def get_next_node(self, curr: BaseNode, action: str | None) -> BaseNode | None:
         return curr.successors.get(action or "default")
@@ -54,6 +54,4 @@ def compile(workflow: Any) -> WorkflowFlow:
     chains = {spec.id: build_chain(spec) for spec in wf.nodes}
     for edge in wf.effective_edges():
         chains[edge.from_].successors[edge.action] = chains[edge.to]
-    flow = WorkflowFlow(chains[wf.start_id()], wf)
-    flow.nodes = chains
-    return flow
+    return WorkflowFlow(chains[wf.start_id()], wf, chains)

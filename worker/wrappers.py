@@ -81,7 +81,7 @@ class InstrumentedNode(_Wrapper):
 
     def actual(self) -> BaseNode:
         node = self.inner
-        while isinstance(node, _Wrapper) or hasattr(node, "inner"):
+        while hasattr(node, "inner"):  # the wrappers and PflowBatchNode
             node = node.inner
         return node
 
