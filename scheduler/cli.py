@@ -131,7 +131,7 @@ def cli(ctx: click.Context, debug: bool) -> None:
 
 def parse_inputs(pairs: tuple[str, ...], inputs_file: str | None) -> dict[str, Any]:
     """`--inputs-file` (a JSON object) first, then each `--input KEY=VALUE` on top of it."""
-    from scheduler.engine import parse_input_value
+    from scheduler.inputs import parse_input_value
 
     inputs: dict[str, Any] = {}
     if inputs_file is not None:

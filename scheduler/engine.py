@@ -15,6 +15,7 @@ import ir
 from ir.errors import RunCancelled, ValidationError
 from ir.templates import resolve_template
 from scheduler.compiler import compile, load
+from scheduler.inputs import apply_inputs
 from scheduler.progress import ProgressEvents
 from worker import context
 from worker.context import RunContext
@@ -30,31 +31,6 @@ class RunResult:
     outputs: dict[str, Any] = field(default_factory=dict)
     run_id: str = ""
     duration_s: float = 0.0
-
-
-def parse_input_value(text: str) -> Any:
-    """`--input k=v`: JSON when it parses (numbers, booleans, lists), otherwise the plain string."""
-    import json
-
-    try:
-        return json.loads(text)
-    except ValueError:
-        return text
-
-
-def apply_inputs(wf: ir.Workflow, store: dict[str, Any], inputs: dict[str, Any] | None) -> None:
-    given = dict(inputs or {})
-    problems = []
-    for name, spec in (wf.inputs or {}).items():
-        if name in given or name in store:
-            continue
-        if spec.default is not None:
-            given[name] = spec.default
-        elif spec.required:
-            problems.append(f"inputs.{name}: required input '{name}' was not given")
-    if problems:
-        raise ValidationError(problems)
-    store.update(given)
 
 
 def _backend(name: str, run_id: str, ctx: RunContext) -> Any:
@@ -76,6 +52,7 @@ def run(
     on_event: Callable[[dict[str, Any]], None] | None = None,
     run_id: str | None = None,
     cancelled: threading.Event | None = None,
+    on_node_start: Callable[[str], None] | None = None,
     **options: Any,
 ) -> RunResult:
     """Run a workflow to completion. `shared`, when given, is mutated in place.
@@ -90,7 +67,7 @@ def run(
     flow = compile(wf)
     run_id = run_id or uuid.uuid4().hex[:12]
     cancelled = cancelled or threading.Event()
-    ctx = RunContext(sink=on_event, cancelled=cancelled)
+    ctx = RunContext(sink=on_event, cancelled=cancelled, on_node_start=on_node_start)
     if on_event is not None:
         ctx.item_middleware = lambda node_id, total: [ProgressEvents(ctx.emit, node_id, total)]
     if options:

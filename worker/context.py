@@ -33,6 +33,8 @@ class RunContext:
     # Extra in-process item hooks per batch: (node_id, total) -> middleware (e.g. progress events).
     item_middleware: Callable[[str, int], list[ItemMiddleware]] | None = None
     last_node: str | None = None
+    # Told when a node starts (the CLI's "running <node>" spinner); not an event, so streams stay as documented.
+    on_node_start: Callable[[str], None] | None = None
 
     def emit(self, event: dict[str, Any]) -> None:
         if self.sink is not None:

@@ -88,6 +88,8 @@ class InstrumentedNode(_Wrapper):
     def _run(self, shared: Any) -> Any:
         ctx = context.current()
         ctx.last_node = self.node_id
+        if ctx.on_node_start is not None:
+            ctx.on_node_start(self.node_id)
         try:
             action = self.inner._run(shared)
         except Exception as exc:
