@@ -11,16 +11,13 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-import ir
-from ir.errors import RunCancelled, ValidationError
+from ir.errors import RunCancelled
 from ir.templates import resolve_template
+from scheduler import backends
 from scheduler.compiler import compile, load
 from scheduler.inputs import apply_inputs
-from scheduler.progress import ProgressEvents
 from worker import context
 from worker.context import RunContext
-
-BACKENDS = ("local", "celery")
 
 
 @dataclass
@@ -31,16 +28,6 @@ class RunResult:
     outputs: dict[str, Any] = field(default_factory=dict)
     run_id: str = ""
     duration_s: float = 0.0
-
-
-def _backend(name: str, run_id: str, ctx: RunContext) -> Any:
-    if name == "local":
-        return None
-    if name == "celery":
-        from scheduler.backends.celery import CeleryBackend
-
-        return CeleryBackend(run_id=run_id, ctx=ctx)
-    raise ValidationError(f"backend: unknown backend '{name}' (choose from {', '.join(BACKENDS)})")
 
 
 def run(
@@ -68,11 +55,9 @@ def run(
     run_id = run_id or uuid.uuid4().hex[:12]
     cancelled = cancelled or threading.Event()
     ctx = RunContext(sink=on_event, cancelled=cancelled, on_node_start=on_node_start)
-    if on_event is not None:
-        ctx.item_middleware = lambda node_id, total: [ProgressEvents(ctx.emit, node_id, total)]
     if options:
         warnings.warn(f"scheduler.run: ignoring unknown options {sorted(options)}", stacklevel=2)
-    ctx.backend = _backend(backend, run_id, ctx)
+    ctx.backend = backends.create(backend, run_id, ctx)
     last_action = None
     with context.using(ctx):
         try:

@@ -1,4 +1,4 @@
-"""The run context: what a running workflow needs that is not data (event sink, batch backend).
+"""The run context: what a running workflow needs that is not data (event sink, batch backend, step).
 
 It lives in a ContextVar, never in the shared store, so nothing internal travels in a snapshot.
 Outside `scheduler.run` a default context runs batches in-process and drops events.
@@ -11,34 +11,31 @@ import contextvars
 import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any
 
-if TYPE_CHECKING:
-    from worker.aggregate import BatchResult
-    from worker.batch import PflowBatchNode
-    from worker.executor import ItemMiddleware
-
-
-class BatchBackend(Protocol):
-    """Runs every item of one batch and returns the merged result (`worker.aggregate.merge`)."""
-
-    def run_batch(self, node: PflowBatchNode, items: list[Any]) -> BatchResult: ...
+from worker.backend import Backend, LocalBackend
 
 
 @dataclass
 class RunContext:
-    backend: BatchBackend | None = None  # None: batches run in-process
     sink: Callable[[dict[str, Any]], None] | None = None  # receives events (DESIGN section 6)
     cancelled: threading.Event = field(default_factory=threading.Event)
-    # Extra in-process item hooks per batch: (node_id, total) -> middleware (e.g. progress events).
-    item_middleware: Callable[[str, int], list[ItemMiddleware]] | None = None
+    backend: Backend | None = None  # set in __post_init__: the in-process backend unless one is given
     last_node: str | None = None
+    step: int = 0  # the step being executed: batch keys are `<node id>#<step>`
     # Told when a node starts (the CLI's "running <node>" spinner); not an event, so streams stay as documented.
     on_node_start: Callable[[str], None] | None = None
+
+    def __post_init__(self) -> None:
+        if self.backend is None:
+            self.backend = LocalBackend(self.cancelled, self.sink)
 
     def emit(self, event: dict[str, Any]) -> None:
         if self.sink is not None:
             self.sink(event)
+
+    def batch_key(self, node_id: str) -> str:
+        return f"{node_id}#{self.step}"
 
 
 _current: contextvars.ContextVar[RunContext | None] = contextvars.ContextVar("chordflow_run", default=None)

@@ -1,24 +1,28 @@
-"""The per-item executor loop and its middleware hooks.
+"""The ONE per-item executor and the loop that runs a slice of items through it.
 
-`run_items` runs items through `PflowBatchNode.run_item` (isolated copy, retries, classification)
-and collects them into a columnar ChunkResult.
-Everything cross-cutting — progress, stops (cancel, fail_fast), cluster-wide concurrency permits — hangs on it
-as an ItemMiddleware rather than living inside the loop. The local backend and the Celery chunk task
+`ItemExecutor.run(index, item)` applies the per-item rules of DESIGN section 3 — the isolated copy
+`item_shared = dict(shared)`, the batch's retries, classification into an ItemOutcome — keeping every
+per-item value in locals, never on a node instance. `run_items` runs a contiguous slice through it and
+collects the outcomes into a columnar ChunkResult. Everything cross-cutting (progress, stops, permits)
+hangs on the loop as ItemMiddleware (worker/middleware.py). The local backend and the Celery chunk task
 both call this same loop.
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterable, Iterator, Sequence
+import time
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from pocketflow import BaseNode
+
+from ir.models import NodeSpec
 from worker.aggregate import ChunkResult
-from worker.outcome import ItemOutcome
-
-if TYPE_CHECKING:
-    from worker.batch import PflowBatchNode
+from worker.cloning import clone_node
+from worker.outcome import ItemOutcome, failure_of
+from worker.store import is_dunder
 
 DEFAULT_THREADS = 8
 
@@ -37,26 +41,64 @@ class ItemMiddleware:
         """Called once when the loop ends, however it ends (flush buffers, release permits)."""
 
 
-class StopSignals(ItemMiddleware):
-    """In-process stops: the run was cancelled (Ctrl-C, a closed stream), or — fail_fast — an item failed.
+def accumulator_keys(shared: Mapping[str, Any]) -> tuple[str, ...]:
+    """Root-level dunder lists that exist before the batch (e.g. `__llm_calls__`)."""
+    return tuple(k for k, v in shared.items() if is_dunder(k) and isinstance(v, list))
 
-    One hook for both keeps the per-item cost of the default (fail_fast) batch to two cheap calls.
+
+class ItemExecutor:
+    """Runs one item of a batch node: `chain` (NamespacedNode > TemplateNode > node) on an isolated copy.
+
+    The chain's nodes keep PocketFlow's per-call state (params, `cur_retry`), so concurrent items need
+    their own executor: `clone()`.
     """
 
-    def __init__(self, cancelled: threading.Event, fail_fast: bool):
-        self.cancelled, self.fail_fast = cancelled, fail_fast
-        self.failed = False  # a plain flag: set once, read by every thread of the batch
+    def __init__(self, spec: NodeSpec, chain: BaseNode, shared: Mapping[str, Any]):
+        assert spec.batch is not None
+        self.spec, self.chain, self.shared = spec, chain, shared
+        self.node_id, self.alias = spec.id, spec.batch.alias
+        self.attempts, self.wait = spec.batch.max_retries, spec.batch.retry_wait
+        self.accumulators = accumulator_keys(shared)
 
-    def before_item(self, index: int) -> bool:
-        return not (self.failed or self.cancelled.is_set())
+    def clone(self) -> ItemExecutor:
+        return ItemExecutor(self.spec, clone_node(self.chain), self.shared)
 
-    def after_item(self, outcome: ItemOutcome) -> None:
-        if self.fail_fast and outcome.error is not None:
-            self.failed = True
+    def run(self, index: int, item: Any) -> ItemOutcome:
+        # One fresh list per accumulator for the whole item, across its attempts: every call an item
+        # made (e.g. an LLM call before a retry or a raise) is accounted for.
+        appended = {key: [] for key in self.accumulators} if self.accumulators else None
+        for attempt in range(self.attempts):
+            item_shared = dict(self.shared)
+            item_shared[self.node_id] = {}
+            item_shared[self.alias] = item
+            item_shared["__index__"] = index
+            if appended:
+                item_shared.update(appended)
+            try:
+                action = self.chain._run(item_shared)
+                break
+            except Exception as exc:
+                if attempt + 1 >= self.attempts:
+                    outcome = ItemOutcome.raised(index, item, exc)
+                    outcome.appended = _collected(appended)
+                    return outcome
+                if self.wait > 0:
+                    time.sleep(self.wait)
+        namespace = item_shared.get(self.node_id, {})
+        error = failure_of(action, namespace) if namespace or action == "error" else None
+        if error is None:
+            return ItemOutcome(index, namespace, None, None, None, _collected(appended))
+        return ItemOutcome(index, namespace, error, None, item, _collected(appended))
 
 
-def run_items(node: PflowBatchNode, items: Sequence[Any], start: int, middleware: list[ItemMiddleware]) -> ChunkResult:
-    """Run `items` (item i has index start+i) through `node.run_item`, hooks around each.
+def _collected(appended: dict[str, list] | None) -> dict[str, list] | None:
+    return {k: v for k, v in appended.items() if v} or None if appended else None
+
+
+def run_items(
+    executor: ItemExecutor, items: Sequence[Any], start: int, middleware: Sequence[ItemMiddleware]
+) -> ChunkResult:
+    """Run `items` (item i has index start+i) through the executor, hooks around each.
 
     Outcomes go straight into a columnar ChunkResult (results list + failures), so nothing per item is
     kept beyond its result. A hook that stops the loop leaves a shorter, still contiguous, chunk.
@@ -64,7 +106,7 @@ def run_items(node: PflowBatchNode, items: Sequence[Any], start: int, middleware
     results: list[Any] = []
     failures: list[ItemOutcome] = []
     appended: dict[str, list] = {}
-    run_item, keep = node.run_item, results.append
+    run_item, keep = executor.run, results.append
     before = [m.before_item for m in middleware]
     after = [m.after_item for m in middleware]
     try:
@@ -94,32 +136,36 @@ def _may_start(checks: list[Any], index: int) -> bool:
     return True
 
 
-def run_in_process(node: PflowBatchNode, items: list[Any], middleware: list[ItemMiddleware]) -> list[ChunkResult]:
+def run_in_process(
+    executor: ItemExecutor, items: Sequence[Any], start: int, middleware: Sequence[ItemMiddleware]
+) -> list[ChunkResult]:
     """Sequential: one chunk. With `batch.parallel`: `max_concurrent` threads, each with its own clone of
-    the node, take small contiguous blocks of items; the blocks are merged like distributed chunks."""
-    spec = node.batch
-    if not spec.parallel or len(items) < 2:
-        return [run_items(node, items, 0, middleware)]
-    threads = min(spec.max_concurrent or DEFAULT_THREADS, len(items))
+    the executor, take small contiguous blocks of items; the blocks are merged like distributed chunks."""
+    batch = executor.spec.batch
+    assert batch is not None
+    if not batch.parallel or len(items) < 2:
+        return [run_items(executor, items, start, middleware)]
+    threads = min(batch.max_concurrent or DEFAULT_THREADS, len(items))
     size = max(1, min(64, len(items) // (threads * 8)))
-    starts = _LockedIterator(range(0, len(items), size))
+    offsets = _LockedIterator(range(0, len(items), size))
     views = [_NoClose(m) for m in middleware]  # close() runs once, after every thread
 
-    def work(clone: PflowBatchNode) -> list[ChunkResult]:
+    def work(clone: ItemExecutor) -> list[ChunkResult]:
         chunks = []
-        for start in starts:
-            block = items[start : start + size]
-            chunks.append(run_items(clone, block, start, views))
+        for offset in offsets:
+            block = items[offset : offset + size]
+            chunks.append(run_items(clone, block, start + offset, views))
             if len(chunks[-1].results) < len(block):  # a hook stopped it: stop taking blocks
                 break
         return chunks
 
-    with ThreadPoolExecutor(max_workers=threads, thread_name_prefix=f"batch-{node.node_id}") as pool:
-        futures = [pool.submit(work, node.clone()) for _ in range(threads)]
-        chunks = [chunk for future in futures for chunk in future.result()]
-    for m in middleware:
-        m.close()
-    return chunks
+    try:
+        with ThreadPoolExecutor(max_workers=threads, thread_name_prefix=f"batch-{executor.node_id}") as pool:
+            futures = [pool.submit(work, executor.clone()) for _ in range(threads)]
+            return [chunk for future in futures for chunk in future.result()]
+    finally:
+        for m in middleware:
+            m.close()
 
 
 class _LockedIterator(Iterator[int]):

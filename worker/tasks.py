@@ -12,14 +12,13 @@ from ir import snapshot
 from ir.models import NodeSpec
 from worker.aggregate import ChunkResult, merge
 from worker.app import app
-from worker.batch import PflowBatchNode
-from worker.build import batch_node
-from worker.executor import ItemMiddleware, run_items
-from worker.middleware import ConcurrencyPermit, ProgressPublisher, StopCheck
+from worker.build import item_chain
+from worker.executor import ItemExecutor, run_items
+from worker.middleware import item_middleware
 from worker.runstate import RunState
 
 _CACHE_SIZE = 8
-_nodes: OrderedDict[str, PflowBatchNode] = OrderedDict()
+_chains: OrderedDict[str, tuple[NodeSpec, Any]] = OrderedDict()
 _snapshots: OrderedDict[str, dict[str, Any]] = OrderedDict()
 
 
@@ -30,11 +29,15 @@ def _remember(cache: OrderedDict, key: str, value: Any) -> Any:
     return value
 
 
-def _node(spec: dict[str, Any]) -> PflowBatchNode:
-    """A compiled batch node per spec, reused by every chunk of the batch on this process."""
-    key = json.dumps(spec, sort_keys=True, default=str)
-    node = _nodes.get(key)
-    return node if node is not None else _remember(_nodes, key, batch_node(NodeSpec.model_validate(spec)))
+def _executor(wire: dict[str, Any], shared: dict[str, Any]) -> ItemExecutor:
+    """An executor over a per-item chain compiled once per spec on this process (cloned per chunk)."""
+    key = json.dumps(wire, sort_keys=True, default=str)
+    compiled = _chains.get(key)
+    if compiled is None:
+        spec = NodeSpec.model_validate(wire)
+        compiled = _remember(_chains, key, (spec, item_chain(spec)))
+    spec, chain = compiled
+    return ItemExecutor(spec, chain, shared).clone()  # its own instances: safe under any worker pool
 
 
 def _snapshot(ref: bytes | dict[str, str], state: RunState) -> dict[str, Any]:
@@ -50,19 +53,18 @@ def _snapshot(ref: bytes | dict[str, str], state: RunState) -> dict[str, Any]:
 def run_chunk(self: Any, job: dict[str, Any]) -> bytes:
     """Run items[start:start+len] of one batch node; return their outcomes (codec bytes)."""
     state = RunState(job["run"])
-    node = _node(job["node"]).clone()  # its own instance: safe under any worker pool
-    spec = node.batch
     batch = job["batch"]
     if state.should_stop(batch):
         return snapshot.encode(ChunkResult(job["start"], [], [], {}).to_wire())
-    node.bind(_snapshot(job["snap"], state))
+    executor = _executor(job["node"], _snapshot(job["snap"], state))
+    spec = executor.spec.batch
+    assert spec is not None
     items = snapshot.decode(job["items"])
-    hooks: list[ItemMiddleware] = [StopCheck(state, batch, spec.error_handling == "fail_fast")]
-    if spec.max_concurrent:
-        hooks.append(ConcurrencyPermit(state, batch, spec.max_concurrent))
-    hooks.append(ProgressPublisher(state, batch))
-    chunk = run_items(node, items, job["start"], hooks)
-    return snapshot.encode(chunk.to_wire(), label=f"batch '{node.node_id}' results")
+    hooks = item_middleware(
+        executor.node_id, len(items), spec.fail_fast, state=state, batch=batch, max_concurrent=spec.max_concurrent
+    )
+    chunk = run_items(executor, items, job["start"], hooks)
+    return snapshot.encode(chunk.to_wire(), label=f"batch '{executor.node_id}' results")
 
 
 @app.task(name="chordflow.aggregate")

@@ -1,8 +1,8 @@
 """The wrappers every compiled node wears, outermost first:
 InstrumentedNode > [PflowBatchNode >] NamespacedNode > TemplateNode > the actual node.
 
-Each exposes what it wraps as `.inner` and can `clone()` itself (with fresh inner instances) because
-pocketflow 0.0.3 keeps retry state and params on node instances: concurrent items need their own.
+Each exposes what it wraps as `.inner` and can `clone()` itself with fresh inner instances
+(worker/cloning.py says why).
 """
 
 from __future__ import annotations
@@ -14,17 +14,9 @@ from pocketflow import BaseNode
 
 from ir.templates import CompiledParams
 from worker import context
+from worker.cloning import clone_node
 from worker.node_error import NodeError
 from worker.store import NamespacedStore
-
-
-def clone_node(node: BaseNode) -> BaseNode:
-    """A copy with its own params and retry state; wrappers clone their whole inner chain."""
-    if hasattr(node, "clone"):
-        return node.clone()
-    twin = copy.copy(node)
-    twin.params = dict(node.params)
-    return twin
 
 
 class _Wrapper(BaseNode):

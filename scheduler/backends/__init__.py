@@ -1,1 +1,21 @@
-"""Batch backends. `local` is the in-process default (no object needed); `celery` fans out chords."""
+"""Batch backends, looked up by name: `scheduler/backends/<name>.py` defines `create(run_id, ctx) -> Backend`.
+
+`local` runs items in this process (worker.backend.LocalBackend); `celery` fans them out as chords.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+from ir.errors import ValidationError
+from worker.backend import Backend
+from worker.context import RunContext
+
+NAMES = ("local", "celery")
+
+
+def create(name: str, run_id: str, ctx: RunContext) -> Backend:
+    if name not in NAMES:
+        raise ValidationError(f"backend: unknown backend '{name}' (choose from {', '.join(NAMES)})")
+    module = importlib.import_module(f"scheduler.backends.{name}")
+    return module.create(run_id, ctx)

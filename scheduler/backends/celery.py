@@ -21,9 +21,9 @@ from celery import chord
 from ir import snapshot
 from ir.errors import BackendError, RemoteError, RunCancelled
 from scheduler import chunking
-from worker import settings
+from worker import events, settings
 from worker.aggregate import BatchResult, merge
-from worker.batch import PflowBatchNode
+from worker.backend import BatchJob
 from worker.context import RunContext
 from worker.outcome import ItemOutcome
 from worker.runstate import RunState
@@ -44,7 +44,13 @@ def rebuild_exception(outcome: ItemOutcome) -> BaseException:
     return RemoteError(f"{module}.{name}" if module and module != "builtins" else str(name), message)
 
 
+def create(run_id: str, ctx: RunContext) -> CeleryBackend:
+    return CeleryBackend(run_id, ctx)
+
+
 class CeleryBackend:
+    name = "celery"
+
     def __init__(self, run_id: str, ctx: RunContext):
         from worker.app import ensure_configured
 
@@ -57,35 +63,35 @@ class CeleryBackend:
         self.stream_pos = "0-0"  # how far this run's progress stream has been read
 
     # -- dispatch -------------------------------------------------------------------------------
-    def run_batch(self, node: PflowBatchNode, items: list[Any]) -> BatchResult:
-        fail_fast = node.batch.error_handling == "fail_fast"
+    def run_batch(self, job: BatchJob) -> BatchResult:
+        fail_fast, items, node_id = job.batch.fail_fast, job.items, job.node_id
         if not items:
             return merge([], 0, fail_fast)
         from worker.tasks import aggregate, run_chunk
 
-        blob = snapshot.encode(snapshot.snapshot_of(node._shared), label="shared")
+        blob = snapshot.encode(snapshot.snapshot_of(job.shared), label="shared")
         size = chunking.chunk_size(
             len(items),
-            node.batch.chunk_size,
+            job.batch.chunk_size,
             chunking.worker_processes(self.app),
             self.settings.chunks_per_process,
             self.settings.max_chunk_size,
         )
         spans = chunking.slices(len(items), size)
         # Encode every slice before anything is enqueued: a value that cannot travel fails early.
-        payloads = [snapshot.encode(items[a:b], label=f"batch '{node.node_id}' items[{a}:{b}]") for a, b in spans]
+        payloads = [snapshot.encode(items[a:b], label=f"batch '{node_id}' items[{a}:{b}]") for a, b in spans]
         snap: bytes | dict[str, str] = blob
         with broker_errors(self.settings.result_backend):
             if len(blob) > self.settings.snapshot_inline_bytes:
                 snap = {"ref": self.state.store_snapshot(blob)}
-            spec = node.spec.wire()
-            batch = f"{node.node_id}#{uuid.uuid4().hex[:8]}"  # a node in a loop dispatches a fresh batch each time
+            spec = job.spec.wire()
+            batch = f"{node_id}#{uuid.uuid4().hex[:8]}"  # a node in a loop dispatches a fresh batch each time
             ids = [uuid.uuid4().hex for _ in spans]
             header = [
                 run_chunk.signature(
                     ({"run": self.run_id, "batch": batch, "node": spec, "snap": snap, "start": a, "items": payload},),
                     task_id=task_id,
-                    argsrepr=f"batch={node.node_id} items[{a}:{b}] run={self.run_id}",
+                    argsrepr=f"batch={node_id} items[{a}:{b}] run={self.run_id}",
                     kwargsrepr="{}",
                 )
                 for (a, b), payload, task_id in zip(spans, payloads, ids, strict=True)
@@ -95,21 +101,21 @@ class CeleryBackend:
                     {
                         "run": self.run_id,
                         "batch": batch,
-                        "node": node.node_id,
+                        "node": node_id,
                         "count": len(items),
                         "fail_fast": fail_fast,
                     },
                 ),
-                argsrepr=f"batch={node.node_id} chunks={len(spans)} run={self.run_id}",
+                argsrepr=f"batch={node_id} chunks={len(spans)} run={self.run_id}",
                 kwargsrepr="{}",
             )
             self.state.record_chunks(ids)
-            self.state.describe(status="running", node=node.node_id, items=len(items), chunks=len(spans))
+            self.state.describe(status="running", node=node_id, items=len(items), chunks=len(spans))
             with self.app.backend.quiet():
                 result = chord(header)(body)
-        log.info("run %s: batch %s -> %d chunks of <= %d items", self.run_id, node.node_id, len(spans), size)
+        log.info("run %s: batch %s -> %d chunks of <= %d items", self.run_id, node_id, len(spans), size)
         try:
-            blob = self._wait(result, batch, node.node_id, len(items))
+            blob = self._wait(result, batch, node_id, len(items))
         except (KeyboardInterrupt, RunCancelled):
             self.cancel()
             raise
@@ -152,8 +158,7 @@ class CeleryBackend:
             if not seen[index]:
                 seen[index] = 1
                 done += 1
-                self.ctx.emit({"type": "batch_progress", "node": node_id, "index": index,
-                               "done": done, "total": total, "ok": bool(ok)})  # fmt: skip
+                self.ctx.emit(events.batch_progress(node_id, index, done, total, bool(ok)))
         return done
 
     def cancel(self) -> None:
