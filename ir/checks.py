@@ -1,6 +1,7 @@
 """Static checks over a parsed workflow: everything that can be known before anything runs.
 
 Each check returns problem strings naming their location; `ir.load` reports them all together.
+Warnings work the same way (`ALL_WARNINGS`): `ir.load` attaches them to the workflow it returns.
 """
 
 from __future__ import annotations
@@ -8,6 +9,8 @@ from __future__ import annotations
 import difflib
 from collections.abc import Collection, Iterator
 
+from ir.errors import TemplateError
+from ir.loops import endless_loops, loops_left_only_by_actions
 from ir.models import NodeSpec, Workflow
 from ir.templates import Reference, references
 
@@ -35,15 +38,15 @@ def edges_and_start(wf: Workflow) -> Iterator[str]:
     for i, edge in enumerate(wf.edges):
         for end, name in (("from", edge.from_), ("to", edge.to)):
             if name not in ids:
-                yield f"edges[{i}].{end}: unknown node '{name}'{_did_you_mean(name, ids)}"
+                yield f"edges[{i}].{end}: unknown node {name!r}{_did_you_mean(name, ids)}"
     if wf.start_node is not None and wf.start_node not in ids:
-        yield f"start_node: unknown node '{wf.start_node}'{_did_you_mean(wf.start_node, ids)}"
+        yield f"start_node: unknown node {wf.start_node!r}{_did_you_mean(wf.start_node, ids)}"
 
 
 def node_types(wf: Workflow, known: Collection[str]) -> Iterator[str]:
     for i, node in enumerate(wf.nodes):
         if node.type not in known:
-            yield f"{_where(i, node)}.type: unknown node type '{node.type}'{_did_you_mean(node.type, known)}"
+            yield f"{_where(i, node)}.type: unknown node type {node.type!r}{_did_you_mean(node.type, known)}"
 
 
 def batch_aliases(wf: Workflow) -> Iterator[str]:
@@ -72,13 +75,18 @@ def _ancestors(wf: Workflow) -> dict[str, set[str]]:
     return result
 
 
-def _node_refs(node: NodeSpec) -> Iterator[tuple[str, Reference]]:
-    for name, value in node.params.items():
-        for ref in references(value):
-            yield f"params.{name}", ref
+def _node_refs(node: NodeSpec) -> Iterator[tuple[str, Reference | TemplateError]]:
+    """(where, reference) for each template of the node; a template that cannot be parsed comes as its error."""
+    values = [(f"params.{name}", value) for name, value in node.params.items()]
     if node.batch and node.batch.items:
-        for ref in references(node.batch.items):
-            yield "batch.items", ref
+        values.append(("batch.items", node.batch.items))
+    for where, value in values:
+        try:
+            found: list[Reference] | list[TemplateError] = references(value)
+        except TemplateError as exc:
+            found = [exc]
+        for ref in found:
+            yield where, ref
 
 
 def template_references(wf: Workflow) -> Iterator[str]:
@@ -89,6 +97,9 @@ def template_references(wf: Workflow) -> Iterator[str]:
     for i, node in enumerate(wf.nodes):
         alias = node.batch.alias if node.batch else None
         for where, ref in _node_refs(node):
+            if isinstance(ref, TemplateError):
+                yield f"{_where(i, node)}.{where}: {ref}"
+                continue
             root = ref.root
             if root.startswith("_") or root in inputs or (root == alias and where != "batch.items"):
                 continue
@@ -107,7 +118,11 @@ def output_references(wf: Workflow) -> Iterator[str]:
     ids = {n.id for n in wf.nodes}
     inputs = set(wf.inputs or {})
     for name, output in (wf.outputs or {}).items():
-        found = references(output.source)
+        try:
+            found = references(output.source)
+        except TemplateError as exc:
+            yield f"outputs.{name}.source: {exc}"
+            continue
         if not found:
             yield f"outputs.{name}.source: must be a template like '${{node.key}}', got {output.source!r}"
         for ref in found:
@@ -118,4 +133,5 @@ def output_references(wf: Workflow) -> Iterator[str]:
                 yield f"outputs.{name}.source: {ref.text} refers to unknown node or input '{ref.root}'{hint}"
 
 
-ALL_CHECKS = (duplicate_ids, edges_and_start, batch_aliases, template_references, output_references)
+ALL_CHECKS = (duplicate_ids, edges_and_start, batch_aliases, template_references, output_references, endless_loops)
+ALL_WARNINGS = (loops_left_only_by_actions,)

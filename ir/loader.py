@@ -10,36 +10,77 @@ from typing import Any
 
 import pydantic
 
-from ir import checks
+from ir import checks, limits
 from ir.errors import ValidationError
-from ir.models import Workflow
+from ir.models import BAD_NAMES, Workflow
+from ir.names import is_name
+
+#: A source string longer than this is shown shortened in messages.
+MAX_SHOWN_SOURCE = 80
 
 
 def _read(source: Any) -> tuple[Any, str | None]:
-    """Returns (raw data, a label naming where it came from)."""
+    """Returns (raw data, a label naming where it came from). Every failure is one ValidationError."""
     if isinstance(source, Workflow):
         return source.wire(), None
     if isinstance(source, Mapping):
+        limits.check_value(source, "workflow")
         return dict(source), None
     if isinstance(source, bytes):
-        source = source.decode()
+        source = _decode(source, "workflow JSON")
     if isinstance(source, str) and source.lstrip().startswith(("{", "[")):
         return _parse_json(source, "workflow JSON"), None
     if isinstance(source, str | os.PathLike):
-        path = Path(source)
-        if not path.exists():
-            raise ValidationError(f"{path}: file not found")
-        if path.is_dir():
-            raise ValidationError(f"{path}: is a directory, expected a workflow JSON file")
-        return _parse_json(path.read_text(encoding="utf-8"), str(path)), str(path)
+        return _read_file(source)
     raise ValidationError(f"cannot load a workflow from {type(source).__name__}; pass a dict, JSON text or a path")
 
 
+def _read_file(source: str | os.PathLike[str]) -> tuple[Any, str]:
+    text = str(source)
+    label = text if len(text) <= MAX_SHOWN_SOURCE and text.isprintable() else repr(text[:MAX_SHOWN_SOURCE])
+    label += "..." if len(text) > MAX_SHOWN_SOURCE else ""
+    path = Path(source)
+    try:
+        found, is_dir = path.exists(), path.is_dir()
+        data = path.read_bytes() if found and not is_dir else b""
+    except (OSError, ValueError) as exc:  # e.g. "File name too long", "embedded null byte", no permission
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        raise ValidationError(f"cannot read {label}: {reason}") from None
+    if not found:
+        raise ValidationError(f"{label}: file not found")
+    if is_dir:
+        raise ValidationError(f"{label}: is a directory, expected a workflow JSON file")
+    if not data.strip():
+        raise ValidationError(f"{label}: the file is empty, expected a workflow JSON object")
+    text = _decode(data, label)
+    if path.suffix.lower() in (".yaml", ".yml") and not text.lstrip().startswith("{"):
+        raise ValidationError(f"{label}: workflows are JSON, not YAML")
+    return _parse_json(text, label), label
+
+
+def _decode(data: bytes, label: str) -> str:
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ValidationError(f"{label}: not UTF-8 text (byte {exc.start}: {exc.reason})") from None
+
+
 def _parse_json(text: str, label: str) -> Any:
+    limits.check_json_text(text, label)  # before json.loads, which recurses
     try:
         return json.loads(text)
     except json.JSONDecodeError as exc:
         raise ValidationError(f"{label}: invalid JSON at line {exc.lineno}, column {exc.colno}: {exc.msg}") from None
+    except ValueError as exc:  # e.g. an integer with more digits than Python converts
+        raise ValidationError(f"{label}: invalid JSON: {exc}") from None
+
+
+def _bad_names(raw: dict[str, Any]) -> set[str]:
+    """Node ids and input names that are strings but not valid names (templates using them are not re-reported)."""
+    nodes = raw.get("nodes") if isinstance(raw.get("nodes"), list) else []
+    names = [node.get("id") for node in nodes if isinstance(node, dict)]
+    names += list(raw["inputs"]) if isinstance(raw.get("inputs"), dict) else []
+    return {name for name in names if isinstance(name, str) and name and not is_name(name)}
 
 
 def _location(loc: tuple[Any, ...], raw: Any) -> str:
@@ -49,8 +90,8 @@ def _location(loc: tuple[Any, ...], raw: Any) -> str:
             text += f"[{part}]"
             if i == 1 and loc[0] == "nodes" and isinstance(raw, dict):
                 node = (raw.get("nodes") or [None] * (part + 1))[part]
-                if isinstance(node, dict) and isinstance(node.get("id"), str):
-                    text += f" (id '{node['id']}')"
+                if isinstance(node, dict) and isinstance(node.get("id"), str) and loc[2:3] != ("id",):
+                    text += f" (id {node['id']!r})"  # not when the id itself is the problem: its message names it
         else:
             text += ("." if text else "") + str(part)
     return text or "workflow"
@@ -73,12 +114,13 @@ def load(source: Any, *, node_types: Collection[str] | None = None) -> Workflow:
 
     `source` is a dict, JSON text, a path or a Workflow. With `node_types`, unknown node types are
     reported too (the scheduler passes the registry's names; `ir` itself knows no node types).
+    What is suspicious but valid is returned in `workflow.warnings` (never serialized).
     """
     raw, label = _read(source)
     if not isinstance(raw, dict):
         raise ValidationError(f"the workflow must be a JSON object, got {type(raw).__name__}", source=label)
     try:
-        workflow = Workflow.model_validate(raw)
+        workflow = Workflow.model_validate(raw, context={BAD_NAMES: _bad_names(raw)})
     except pydantic.ValidationError as exc:
         raise ValidationError(_pydantic_problems(exc, raw), source=label) from None
     problems = [p for check in checks.ALL_CHECKS for p in check(workflow)]
@@ -86,4 +128,5 @@ def load(source: Any, *, node_types: Collection[str] | None = None) -> Workflow:
         problems.extend(checks.node_types(workflow, node_types))
     if problems:
         raise ValidationError(problems, source=label)
+    workflow.warnings.extend(w for check in checks.ALL_WARNINGS for w in check(workflow))
     return workflow

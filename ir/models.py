@@ -5,14 +5,32 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationInfo, field_validator
 
+from ir.names import is_identifier, name_problem
 from ir.templates import is_single_template
 
-IDENTIFIER_RE = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
 ITEMS_TEMPLATE_RE = re.compile(r"^\$\{.+\}$")
-NODE_ID_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_-]*$")
 ERROR_MODES = ("fail_fast", "continue")
+#: The IR versions this code reads; the first is written by default (a missing `ir_version` means it).
+IR_VERSIONS = ("0.1.0",)
+#: Validation context key: names already reported as invalid, so templates using them are not reported again.
+BAD_NAMES = "bad_names"
+
+
+def _refers_to(text: str, names: Any) -> bool:
+    """Whether template text `${...}` starts with one of `names` (a reference to a bad name)."""
+    inner = text.strip().removeprefix("${").lstrip()
+    return any(inner.startswith(name) and inner[len(name) : len(name) + 1] in (".", "[", "}") for name in names)
+
+
+def _check_names(value: Any, what: str) -> Any:
+    """Keys of `inputs` / `outputs` follow the naming rule; all bad keys are reported in one problem."""
+    if isinstance(value, dict):
+        problems = [p for key in value if (p := name_problem(what, key))]
+        if problems:
+            raise ValueError("; ".join(problems))
+    return value
 
 
 class _Model(BaseModel):
@@ -33,17 +51,19 @@ class BatchSpec(_Model):
 
     @field_validator("items", mode="before")
     @classmethod
-    def _items(cls, value: Any) -> str:
+    def _items(cls, value: Any, info: ValidationInfo) -> str:
         if value is None:
             raise ValueError("batch.items is required")
         if not isinstance(value, str) or not ITEMS_TEMPLATE_RE.match(value) or not is_single_template(value):
+            if isinstance(value, str) and _refers_to(value, (info.context or {}).get(BAD_NAMES, ())):
+                return value  # the bad name is the problem, reported where it is defined
             raise ValueError(f"batch.items must be a template reference, like '${{node.key}}', got {value!r}")
         return value
 
     @field_validator("as_", mode="before")
     @classmethod
     def _alias(cls, value: Any) -> str:
-        if not isinstance(value, str) or not IDENTIFIER_RE.match(value):
+        if not is_identifier(value):
             raise ValueError(f"batch.as must be a valid identifier, got {value!r}")
         return value
 
@@ -58,17 +78,29 @@ class BatchSpec(_Model):
     def alias(self) -> str:
         return self.as_
 
+    @property
+    def fail_fast(self) -> bool:
+        return self.error_handling == "fail_fast"
+
 
 class NodeSpec(_Model):
     """One node: a registered type, its params (may hold templates), optional batch and retries."""
 
-    id: str = Field(pattern=NODE_ID_RE.pattern)
+    id: str = Field(description="Letters (any script), digits, '_' and '-'; not a digit or '-' first")
     type: str
     params: dict[str, Any] = Field(default_factory=dict)
     batch: BatchSpec | None = None
     max_retries: int = Field(1, ge=1, description="Total attempts of exec() (PocketFlow max_retries)")
     wait: float = Field(0, ge=0, description="Seconds between attempts (PocketFlow wait)")
     purpose: str | None = None
+
+    @field_validator("id", mode="before")
+    @classmethod
+    def _id(cls, value: Any) -> str:
+        problem = name_problem("node id", value)
+        if problem:
+            raise ValueError(problem)
+        return value
 
     def wire(self) -> dict[str, Any]:
         """The plain-dict form that travels to workers."""
@@ -96,7 +128,11 @@ class OutputSpec(_Model):
 class Workflow(_Model):
     """A whole workflow. Build it with `ir.load`, which also runs the static checks."""
 
-    ir_version: str = "0.1.0"
+    ir_version: str = Field(
+        IR_VERSIONS[0],
+        validate_default=True,
+        description=f"IR version of this document ({', '.join(IR_VERSIONS)}); omitted means {IR_VERSIONS[0]}",
+    )
     name: str | None = None
     description: str | None = None
     nodes: list[NodeSpec] = Field(min_length=1)
@@ -105,6 +141,35 @@ class Workflow(_Model):
     outputs: dict[str, OutputSpec] | None = None
     start_node: str | None = None
     metadata: dict[str, Any] | None = None
+    max_steps: int | None = Field(
+        None, ge=1, description="most node executions in one run; default 10,000 or CHORDFLOW_MAX_STEPS"
+    )
+
+    #: What `ir.load` found suspicious but valid (e.g. a loop left only by a non-default action).
+    _warnings: list[str] = PrivateAttr(default_factory=list)
+
+    @field_validator("ir_version", mode="before")
+    @classmethod
+    def _version(cls, value: Any) -> str:
+        if value not in IR_VERSIONS:
+            shown = repr(value[:40]) if isinstance(value, str) else str(value)[:40]
+            raise ValueError(f"unknown version {shown} (this chordflow reads {', '.join(IR_VERSIONS)})")
+        return value
+
+    @field_validator("inputs", mode="before")
+    @classmethod
+    def _input_names(cls, value: Any) -> Any:
+        return _check_names(value, "input name")
+
+    @field_validator("outputs", mode="before")
+    @classmethod
+    def _output_names(cls, value: Any) -> Any:
+        return _check_names(value, "output name")
+
+    @property
+    def warnings(self) -> list[str]:
+        """Warnings from `ir.load` (never serialized): print them, the workflow still runs."""
+        return self._warnings
 
     def node(self, node_id: str) -> NodeSpec:
         for node in self.nodes:

@@ -14,8 +14,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from ir.errors import TemplateError
+from ir.names import SEGMENT as _SEGMENT
 
-_SEGMENT = r"[A-Za-z_][A-Za-z0-9_-]*"
+#: Longer list indexes are an error, not a number (Python refuses to convert 4,300+ digits).
+MAX_INDEX_DIGITS = 18
 TEMPLATE_RE = re.compile(r"\$\{\s*(" + _SEGMENT + r"(?:\." + _SEGMENT + r"|\[\d+\])*)\s*\}")
 _PATH_PART_RE = re.compile(r"\.?(" + _SEGMENT + r")|\[(\d+)\]")
 _MISSING = object()
@@ -34,14 +36,28 @@ class Reference:
 
 
 def parse_path(expr: str) -> tuple[str | int, ...]:
-    return tuple(name if name else int(index) for name, index in _PATH_PART_RE.findall(expr))
+    """`node.key[0]` -> ('node', 'key', 0); TemplateError for an index no list can have."""
+    parts: list[str | int] = []
+    for name, index in _PATH_PART_RE.findall(expr):
+        if not name and len(index) > MAX_INDEX_DIGITS:
+            raise TemplateError(f"list index with {len(index)} digits is too large")
+        parts.append(name or int(index))
+    return tuple(parts)
+
+
+def _reference(text: str, expr: str) -> Reference:
+    try:
+        return Reference(text, parse_path(expr))
+    except TemplateError as exc:
+        shown = text if len(text) <= 40 else text[:30] + "...}"
+        raise TemplateError(f"{shown}: {exc}") from None
 
 
 def references(value: Any) -> list[Reference]:
     """Every template reference inside a param value (walks dicts and lists)."""
     found: list[Reference] = []
     if isinstance(value, str):
-        found.extend(Reference(m.group(0), parse_path(m.group(1))) for m in TEMPLATE_RE.finditer(value))
+        found.extend(_reference(m.group(0), m.group(1)) for m in TEMPLATE_RE.finditer(value))
     elif isinstance(value, Mapping):
         for v in value.values():
             found.extend(references(v))
@@ -122,13 +138,13 @@ def compile_value(value: Any) -> _Resolver:
         if not matches:
             return _Resolver("const", value)
         if len(matches) == 1 and matches[0].group(0) == value.strip() and value == value.strip():
-            return _Resolver("ref", Reference(value, parse_path(matches[0].group(1))))
+            return _Resolver("ref", _reference(value, matches[0].group(1)))
         parts: list[Any] = []
         pos = 0
         for m in matches:
             if m.start() > pos:
                 parts.append(value[pos : m.start()])
-            parts.append(Reference(m.group(0), parse_path(m.group(1))))
+            parts.append(_reference(m.group(0), m.group(1)))
             pos = m.end()
         if pos < len(value):
             parts.append(value[pos:])

@@ -27,25 +27,30 @@ class WorkflowFlow(Flow):
 def load(workflow: Any) -> ir.Workflow:
     """`ir.load` plus the checks that need the registry: node types, and each type's own param check.
 
-    A node class may define `check_params(raw_params) -> str | None`, run on the unresolved params
-    (e.g. `shell` rejects templates inside a command string).
+    A node class may define `check_params(raw_params)`, run on the unresolved params: it returns None,
+    a problem with the params as a whole (e.g. `shell` rejects templates inside a command string), or
+    `{param name: problem}` to name the param (e.g. `python`: the function does not import).
     """
     if isinstance(workflow, ir.Workflow):
         return workflow
     wf = ir.load(workflow, node_types=registry.names())
     problems = []
     for i, spec in enumerate(wf.nodes):
+        where = f"nodes[{i}] (id '{spec.id}').params"
         check = getattr(registry.get(spec.type), "check_params", None)
-        problem = check(spec.params) if check else None
-        if problem:
-            problems.append(f"nodes[{i}] (id '{spec.id}').params: {problem}")
+        try:
+            found = check(spec.params) if check else None
+        except Exception as exc:  # a node type's check must not turn a user error into a traceback
+            found = f"cannot be checked ({type(exc).__name__}: {' '.join(str(exc).split())[:200]})"
+        if isinstance(found, dict):
+            problems.extend(f"{where}.{name}: {problem}" for name, problem in found.items())
+        elif found:
+            problems.append(f"{where}: {found}")
     if problems:
-        raise ir.ValidationError(
-            problems,
-            source=str(workflow)
-            if isinstance(workflow, Path) or (isinstance(workflow, str) and not workflow.lstrip().startswith("{"))
-            else None,
+        is_file = isinstance(workflow, Path) or (
+            isinstance(workflow, str) and not workflow.lstrip().startswith(("{", "["))
         )
+        raise ir.ValidationError(problems, source=str(workflow) if is_file else None)
     return wf
 
 

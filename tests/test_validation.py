@@ -77,7 +77,10 @@ def test_duplicate_ids():
 
 def test_invalid_node_id():
     err = _problems(workflow(_echo("1a")))
-    assert "nodes[0] (id '1a').id" in str(err)
+    assert err.problems == [
+        "nodes[0].id: node id '1a' may contain only letters, digits, '_' and '-', "
+        "and must not start with a digit or '-'"
+    ]
 
 
 # --- templates ------------------------------------------------------------------------------------------
@@ -309,3 +312,45 @@ def test_outputs_must_reference_existing_nodes_or_inputs() -> None:
         in message
     )
     assert "outputs.plain.source: must be a template" in message
+
+
+# --- python functions and ir_version --------------------------------------------------------------------
+
+
+def _python(node_id: str, function) -> dict:
+    return {"id": node_id, "type": "python", "params": {"function": function}}
+
+
+def test_python_function_that_does_not_resolve_is_a_validation_error(tmp_path: Path, monkeypatch):
+    import worker.nodes.python_call  # noqa: F401  (registers the `python` node type)
+
+    (tmp_path / "explodes_on_import.py").write_text("raise RuntimeError('no config')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    wf = workflow(
+        _echo("a"),
+        _python("p", "nosuch_module_q:f"),
+        _python("q", "tests.support.pyfuncs:nope"),
+        _python("r", "explodes_on_import:f"),
+        _python("s", "tests.support.pyfuncs:NOT_CALLABLE"),
+        _python("t", "no colon"),
+        _python("u", "${a.function}"),
+        _python("v", "tests.support.pyfuncs:Greeter.greet"),
+    )
+    assert _problems(wf).problems == [
+        "nodes[1] (id 'p').params.function: cannot import module 'nosuch_module_q' (No module named 'nosuch_module_q')",
+        "nodes[2] (id 'q').params.function: module 'tests.support.pyfuncs' has no attribute 'nope'",
+        "nodes[3] (id 'r').params.function: cannot import module 'explodes_on_import' (RuntimeError: no config)",
+        "nodes[4] (id 's').params.function: 'tests.support.pyfuncs:NOT_CALLABLE' is not callable (int)",
+        "nodes[5] (id 't').params.function: must be 'module:function', got 'no colon'",
+    ]
+
+
+def test_unknown_ir_version_names_the_known_ones():
+    err = _problems(workflow(_echo("a"), ir_version="9.9.9"), via=ir.load)
+    assert err.problems == ["ir_version: unknown version '9.9.9' (this chordflow reads 0.1.0)"]
+
+
+def test_missing_ir_version_means_the_current_one():
+    wf = ir.load({"nodes": [_echo("a")]})
+    assert wf.ir_version == "0.1.0"
+    assert "omitted means 0.1.0" in ir.json_schema()["properties"]["ir_version"]["description"]

@@ -13,6 +13,7 @@ from typing import Any
 
 from pocketflow import Node
 
+from ir.templates import references
 from worker.nodes.params import param
 from worker.nodes.registry import register
 
@@ -41,6 +42,47 @@ def resolve_function(reference: Any) -> Callable[..., Any]:
     return target
 
 
+def check_function_param(raw_params: dict[str, Any]) -> dict[str, str] | None:
+    """Static check of a literal `function`: the module imports and the function exists and is callable.
+
+    Run by `scheduler.compiler.load` on the unresolved params, so a typo fails at validation, not mid-run.
+    Importing runs the module's top-level code, as the run would; whatever it raises becomes the message.
+    A templated `function` is known only at run time and is not checked.
+    """
+    reference = raw_params.get("function") if isinstance(raw_params, dict) else None
+    if reference is None:
+        return {"function": "is required ('module:function')"}
+    if isinstance(reference, str) and references(reference):
+        return None
+    if not isinstance(reference, str) or not _is_reference(reference):
+        return {"function": _bad_form(reference)}
+    module_name, attr_path = reference.split(":")
+    try:
+        target: Any = importlib.import_module(module_name)
+    except ImportError as exc:
+        return {"function": f"cannot import module '{module_name}' ({_one_line(exc)})"}
+    except (Exception, SystemExit) as exc:  # the module's own code failed: name what it raised
+        return {"function": f"cannot import module '{module_name}' ({type(exc).__name__}: {_one_line(exc)})"}
+    for attr in attr_path.split("."):
+        try:
+            target = getattr(target, attr)
+        except Exception:
+            return {"function": f"module '{module_name}' has no attribute '{attr_path}'"}
+    if not callable(target):
+        return {"function": f"{reference!r} is not callable ({type(target).__name__})"}
+    return None
+
+
+def _bad_form(value: Any) -> str:
+    got = repr(value[:80]) if isinstance(value, str) else type(value).__name__
+    return f"must be 'module:function', got {got}"
+
+
+def _one_line(exc: BaseException, limit: int = 200) -> str:
+    text = " ".join(str(exc).split())
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
 @register("python")
 class PythonNode(Node):
     """Calls `function(**other_params)` and writes its return value as `result`."""
@@ -49,6 +91,8 @@ class PythonNode(Node):
         "function": "(required) 'module:function' to call; the module must be importable on every worker",
         "*": "every other param is passed to the function as a keyword argument",
     }
+
+    check_params = staticmethod(check_function_param)  # static validation hook (scheduler.compiler.load)
 
     def prep(self, shared: Any) -> tuple[Callable[..., Any], dict[str, Any]]:
         kwargs = {k: v for k, v in self.params.items() if k != "function"}
