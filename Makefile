@@ -1,20 +1,26 @@
-# Two commands on a fresh machine: `make run` and `make test`. Both set up .venv first.
+# Two commands on a fresh machine: `make run` and `make test`. Both set up .venv first: `run` with only
+# what running needs, `test` (and install, lint, bench, flower) with the dev tools on top.
 PYTHON ?= python3
-VENV := .venv
+VENV ?= .venv
 BIN := $(VENV)/bin
-STAMP := $(VENV)/.installed
+RUN_STAMP := $(VENV)/.installed-run
+DEV_STAMP := $(VENV)/.installed-dev
 
 .PHONY: install run test lint bench flower worker clean
 
-install: $(STAMP)
+install: $(DEV_STAMP)
 
-$(STAMP): pyproject.toml
+$(RUN_STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[dev]'
-	touch $(STAMP)
+	$(BIN)/python -m pip install --quiet -e .
+	touch $(RUN_STAMP)
 
-run: install
+$(DEV_STAMP): $(RUN_STAMP) pyproject.toml
+	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	touch $(DEV_STAMP)
+
+run: $(RUN_STAMP)
 	$(BIN)/chordflow run examples/word_counts.json --input folder=examples/texts
 
 test: install
@@ -30,7 +36,7 @@ bench: install
 flower: install
 	$(BIN)/chordflow flower $(FLOWER_ARGS)
 
-worker: install
+worker: $(RUN_STAMP)
 	$(BIN)/chordflow worker
 
 clean:

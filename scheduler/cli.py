@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import signal
 import sys
 import threading
@@ -23,13 +24,25 @@ from pathlib import Path
 from typing import Any
 
 import click
-from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
+from rich.console import Console, Group
+from rich.live import Live
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    ProgressColumn,
+    SpinnerColumn,
+    Task,
+    TaskID,
+    TextColumn,
+    TimeElapsedColumn,
+)
 from rich.table import Table
 from rich.text import Text
 
 import ir
 from ir.errors import NodeTypeError, RemoteError, RunCancelled, ValidationError
+from ir.limits import check_json_text
 
 DEBUG_KEY = "chordflow.debug"
 FAILED_NODE_KEY = "chordflow.failed_node"
@@ -129,9 +142,12 @@ def cli(ctx: click.Context, debug: bool) -> None:
 # -- run ---------------------------------------------------------------------------------------------------
 
 
-def parse_inputs(pairs: tuple[str, ...], inputs_file: str | None) -> dict[str, Any]:
-    """`--inputs-file` (a JSON object) first, then each `--input KEY=VALUE` on top of it."""
-    from scheduler.inputs import parse_input_value
+def parse_inputs(pairs: tuple[str, ...], inputs_file: str | None, wf: ir.Workflow | None = None) -> dict[str, Any]:
+    """`--inputs-file` (a JSON object) first, then each `--input KEY=VALUE` on top of it.
+
+    With `wf`, an `--input` key the workflow does not declare is an error (with a did-you-mean).
+    """
+    from scheduler.inputs import parse_input_value, unknown_input
 
     inputs: dict[str, Any] = {}
     if inputs_file is not None:
@@ -142,6 +158,7 @@ def parse_inputs(pairs: tuple[str, ...], inputs_file: str | None) -> dict[str, A
             raise CliUsageError(f"--inputs-file {path}: file not found") from None
         except OSError as exc:
             raise CliUsageError(f"--inputs-file {path}: cannot read: {exc.strerror or exc}") from None
+        check_json_text(text, str(path))  # before json.loads, which would recurse
         try:
             data = json.loads(text)
         except json.JSONDecodeError as exc:
@@ -151,18 +168,37 @@ def parse_inputs(pairs: tuple[str, ...], inputs_file: str | None) -> dict[str, A
         if not isinstance(data, dict):
             raise CliUsageError(f"--inputs-file {path}: expected a JSON object, got {type(data).__name__}")
         inputs.update(data)
+    unknown = []
     for pair in pairs:
         key, sep, value = pair.partition("=")
-        if not sep or not key.strip():
+        key = key.strip()
+        if not sep or not key:
             raise CliUsageError(f"--input {pair!r}: expected KEY=VALUE")
-        inputs[key.strip()] = parse_input_value(value)
+        if wf is not None and (problem := unknown_input(wf, key)):
+            unknown.append(f"--input {key}=...: {problem}")
+        inputs[key] = parse_input_value(value, f"--input {key}")
+    if unknown:
+        raise ValidationError(unknown)
     return inputs
 
 
+class SecondsElapsedColumn(ProgressColumn):
+    """`3.2s`: how long the task has been running."""
+
+    def render(self, task: Task) -> Text:
+        return Text(f"{task.elapsed or 0.0:.1f}s")
+
+
 class ProgressDisplay:
-    """`on_event` handler drawing one rich progress bar per batch node (rich throttles the redraws)."""
+    """What a terminal shows while a run goes on: a `running <node> 3.2s` spinner for the node running now
+    (`node_started`), and one progress bar per batch node (`__call__`, the `on_event` handler), which takes
+    the place of that node's spinner. Rich redraws both ten times a second from its own thread.
+    """
 
     def __init__(self, console: Console):
+        self.spinner = Progress(
+            SpinnerColumn(), TextColumn("running {task.description}"), SecondsElapsedColumn(), console=console
+        )
         self.progress = Progress(
             TextColumn("{task.description}"),
             BarColumn(),
@@ -171,23 +207,40 @@ class ProgressDisplay:
             TimeElapsedColumn(),
             console=console,
         )
+        self.live = Live(Group(self.spinner, self.progress), console=console, refresh_per_second=10)
+        self.running: tuple[str, TaskID] | None = None  # the node the spinner shows, and its task
         self.tasks: dict[str, TaskID] = {}
         self.done: dict[str, int] = {}
         self.errors: dict[str, int] = {}
         self.lock = threading.Lock()
 
     def __enter__(self) -> ProgressDisplay:
-        self.progress.start()
+        self.live.start()
         return self
 
     def __exit__(self, *exc_info: Any) -> None:
-        self.progress.stop()
+        with self.lock:
+            self._stop_spinner()
+        self.live.stop()
+
+    def _stop_spinner(self, node: str | None = None) -> None:
+        """Remove the spinner (only if it shows `node`, when given). Call with the lock held."""
+        if self.running is not None and node in (None, self.running[0]):
+            self.spinner.remove_task(self.running[1])
+            self.running = None
+
+    def node_started(self, node: str) -> None:
+        """The `on_node_start` hook: the spinner now shows `node`, its time counted from now."""
+        with self.lock:
+            self._stop_spinner()
+            self.running = (node, self.spinner.add_task(node, total=None))
 
     def __call__(self, event: dict[str, Any]) -> None:
         if event.get("type") != "batch_progress":
             return
         node = str(event["node"])
         with self.lock:  # events come from several threads: apply them in one order, never going back
+            self._stop_spinner(node)
             if node not in self.tasks:
                 self.tasks[node] = self.progress.add_task(node, total=event.get("total"), errors=0)
                 self.done[node] = self.errors[node] = 0
@@ -228,8 +281,63 @@ def _cancel_on_sigint(cancelled: threading.Event) -> Iterator[None]:
         signal.signal(signal.SIGINT, previous)
 
 
+# -- rendering values: one way for the text summary and for --output json ---------------------------------------
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def _escape_surrogates(text: str) -> str:
+    """Lone surrogates (undecodable bytes of a file name) cannot be written as UTF-8: keep them as escapes."""
+    return _SURROGATE.sub(lambda m: f"\\u{ord(m.group()):04x}", text)
+
+
+def _json_default(value: Any) -> Any:
+    """A value JSON cannot hold: a set becomes a sorted list, anything else (bytes, dates, objects) its str()."""
+    if isinstance(value, set | frozenset):
+        try:
+            return sorted(value)
+        except TypeError:
+            return sorted(value, key=repr)
+    return str(value)
+
+
+def jsonable(value: Any) -> Any:
+    """`value` as JSON holds it (see `_json_default`); what still cannot be JSON (a dict key that is not a
+    string or number, a value inside itself) becomes its str()."""
+    try:
+        return json.loads(json.dumps(value, default=_json_default))
+    except (TypeError, ValueError, RecursionError):
+        return str(value)
+
+
+def to_json(value: Any) -> str:
+    """JSON text of `value` (via `jsonable`) with non-ASCII characters as they are, not as escapes."""
+    return _escape_surrogates(json.dumps(jsonable(value), ensure_ascii=False))
+
+
+def run_report(
+    run_id: str | None, status: str, error: str | None, outputs: dict[str, Any], store: dict[str, Any]
+) -> str:
+    """The one JSON object `run --output json` prints, whatever happened (DESIGN section 2)."""
+    report = {
+        "run_id": run_id,
+        "status": status,
+        "error": error,
+        "outputs": {str(name): jsonable(value) for name, value in outputs.items()},
+        "store": {str(key): jsonable(value) for key, value in dict(store).items()},
+    }
+    return _escape_surrogates(json.dumps(report, ensure_ascii=False))
+
+
+def error_text(exc: BaseException, node: str | None = None) -> str:
+    """The `error` of a run report: what `error_lines` prints on stderr, without the ``error:`` prefix."""
+    if isinstance(exc, KeyboardInterrupt | RunCancelled):
+        return "run cancelled"
+    return "\n".join(error_lines(exc, node)).removeprefix("error: ")
+
+
 def _render(value: Any, limit: int | None = None) -> str:
-    text = value if isinstance(value, str) else json.dumps(value, default=str)
+    text = _escape_surrogates(value) if isinstance(value, str) else to_json(value)
     if limit is not None and len(text) > limit:
         text = text[: limit - 3] + "..."
     return text
@@ -289,31 +397,47 @@ def run(
     output: str,
     debug: bool,
 ) -> None:
-    """Run a workflow and print a summary (or the final store with --output json)."""
+    """Run a workflow and print a summary (with --output json: one JSON object, the run report, always)."""
     if debug:
         ctx.meta[DEBUG_KEY] = True
     import scheduler
     from scheduler.compiler import load
 
-    inputs = parse_inputs(pairs, inputs_file)
-    wf = load(workflow)
+    store: dict[str, Any] = {}  # passed as `shared`, so still readable when the run raises
     run_id = uuid.uuid4().hex[:12]
-    if backend != "local" and output != "json":
-        _stderr().print(Text(f"run {run_id} (cancel with: chordflow cancel {run_id})"))
-    show_progress = output != "json" and sys.stderr.isatty()
-    display = ProgressDisplay(_stderr()) if show_progress else None
-    cancelled = threading.Event()
-    on_event = _make_event_handler(ctx.meta, display)
-    with _cancel_on_sigint(cancelled):
-        if display is not None:
-            with display:
-                result = scheduler.run(
-                    wf, inputs, backend=backend, on_event=on_event, cancelled=cancelled, run_id=run_id
+    try:
+        wf = load(workflow)
+        inputs = parse_inputs(pairs, inputs_file, wf)
+        if backend != "local" and output != "json":
+            _stderr().print(Text(f"run {run_id} (cancel with: chordflow cancel {run_id})"))
+        display = ProgressDisplay(_stderr()) if output != "json" and sys.stderr.isatty() else None
+        cancelled = threading.Event()
+        with _cancel_on_sigint(cancelled), display or contextlib.nullcontext():
+            result = scheduler.run(
+                wf,
+                inputs,
+                shared=store,
+                backend=backend,
+                on_event=_make_event_handler(ctx.meta, display),
+                on_node_start=display.node_started if display else None,
+                cancelled=cancelled,
+                run_id=run_id,
+            )
+    except (Exception, KeyboardInterrupt) as exc:
+        if output == "json":  # the error line on stderr comes from ChordflowGroup.invoke
+            code = exit_code_for(exc)
+            click.echo(
+                run_report(
+                    None if code == EXIT_USAGE else run_id,  # exit 2: the run never started
+                    "cancelled" if code == EXIT_CANCELLED else "failed",
+                    error_text(exc, ctx.meta.get(FAILED_NODE_KEY)),
+                    {},
+                    store,
                 )
-        else:
-            result = scheduler.run(wf, inputs, backend=backend, on_event=on_event, cancelled=cancelled, run_id=run_id)
+            )
+        raise
     if output == "json":
-        click.echo(json.dumps(result.shared, default=str))
+        click.echo(run_report(result.run_id, result.status, result.error, result.outputs, result.shared))
     else:
         print_summary(_stdout(), wf, result)
     if result.status == "cancelled":
@@ -327,11 +451,17 @@ def run(
 
 @cli.command()
 @click.argument("workflow", metavar="WF.json")
-def validate(workflow: str) -> None:
+@click.option("--debug", is_flag=True, help="Print full tracebacks instead of one-line errors.")
+@click.pass_context
+def validate(ctx: click.Context, workflow: str, debug: bool) -> None:
     """Check a workflow (shape, edges, templates, node types) without running it."""
+    if debug:
+        ctx.meta[DEBUG_KEY] = True
     from scheduler.compiler import load
 
     wf = load(workflow)
+    for warning in wf.warnings:
+        click.echo(f"warning: {warning}", err=True)
     click.echo(f"ok: {len(wf.nodes)} nodes")
 
 

@@ -2,31 +2,62 @@
 
 from __future__ import annotations
 
+import difflib
 import json
 from typing import Any
 
 import ir
 from ir.errors import ValidationError
+from ir.limits import check_json_text, check_value
 
 
-def parse_input_value(text: str) -> Any:
-    """`--input k=v`: JSON when it parses (numbers, booleans, lists), otherwise the plain string."""
+def parse_input_value(text: str, label: str = "--input") -> Any:
+    """`--input k=v`: JSON when it parses (numbers, booleans, lists), otherwise the plain string.
+
+    Nesting deeper than `ir.limits.MAX_DEPTH` is a ValidationError naming `label`, never a RecursionError.
+    """
+    check_json_text(text, label)
     try:
         return json.loads(text)
     except ValueError:
         return text
 
 
+def _closest(name: str, wf: ir.Workflow) -> str | None:
+    close = difflib.get_close_matches(name, list(wf.inputs or {}), n=1)
+    return close[0] if close else None
+
+
+def unknown_input(wf: ir.Workflow, name: str) -> str | None:
+    """Why `name` is not an input of `wf` (with a did-you-mean), or None when it is one.
+
+    A workflow that declares no inputs accepts any name.
+    """
+    declared = list(wf.inputs or {})
+    if not declared or name in declared:
+        return None
+    close = _closest(name, wf)
+    hint = f"did you mean '{close}'?" if close else f"declared inputs: {', '.join(declared)}"
+    return f"unknown input '{name}' ({hint})"
+
+
 def apply_inputs(wf: ir.Workflow, store: dict[str, Any], inputs: dict[str, Any] | None) -> None:
+    """Check `inputs` against the workflow's declared inputs, fill in defaults, and put them in `store`."""
     given = dict(inputs or {})
-    problems = []
+    problems = [f"inputs: {problem}" for name in given if (problem := unknown_input(wf, name))]
+    suggested = {_closest(name, wf) for name in given if name not in (wf.inputs or {})}  # a typo explains these
+    for name, value in given.items():
+        try:
+            check_value(value, f"inputs.{name}")
+        except ValidationError as exc:
+            problems.extend(exc.problems)
     for name, spec in (wf.inputs or {}).items():
         if name in given or name in store:
             continue
         if spec.default is not None:
             given[name] = spec.default
-        elif spec.required:
-            problems.append(f"inputs.{name}: required input '{name}' was not given")
+        elif spec.required and name not in suggested:
+            problems.append(f"inputs.{name}: required input '{name}' was not given; pass --input {name}=...")
     if problems:
         raise ValidationError(problems)
     store.update(given)

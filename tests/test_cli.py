@@ -46,6 +46,7 @@ def run_cli(*args: Any, env: dict[str, str] | None = None, timeout: float = 120)
         env=env or cli_env(),
         capture_output=True,
         text=True,
+        encoding="utf-8",
         timeout=timeout,
     )
 
@@ -100,10 +101,14 @@ CONTINUE_WF = {
 # -- run -------------------------------------------------------------------------------------------------------
 
 
-def test_run_json_output_prints_only_the_final_store(tmp_path: Path) -> None:
+def test_run_json_output_prints_one_report_object(tmp_path: Path) -> None:
     proc = run_cli("run", write_wf(tmp_path, BATCH_WF), "--input", "greeting=hi", "--output", "json")
     assert proc.returncode == 0, proc.stderr
-    store = json.loads(proc.stdout)  # stdout is exactly one JSON document
+    report = json.loads(proc.stdout)  # stdout is exactly one JSON document
+    assert list(report) == ["run_id", "status", "error", "outputs", "store"]
+    assert (report["status"], report["error"], report["outputs"]) == ("success", None, {"n": 3})
+    assert isinstance(report["run_id"], str) and len(report["run_id"]) == 12
+    store = report["store"]
     assert store["greeting"] == "hi"
     agg = store["each"]
     assert agg["results"] == [{"text": "hi a"}, {"text": "hi b"}, {"text": "hi c"}]
@@ -130,7 +135,7 @@ def test_run_inputs_are_json_when_they_parse_and_override_the_inputs_file(tmp_pa
         "json",
     )
     assert proc.returncode == 0, proc.stderr
-    assert json.loads(proc.stdout)["show"] == {"n": 3, "s": "hello", "l": [1, 2], "f": "kept"}
+    assert json.loads(proc.stdout)["store"]["show"] == {"n": 3, "s": "hello", "l": [1, 2], "f": "kept"}
 
 
 def test_run_text_output_summarizes_batches_errors_and_outputs(tmp_path: Path) -> None:
@@ -154,7 +159,7 @@ def test_run_bad_input_syntax_is_a_usage_error(tmp_path: Path) -> None:
 def test_run_missing_required_input_is_a_usage_error(tmp_path: Path) -> None:
     proc = run_cli("run", write_wf(tmp_path, BATCH_WF))
     line = assert_one_line_error(proc, 2)
-    assert "required input 'greeting'" in line
+    assert line == "error: inputs.greeting: required input 'greeting' was not given; pass --input greeting=..."
 
 
 def test_run_inputs_file_with_bad_json_names_line_and_column(tmp_path: Path) -> None:
@@ -235,7 +240,10 @@ def test_item_exception_propagates_as_type_and_message(tmp_path: Path) -> None:
     proc = run_cli("run", write_wf(tmp_path, wf), "--output", "json")
     line = assert_one_line_error(proc, 1)
     assert line.startswith("error: ValueError: age of 'x' must be an integer")
-    assert proc.stdout == ""
+    report = json.loads(proc.stdout)  # still one report, with the store as it was when the node raised
+    assert (report["status"], report["error"], report["outputs"]) == ("failed", line.removeprefix("error: "), {})
+    assert report["store"]["src"]["records"][1] == {"name": "x", "age": "?"}
+    assert "check" not in report["store"]
 
 
 def test_unhandled_error_action_fails_the_run_but_still_prints_the_store(tmp_path: Path) -> None:
@@ -243,7 +251,9 @@ def test_unhandled_error_action_fails_the_run_but_still_prints_the_store(tmp_pat
     proc = run_cli("run", write_wf(tmp_path, wf), "--output", "json")
     line = assert_one_line_error(proc, 1)
     assert line.startswith("error: workflow failed: node 's' returned 'error'")
-    assert json.loads(proc.stdout)["s"]["exit_code"] == 3
+    report = json.loads(proc.stdout)
+    assert (report["status"], report["error"]) == ("failed", "node 's' returned 'error': exit code 3: oops")
+    assert report["store"]["s"]["exit_code"] == 3
     text = run_cli("run", write_wf(tmp_path, wf))
     assert text.returncode == 1
     assert "status: failed" in text.stdout
@@ -265,7 +275,8 @@ def test_debug_prints_the_traceback(tmp_path: Path, where: str) -> None:
     assert "BatchItemsError: Batch items must be an array, got str" in proc.stderr
 
 
-def test_ctrl_c_exits_130_with_cancelled(tmp_path: Path) -> None:
+@pytest.mark.parametrize("output", ["text", "json"])
+def test_ctrl_c_exits_130_with_cancelled(tmp_path: Path, output: str) -> None:
     (tmp_path / "slowmod.py").write_text(
         "import pathlib, time\n"
         "def slow(marker, seconds):\n"
@@ -282,12 +293,13 @@ def test_ctrl_c_exits_130_with_cancelled(tmp_path: Path) -> None:
     }
     env = cli_env(PYTHONPATH=os.pathsep.join(filter(None, [str(tmp_path), os.environ.get("PYTHONPATH")])))
     proc = subprocess.Popen(
-        [sys.executable, "-m", "scheduler.cli", "run", str(write_wf(tmp_path, wf))],
+        [sys.executable, "-m", "scheduler.cli", "run", str(write_wf(tmp_path, wf)), "--output", output],
         cwd=ROOT,
         env=env,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        encoding="utf-8",
     )
     try:
         deadline = time.monotonic() + 60
@@ -296,12 +308,16 @@ def test_ctrl_c_exits_130_with_cancelled(tmp_path: Path) -> None:
             assert time.monotonic() < deadline, "the node never started"
             time.sleep(0.05)
         proc.send_signal(signal.SIGINT)
-        _, stderr = proc.communicate(timeout=30)
+        stdout, stderr = proc.communicate(timeout=30)
     finally:
         if proc.poll() is None:
             proc.kill()
     assert proc.returncode == 130, stderr
     assert stderr.strip() == "cancelled"
+    if output == "json":
+        report = json.loads(stdout)
+        assert (report["status"], report["error"], report["outputs"]) == ("cancelled", "run cancelled", {})
+        assert len(report["run_id"]) == 12
 
 
 # -- validate / schema / nodes ----------------------------------------------------------------------------------

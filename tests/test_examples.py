@@ -13,7 +13,7 @@ TEXTS = ROOT / "examples" / "texts"
 def test_word_counts_json() -> None:
     proc = run_cli("run", "examples/word_counts.json", "--input", "folder=examples/texts", "--output", "json")
     assert proc.returncode == 0, proc.stderr
-    store = json.loads(proc.stdout)
+    store = json.loads(proc.stdout)["store"]  # the run report: run_id, status, error, outputs, store
 
     files = sorted(str(p.relative_to(ROOT)) for p in TEXTS.glob("*.txt"))
     assert len(files) >= 4
@@ -39,7 +39,7 @@ def test_make_run_command_prints_the_total() -> None:
 def test_continue_errors_json() -> None:
     proc = run_cli("run", "examples/continue_errors.json", "--output", "json")
     assert proc.returncode == 0, proc.stderr
-    store = json.loads(proc.stdout)
+    store = json.loads(proc.stdout)["store"]  # the run report: run_id, status, error, outputs, store
     records = json.loads(Path(ROOT / "examples" / "continue_errors.json").read_text())["nodes"][0]["params"]["records"]
 
     agg = store["check"]

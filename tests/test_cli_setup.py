@@ -1,0 +1,47 @@
+"""`make run` installs only what running needs; `make test` adds the dev tools (checked with `make -n`)."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from tests.test_cli import ROOT
+
+pytestmark = pytest.mark.skipif(shutil.which("make") is None, reason="needs make")
+
+
+def dry_run(target: str, venv: Path) -> list[str]:
+    """The commands `make TARGET` would run with the virtualenv at `venv`."""
+    proc = subprocess.run(
+        ["make", "-n", target, f"VENV={venv}"], cwd=ROOT, capture_output=True, text=True, timeout=60, check=True
+    )
+    return proc.stdout.splitlines()
+
+
+def installs(commands: list[str]) -> list[str]:
+    return [line.split("pip install --quiet ", 1)[1] for line in commands if "pip install --quiet " in line]
+
+
+def test_make_run_on_a_fresh_machine_installs_without_the_dev_tools(tmp_path: Path) -> None:
+    commands = dry_run("run", tmp_path / "venv")
+    assert any(" -m venv " in line for line in commands)
+    assert installs(commands) == ["--upgrade pip", "-e ."]
+    assert commands[-1].endswith("chordflow run examples/word_counts.json --input folder=examples/texts")
+
+
+@pytest.mark.parametrize("target", ["test", "install", "lint", "bench"])
+def test_dev_targets_on_a_fresh_machine_install_the_dev_extra(tmp_path: Path, target: str) -> None:
+    assert installs(dry_run(target, tmp_path / "venv")) == ["--upgrade pip", "-e .", "-e '.[dev]'"]
+
+
+def test_each_level_is_installed_once(tmp_path: Path) -> None:
+    venv = tmp_path / "venv"
+    venv.mkdir()
+    (venv / ".installed-run").touch()  # newer than pyproject.toml: `make run` has been done
+    assert installs(dry_run("run", venv)) == []
+    assert installs(dry_run("test", venv)) == ["-e '.[dev]'"]
+    (venv / ".installed-dev").touch()
+    assert installs(dry_run("test", venv)) == []
