@@ -60,3 +60,7 @@ class RunCancelled(ChordflowError, RuntimeError):
 
 class BackendError(ChordflowError, RuntimeError):
     """The distributed backend failed (broker gone, chunk crashed) rather than a user item."""
+
+
+class StepLimitExceeded(ChordflowError, RuntimeError):
+    """A run executed more nodes than its step limit (`max_steps`): almost always a loop nothing ends."""

@@ -2,6 +2,6 @@
 
 from ir.errors import RemoteError, RunCancelled
 from scheduler.compiler import compile
-from scheduler.engine import RunResult, run, stream
+from scheduler.engine import RunResult, resume, run, stream
 
-__all__ = ["RemoteError", "RunCancelled", "RunResult", "compile", "run", "stream"]
+__all__ = ["RemoteError", "RunCancelled", "RunResult", "compile", "resume", "run", "stream"]

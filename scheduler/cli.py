@@ -17,6 +17,7 @@ import re
 import signal
 import sys
 import threading
+import time
 import traceback
 import uuid
 from collections.abc import Callable, Iterator
@@ -41,7 +42,7 @@ from rich.table import Table
 from rich.text import Text
 
 import ir
-from ir.errors import NodeTypeError, RemoteError, RunCancelled, ValidationError
+from ir.errors import NodeTypeError, RemoteError, RunCancelled, StepLimitExceeded, ValidationError
 from ir.limits import check_json_text
 
 DEBUG_KEY = "chordflow.debug"
@@ -81,7 +82,7 @@ def error_lines(exc: BaseException, node: str | None = None) -> list[str]:
     if isinstance(exc, ValidationError):
         first, *rest = message.splitlines() or [type(exc).__name__]
         return [f"error: {first}", *rest]
-    if isinstance(exc, CliUsageError | NodeTypeError | WorkflowFailed):
+    if isinstance(exc, CliUsageError | NodeTypeError | WorkflowFailed | StepLimitExceeded):
         return [f"error: {_one_line(message)}"]
     if isinstance(exc, RemoteError):
         text = f"{_one_line(message)} (raised on a worker)"
@@ -405,27 +406,32 @@ def run(
 
     store: dict[str, Any] = {}  # passed as `shared`, so still readable when the run raises
     run_id = uuid.uuid4().hex[:12]
-    try:
+
+    def start(**hooks: Any) -> Any:
         wf = load(workflow)
         inputs = parse_inputs(pairs, inputs_file, wf)
         if backend != "local" and output != "json":
             _stderr().print(Text(f"run {run_id} (cancel with: chordflow cancel {run_id})"))
-        display = ProgressDisplay(_stderr()) if output != "json" and sys.stderr.isatty() else None
-        cancelled = threading.Event()
+        return wf, scheduler.run(wf, inputs, shared=store, backend=backend, run_id=run_id, **hooks)
+
+    _follow(ctx, output, run_id, store, start)
+
+
+def _follow(ctx: click.Context, output: str, run_id: str, store: dict[str, Any], start: Callable[..., Any]) -> None:
+    """Drive a run (`start(**hooks)` -> (workflow, RunResult)) with the live display and Ctrl-C handling,
+    then report it: the summary or the JSON report, and the exit code."""
+    display = ProgressDisplay(_stderr()) if output != "json" and sys.stderr.isatty() else None
+    cancelled = threading.Event()
+    try:
         with _cancel_on_sigint(cancelled), display or contextlib.nullcontext():
-            result = scheduler.run(
-                wf,
-                inputs,
-                shared=store,
-                backend=backend,
+            wf, result = start(
                 on_event=_make_event_handler(ctx.meta, display),
                 on_node_start=display.node_started if display else None,
                 cancelled=cancelled,
-                run_id=run_id,
             )
     except (Exception, KeyboardInterrupt) as exc:
+        code = exit_code_for(exc)
         if output == "json":  # the error line on stderr comes from ChordflowGroup.invoke
-            code = exit_code_for(exc)
             click.echo(
                 run_report(
                     None if code == EXIT_USAGE else run_id,  # exit 2: the run never started
@@ -444,6 +450,88 @@ def run(
         raise RunCancelled(result.error or "run cancelled")
     if result.status != "success":
         raise WorkflowFailed(f"workflow failed: {result.error or result.status}")
+
+
+# -- durable runs: resume / status / runs -------------------------------------------------------------------
+
+
+@cli.command()
+@click.argument("run_id")
+@click.option("--output", type=click.Choice(["text", "json"]), default="text", show_default=True)
+@click.pass_context
+def resume(ctx: click.Context, run_id: str, output: str) -> None:
+    """Go on with a failed or cancelled run from its last checkpoint (completed nodes are not run again)."""
+    import scheduler
+    from scheduler.engine import cached_nodes
+
+    record = _find_run(run_id)
+    if record.status not in ("failed", "cancelled"):
+        raise CliUsageError(f"run {run_id} is {record.status}; only a failed or cancelled run can be resumed")
+    if output != "json":
+        for node in dict.fromkeys(cached_nodes(run_id)):
+            _stderr().print(Text(f"↻ cached {node}", style="dim"))
+    store: dict[str, Any] = {}
+
+    def start(**hooks: Any) -> Any:
+        result = scheduler.resume(run_id, **hooks)
+        store.update(result.shared)
+        return ir.load(record.workflow), result
+
+    _follow(ctx, output, run_id, store, start)
+
+
+def _find_run(run_id: str) -> Any:
+    from worker.local_runs import LocalRuns
+
+    runs = LocalRuns.default()
+    record = runs.get(run_id)
+    if record is None:
+        raise CliUsageError(f"unknown run '{run_id}' (not in {runs.path})")
+    return record
+
+
+@cli.command()
+@click.argument("run_id")
+@click.option("--json", "as_json", is_flag=True, help="Print the status object as JSON.")
+def status(run_id: str, as_json: bool) -> None:
+    """Where a run stands: status, current node, steps, batch counts, error."""
+    info = _find_run(run_id).status_dict()
+    if as_json:
+        click.echo(to_json(info))
+        return
+    console = _stdout()
+    console.print(Text(f"run {info['run_id']}: {info['status']}  ({info['workflow']}, {info['backend']})"))
+    console.print(Text(f"  steps: {info['steps']}  node: {info['node'] or '-'}"))
+    for node, counts in info["batches"].items():
+        console.print(Text(f"  {node}: {counts['done']}/{counts['total']} items, {counts['failed']} failed"))
+    if info["error"]:
+        console.print(Text(f"  error: {info['error']}"))
+
+
+@cli.command()
+@click.option("--status", "status_", type=click.Choice(["queued", "running", "succeeded", "failed", "cancelled"]))
+@click.option("--limit", type=int, default=20, show_default=True)
+@click.option("--json", "as_json", is_flag=True, help="Print a list of status objects.")
+def runs(status_: str | None, limit: int, as_json: bool) -> None:
+    """Recent runs, newest first."""
+    from worker.local_runs import LocalRuns
+
+    records = LocalRuns.default().recent(status_, limit)
+    if as_json:
+        click.echo(to_json([r.status_dict() for r in records]))
+        return
+    table = Table(title="runs", title_justify="left")
+    for column in ("run", "workflow", "backend", "status", "progress", "started", "duration"):
+        table.add_column(column)
+    for r in records:
+        done = sum(c["done"] for c in r.batches.values())
+        total = sum(c["total"] for c in r.batches.values())
+        started = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(r.created))
+        table.add_row(
+            r.run_id, Text(r.name), r.backend, r.status, f"{done}/{total} items" if total else f"{r.step} steps",
+            started, f"{r.updated - r.created:.1f}s",
+        )  # fmt: skip
+    _stdout().print(table)
 
 
 # -- validate / schema / nodes ---------------------------------------------------------------------------------

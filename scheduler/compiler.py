@@ -5,23 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from pocketflow import BaseNode, Flow
-
 import ir
-from worker.build import build_chain
+from worker.flow import WorkflowFlow, build_flow
 from worker.nodes import registry
-
-
-class WorkflowFlow(Flow):
-    """A pocketflow Flow that knows its workflow and ends quietly when an action has no edge."""
-
-    def __init__(self, start: BaseNode, workflow: ir.Workflow, nodes: dict[str, BaseNode]):
-        super().__init__(start=start)
-        self.workflow = workflow
-        self.nodes = nodes  # node id -> its outermost wrapper
-
-    def get_next_node(self, curr: BaseNode, action: str | None) -> BaseNode | None:
-        return curr.successors.get(action or "default")
 
 
 def load(workflow: Any) -> ir.Workflow:
@@ -55,8 +41,4 @@ def load(workflow: Any) -> ir.Workflow:
 
 
 def compile(workflow: Any) -> WorkflowFlow:
-    wf = load(workflow)
-    chains = {spec.id: build_chain(spec) for spec in wf.nodes}
-    for edge in wf.effective_edges():
-        chains[edge.from_].successors[edge.action] = chains[edge.to]
-    return WorkflowFlow(chains[wf.start_id()], wf, chains)
+    return build_flow(load(workflow))

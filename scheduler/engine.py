@@ -1,4 +1,8 @@
-"""`run` and `stream`: execute a workflow on a backend and report what happened."""
+"""`run`, `resume` and `stream`: drive a workflow on a backend, checkpointing every step, and report.
+
+Every run is recorded in the embedded store (worker/local_runs.py) with a checkpoint after each node,
+so a failed or cancelled run can go on from where it stopped under the same id (`resume`).
+"""
 
 from __future__ import annotations
 
@@ -9,15 +13,20 @@ import uuid
 import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
-from ir.errors import RunCancelled
+from ir.errors import RunCancelled, ValidationError
 from ir.templates import resolve_template
 from scheduler import backends
 from scheduler.compiler import compile, load
 from scheduler.inputs import apply_inputs
-from worker import context
+from worker import context, events
 from worker.context import RunContext
+from worker.flow import WorkflowFlow
+from worker.local_runs import LocalRuns
+from worker.runs import RECORD_STATUS, RunRecord
+from worker.stepper import Cursor, Step, drive
 
 
 @dataclass
@@ -28,6 +37,10 @@ class RunResult:
     outputs: dict[str, Any] = field(default_factory=dict)
     run_id: str = ""
     duration_s: float = 0.0
+
+
+def new_run_id() -> str:
+    return uuid.uuid4().hex[:12]
 
 
 def run(
@@ -52,30 +65,105 @@ def run(
     store = shared if shared is not None else {}
     apply_inputs(wf, store, inputs)
     flow = compile(wf)
-    run_id = run_id or uuid.uuid4().hex[:12]
-    cancelled = cancelled or threading.Event()
-    ctx = RunContext(sink=on_event, cancelled=cancelled, on_node_start=on_node_start)
     if options:
         warnings.warn(f"scheduler.run: ignoring unknown options {sorted(options)}", stacklevel=2)
-    ctx.backend = backends.create(backend, run_id, ctx)
-    last_action = None
-    with context.using(ctx):
-        try:
-            last_action = flow._run(store)
-        except RunCancelled:
-            cancelled.set()
+    record = RunRecord(run_id or new_run_id(), wf.wire(), backend, "running", flow.start_id, source=_source(workflow))
+    runs = LocalRuns.default()
+    runs.create(record, store)
+    return _go_on(flow, record, Cursor(flow.start_id), store, runs, on_event, cancelled, on_node_start, started)
+
+
+def resume(
+    run_id: str,
+    *,
+    on_event: Callable[[dict[str, Any]], None] | None = None,
+    cancelled: threading.Event | None = None,
+    on_node_start: Callable[[str], None] | None = None,
+) -> RunResult:
+    """Go on with a failed or cancelled run from its last checkpoint, under the same id: completed nodes
+    are not run again, and a batch cut short runs only the items that have no outcome yet."""
+    started = time.perf_counter()
+    runs = LocalRuns.default()
+    record = runs.get(run_id)
+    if record is None:
+        raise ValidationError(f"run {run_id}: unknown run (not in {runs.path})")
+    if record.status not in ("failed", "cancelled"):
+        raise ValidationError(f"run {run_id} is {record.status}; only a failed or cancelled run can be resumed")
+    flow = compile(load(record.workflow))
+    store = runs.load_store(run_id)
+    runs.set_status(run_id, "running")
+    cursor = Cursor(record.node, record.step)
+    return _go_on(flow, record, cursor, store, runs, on_event, cancelled, on_node_start, started)
+
+
+def cached_nodes(run_id: str) -> list[str]:
+    """The nodes a resumed run will not execute again (completed before it stopped), in order."""
+    return LocalRuns.default().trail(run_id)
+
+
+class _Checkpoints:
+    """The stepper's journal for a recorded run: each step to the embedded store, batch counts included."""
+
+    def __init__(self, runs: LocalRuns, run_id: str, flow: WorkflowFlow):
+        self.runs, self.run_id = runs, run_id
+        self.batch_nodes = {spec.id for spec in flow.workflow.nodes if spec.batch}
+
+    def checkpoint(self, step: int, result: Step) -> None:
+        counts = None
+        aggregate = result.changed.get(result.node) if result.node in self.batch_nodes else None
+        if isinstance(aggregate, dict) and "count" in aggregate:
+            counts = {"total": aggregate["count"], "done": aggregate["count"], "failed": aggregate["error_count"]}
+        self.runs.checkpoint(self.run_id, step, result, counts)
+
+
+def _go_on(
+    flow: WorkflowFlow,
+    record: RunRecord,
+    cursor: Cursor,
+    store: dict[str, Any],
+    runs: LocalRuns,
+    on_event: Callable[[dict[str, Any]], None] | None,
+    cancelled: threading.Event | None,
+    on_node_start: Callable[[str], None] | None,
+    started: float,
+) -> RunResult:
+    run_id = record.run_id
+    cancelled = cancelled or threading.Event()
+    ctx = RunContext(sink=on_event, cancelled=cancelled, on_node_start=on_node_start)
+    ctx.backend = backends.create(record.backend, run_id, ctx)
+    try:
+        with context.using(ctx):
+            cursor = drive(flow, cursor, store, ctx, _Checkpoints(runs, run_id, flow))
+    except RunCancelled:
+        cancelled.set()
+    except KeyboardInterrupt:
+        runs.set_status(run_id, "cancelled", "run cancelled", ctx.last_node)
+        raise
+    except BaseException as exc:
+        runs.set_status(run_id, "failed", f"{type(exc).__name__}: {exc}", ctx.last_node)
+        raise
     status, error = "success", None
     if cancelled.is_set():
         status, error = "cancelled", "run cancelled"
-    elif last_action == "error":
+    elif cursor.last_action == "error":
         status = "failed"
         namespace = store.get(ctx.last_node) if ctx.last_node else None
         detail = namespace.get("error") or namespace.get("stderr") if isinstance(namespace, dict) else None
         error = f"node '{ctx.last_node}' returned 'error'" + (f": {detail}" if detail else "")
     outputs = {}
     if status == "success":  # a failed or cancelled run may not have produced what outputs refer to
-        outputs = {name: resolve_template(o.source, store, f"outputs.{name}") for name, o in (wf.outputs or {}).items()}
+        outputs = {
+            name: resolve_template(o.source, store, f"outputs.{name}")
+            for name, o in (flow.workflow.outputs or {}).items()
+        }
+    runs.set_status(run_id, RECORD_STATUS[status], error, ctx.last_node if status != "success" else None)
     return RunResult(store, status, error, outputs, run_id, time.perf_counter() - started)
+
+
+def _source(workflow: Any) -> str | None:
+    if isinstance(workflow, Path) or (isinstance(workflow, str) and not workflow.lstrip().startswith(("{", "["))):
+        return str(workflow)
+    return None
 
 
 def stream(
@@ -88,36 +176,44 @@ def stream(
 ) -> Iterator[dict[str, Any]]:
     """Yield events while the workflow runs (DESIGN section 6); the last is `final`.
 
-    A failure is reported as an `error` event followed by a `final` event with status "failed";
-    closing the generator early cancels the run.
+    A node failure is ONE `error` event naming the node, then a `final` event with status "failed";
+    `final` carries `status`, `error`, `outputs` and `run_id` like RunResult. Closing the generator
+    early cancels the run.
     """
-    events: queue.Queue[dict[str, Any] | None] = queue.Queue()
+    queue_: queue.Queue[dict[str, Any] | None] = queue.Queue()
     cancelled = threading.Event()
     store = shared if shared is not None else {}
+    run_id = options.pop("run_id", None) or new_run_id()
     outcome: dict[str, Any] = {}
 
     def target() -> None:
         try:
             outcome["result"] = run(
-                workflow, inputs, shared=store, backend=backend, on_event=events.put, cancelled=cancelled, **options
-            )
+                workflow, inputs, shared=store, backend=backend, on_event=queue_.put, cancelled=cancelled,
+                run_id=run_id, **options,
+            )  # fmt: skip
         except BaseException as exc:
             outcome["error"] = exc
         finally:
-            events.put(None)
+            queue_.put(None)
 
     thread = threading.Thread(target=target, name="chordflow-stream", daemon=True)
     thread.start()
+    reported_error = False
     try:
-        while (event := events.get()) is not None:
+        while (event := queue_.get()) is not None:
+            reported_error = reported_error or event.get("type") == "error"
             yield event
     finally:
         cancelled.set()
         thread.join()
     if "error" in outcome:
         exc = outcome["error"]
-        yield {"type": "error", "node": None, "error": f"{type(exc).__name__}: {exc}"}
-        yield {"type": "final", "state": store, "status": "failed", "error": str(exc)}
+        if not reported_error:  # raised outside any node (bad input, a lost backend): still one error event
+            yield events.error(None, f"{type(exc).__name__}: {exc}")
+        final = {"status": "failed", "error": f"{type(exc).__name__}: {exc}", "outputs": {}, "run_id": run_id}
+        yield {"type": "final", "state": store, **final}
         return
     result: RunResult = outcome["result"]
-    yield {"type": "final", "state": result.shared, "status": result.status, "error": result.error}
+    yield {"type": "final", "state": result.shared, "status": result.status, "error": result.error,
+           "outputs": result.outputs, "run_id": result.run_id}  # fmt: skip

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import os
+import tempfile
 
 import pytest
 
 # Set at import time: the scheduler and every worker started later read the same variable.
 os.environ["CHORDFLOW_PLUGINS"] = "tests.support.nodes,tests.support.dist_nodes"
+# Local runs record checkpoints in the embedded store: never the developer's ~/.chordflow.
+os.environ["CHORDFLOW_HOME"] = tempfile.mkdtemp(prefix="chordflow-home-")
 
 from tests.support import nodes as test_nodes  # imported after the environment is set
 

@@ -75,12 +75,16 @@ class LocalBackend:
         cancelled: threading.Event | None = None,
         emit: Callable[[dict[str, Any]], None] | None = None,
         on_partial: Callable[[BatchJob, list[ChunkResult]], None] | None = None,
+        saved: Callable[[str], list[ChunkResult]] | None = None,
     ):
         self.cancelled = cancelled or threading.Event()
         self.emit = emit
         self.on_partial = on_partial  # told of the outcomes of a batch cut short (kept for `resume`)
+        self.saved = saved  # batch key -> outcomes a cut-short run of this batch kept
 
     def run_batch(self, job: BatchJob) -> BatchResult:
+        if self.saved is not None and not job.done:
+            job.done = self.saved(job.key)
         executor = job.executor()
         done_before = sum(len(c.results) for c in job.done)
         hooks = item_middleware(

@@ -18,6 +18,7 @@ class Settings:
     max_chunk_size: int  # ...but never more items than this in one chunk
     run_ttl: int  # seconds that run state (progress stream, flags, snapshots) stays in Redis
     queue: str
+    worker_heartbeat: int = 10  # seconds between a worker's registry refreshes (its entry lives 3 beats)
 
 
 def _int(name: str, default: int) -> int:
@@ -41,4 +42,5 @@ def load() -> Settings:
         max_chunk_size=_int("CHORDFLOW_MAX_CHUNK_SIZE", 5000),
         run_ttl=_int("CHORDFLOW_RUN_TTL", 86400),
         queue=os.environ.get("CHORDFLOW_QUEUE") or "chordflow",
+        worker_heartbeat=max(1, _int("CHORDFLOW_WORKER_HEARTBEAT", 10)),
     )

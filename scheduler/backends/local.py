@@ -1,10 +1,17 @@
-"""The embedded default: batches run in the calling process."""
+"""The embedded default: batches run in the calling process; a batch cut short keeps its outcomes."""
 
 from __future__ import annotations
 
 from worker.backend import LocalBackend
 from worker.context import RunContext
+from worker.local_runs import LocalRuns
 
 
 def create(run_id: str, ctx: RunContext) -> LocalBackend:
-    return LocalBackend(ctx.cancelled, ctx.sink)
+    runs = LocalRuns.default()
+    return LocalBackend(
+        ctx.cancelled,
+        ctx.sink,
+        on_partial=lambda job, chunks: runs.save_chunks(run_id, job.key, chunks),
+        saved=lambda key: runs.saved_chunks(run_id, key),
+    )

@@ -7,7 +7,9 @@ inspected by in-process tests; batch tests that go through `scheduler.run` read 
 
 from __future__ import annotations
 
+import os
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -312,3 +314,25 @@ class RoundsNode(Node):
     def post(self, shared: Any, prep_res: int, exec_res: Any) -> str:
         shared["__rounds__"] = prep_res
         return "again" if prep_res < int(self.params.get("rounds", 1)) else "done"
+
+
+@register("test-side-effect")
+class SideEffectNode(Node):
+    """Appends `label` to the file `log` (side effects counted across processes); raises while the file
+    `requires` (when given) does not exist, and sleeps `seconds` first (for cancels mid-batch)."""
+
+    def prep(self, shared: Any) -> dict[str, Any]:
+        return dict(self.params)
+
+    def exec(self, params: dict[str, Any]) -> str:
+        time.sleep(float(params.get("seconds", 0)))
+        requires = params.get("requires")
+        if requires and not os.path.exists(requires):
+            raise FileNotFoundError(f"missing {requires}")
+        with open(params["log"], "a", encoding="utf-8") as log:
+            log.write(f"{params.get('label')}\n")
+        return str(params.get("label"))
+
+    def post(self, shared: Any, prep_res: Any, exec_res: str) -> str:
+        shared["label"] = exec_res
+        return "default"

@@ -1,0 +1,77 @@
+"""The worker registry: every live worker's pool size in Redis, kept alive by a heartbeat (DESIGN section 8).
+
+A worker sets `cf:{workers}:<hostname>` = its pool size when it is ready, refreshes it every
+`worker_heartbeat` seconds from a daemon thread and deletes it on shutdown; a worker that dies without
+shutting down (SIGKILL, lost host) drops out when its key expires. Chunk sizing reads the registry with
+one SCAN and one MGET instead of broadcasting to the workers. The `{workers}` hash tag keeps every entry
+in one Redis Cluster slot, so the MGET works there as well.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+
+import redis
+
+log = logging.getLogger(__name__)
+
+#: Prefix of every registry key; the rest is the worker's hostname (`w1@host`).
+PREFIX = "cf:{workers}:"
+#: An entry outlives this many missed heartbeats.
+MISSED_BEATS = 3
+
+
+def key(hostname: str) -> str:
+    return PREFIX + hostname
+
+
+def pool_sizes(client: redis.Redis) -> dict[str, int]:
+    """Pool size of every registered worker, by hostname."""
+    keys = list(client.scan_iter(match=PREFIX + "*", count=1000))
+    if not keys:
+        return {}
+    sizes = {}
+    for name, value in zip(keys, client.mget(keys), strict=True):
+        if value is not None:  # expired between the SCAN and the MGET
+            hostname = name.decode() if isinstance(name, bytes) else name
+            sizes[hostname[len(PREFIX) :]] = int(value)
+    return sizes
+
+
+class Heartbeat:
+    """Keeps one worker's registry entry alive until `stop()`.
+
+    Parameters: the state Redis client, the worker's hostname, its pool size, and the seconds between
+    refreshes (the entry expires after MISSED_BEATS of them).
+    """
+
+    def __init__(self, client: redis.Redis, hostname: str, processes: int, interval: int):
+        self.client = client
+        self.key = key(hostname)
+        self.processes = processes
+        self.interval = interval
+        self._stopped = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=f"chordflow-heartbeat-{hostname}", daemon=True)
+
+    def start(self) -> None:
+        self._beat()
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stopped.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=5)
+        with contextlib.suppress(redis.RedisError, OSError):  # the entry expires anyway
+            self.client.delete(self.key)
+
+    def _beat(self) -> None:
+        try:
+            self.client.set(self.key, self.processes, ex=self.interval * MISSED_BEATS)
+        except (redis.RedisError, OSError) as exc:  # Redis away for a moment: the next beat tries again
+            log.warning("could not register this worker in Redis: %s", exc)
+
+    def _run(self) -> None:
+        while not self._stopped.wait(self.interval):
+            self._beat()

@@ -1,0 +1,178 @@
+"""The embedded store of local runs: run records, checkpoints and cut-short batches in SQLite.
+
+One file, `$CHORDFLOW_HOME/runs.db` (default `~/.chordflow`). A checkpoint is one transaction that
+writes only the top-level keys a node changed, fenced on the step number so a stale writer changes
+nothing. Values are stored with the snapshot codec; a value it cannot encode is recorded as such, and
+only resuming that run needs it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import threading
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from ir import snapshot
+from ir.errors import SnapshotError
+from worker.aggregate import ChunkResult
+from worker.runs import RunRecord
+from worker.stepper import Step
+
+COLUMNS = "run_id, workflow, backend, status, node, step, error, created, updated, source, batches"
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS runs (
+  run_id TEXT PRIMARY KEY, workflow TEXT NOT NULL, backend TEXT NOT NULL, status TEXT NOT NULL,
+  node TEXT, step INTEGER NOT NULL, error TEXT, created REAL NOT NULL, updated REAL NOT NULL,
+  source TEXT, batches TEXT NOT NULL DEFAULT '{}');
+CREATE INDEX IF NOT EXISTS runs_by_created ON runs (created);
+CREATE TABLE IF NOT EXISTS store (run_id TEXT, key TEXT, value BLOB, type TEXT, PRIMARY KEY (run_id, key));
+CREATE TABLE IF NOT EXISTS trail (run_id TEXT, step INTEGER, node TEXT, PRIMARY KEY (run_id, step));
+CREATE TABLE IF NOT EXISTS chunks (run_id TEXT, batch TEXT, start INTEGER, value BLOB,
+  PRIMARY KEY (run_id, batch, start));
+"""
+
+
+def home() -> Path:
+    return Path(os.environ.get("CHORDFLOW_HOME") or Path.home() / ".chordflow")
+
+
+class Unrecoverable(LookupError):
+    """A run cannot go on from its checkpoint (a value could not be stored, or the run is unknown)."""
+
+
+class LocalRuns:
+    """Run records and checkpoints of local runs. Thread-safe; one connection per process and file."""
+
+    _open: dict[Path, LocalRuns] = {}
+    _open_lock = threading.Lock()
+
+    def __init__(self, path: Path):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.path = path
+        self.lock = threading.Lock()
+        self.db = sqlite3.connect(path, check_same_thread=False, isolation_level=None, timeout=30)
+        self.db.execute("PRAGMA journal_mode=WAL")
+        self.db.execute("PRAGMA synchronous=NORMAL")
+        self.db.executescript(SCHEMA)
+
+    @classmethod
+    def default(cls) -> LocalRuns:
+        path = home() / "runs.db"
+        with cls._open_lock:
+            if path not in cls._open:
+                cls._open[path] = cls(path)
+            return cls._open[path]
+
+    # -- records ------------------------------------------------------------------------------------
+    def create(self, record: RunRecord, store: Mapping[str, Any]) -> None:
+        now = time.time()
+        record.created = record.updated = now
+        with self.lock:
+            self.db.execute("BEGIN")
+            self.db.execute(
+                "INSERT INTO runs VALUES (?,?,?,?,?,?,?,?,?,?,?)",
+                (record.run_id, json.dumps(record.workflow), record.backend, record.status, record.node,
+                 record.step, record.error, now, now, record.source, "{}"),
+            )  # fmt: skip
+            self._write_keys(record.run_id, dict(store), [])
+            self.db.execute("COMMIT")
+
+    def get(self, run_id: str) -> RunRecord | None:
+        with self.lock:
+            row = self.db.execute(
+                f"SELECT {COLUMNS} FROM runs WHERE run_id = ?",
+                (run_id,),
+            ).fetchone()
+        return _record(row) if row else None
+
+    def recent(self, status: str | None = None, limit: int = 20) -> list[RunRecord]:
+        query = (
+            "SELECT run_id, workflow, backend, status, node, step, error, created, updated, source, batches FROM runs"
+        )
+        args: tuple[Any, ...] = ()
+        if status:
+            query, args = query + " WHERE status = ?", (status,)
+        with self.lock:
+            rows = self.db.execute(query + " ORDER BY created DESC LIMIT ?", (*args, limit)).fetchall()
+        return [_record(row) for row in rows]
+
+    def set_status(self, run_id: str, status: str, error: str | None = None, node: str | None = None) -> None:
+        with self.lock:
+            self.db.execute(
+                "UPDATE runs SET status = ?, error = ?, node = COALESCE(?, node), updated = ? WHERE run_id = ?",
+                (status, error, node, time.time(), run_id),
+            )
+
+    # -- checkpoints --------------------------------------------------------------------------------
+    def checkpoint(self, run_id: str, step: int, result: Step, batch: dict[str, int] | None = None) -> bool:
+        """Record one finished step; False (nothing written) when the run is no longer at `step`."""
+        with self.lock:
+            self.db.execute("BEGIN")
+            moved = self.db.execute(
+                "UPDATE runs SET step = ?, node = ?, status = 'running', updated = ? WHERE run_id = ? AND step = ?",
+                (step + 1, result.next_node, time.time(), run_id, step),
+            ).rowcount
+            if not moved:
+                self.db.execute("ROLLBACK")
+                return False
+            self._write_keys(run_id, result.changed, result.deleted)
+            self.db.execute("INSERT OR REPLACE INTO trail VALUES (?,?,?)", (run_id, step, result.node))
+            if batch is not None:
+                self.db.execute(
+                    "UPDATE runs SET batches = json_set(batches, '$.' || json_quote(?), json(?)) WHERE run_id = ?",
+                    (result.node, json.dumps(batch), run_id),
+                )
+            self.db.execute("COMMIT")
+            return True
+
+    def _write_keys(self, run_id: str, changed: Mapping[str, Any], deleted: list[str]) -> None:
+        rows = []
+        for key, value in changed.items():
+            try:
+                rows.append((run_id, str(key), snapshot.encode(value, label=str(key)), None))
+            except SnapshotError:
+                rows.append((run_id, str(key), None, type(value).__name__))
+        self.db.executemany("INSERT OR REPLACE INTO store VALUES (?,?,?,?)", rows)
+        if deleted:
+            self.db.executemany("DELETE FROM store WHERE run_id = ? AND key = ?", [(run_id, k) for k in deleted])
+
+    def load_store(self, run_id: str) -> dict[str, Any]:
+        with self.lock:
+            rows = self.db.execute("SELECT key, value, type FROM store WHERE run_id = ?", (run_id,)).fetchall()
+        store: dict[str, Any] = {}
+        for key, value, kind in rows:
+            if value is None:
+                raise Unrecoverable(f"run {run_id}: the store key '{key}' (a {kind}) could not be checkpointed")
+            store[key] = snapshot.decode(value)
+        return store
+
+    def trail(self, run_id: str) -> list[str]:
+        """The nodes completed so far, in step order."""
+        with self.lock:
+            rows = self.db.execute("SELECT node FROM trail WHERE run_id = ? ORDER BY step", (run_id,)).fetchall()
+        return [row[0] for row in rows]
+
+    # -- batches cut short --------------------------------------------------------------------------
+    def save_chunks(self, run_id: str, batch: str, chunks: list[ChunkResult]) -> None:
+        rows = [(run_id, batch, c.start, snapshot.encode(c.to_wire())) for c in chunks if c.results]
+        with self.lock:
+            self.db.executemany("INSERT OR REPLACE INTO chunks VALUES (?,?,?,?)", rows)
+
+    def saved_chunks(self, run_id: str, batch: str) -> list[ChunkResult]:
+        with self.lock:
+            rows = self.db.execute(
+                "SELECT value FROM chunks WHERE run_id = ? AND batch = ? ORDER BY start", (run_id, batch)
+            ).fetchall()
+        return [ChunkResult.from_wire(snapshot.decode(row[0])) for row in rows]
+
+
+def _record(row: tuple[Any, ...]) -> RunRecord:
+    run_id, workflow, backend, status, node, step, error, created, updated, source, batches = row
+    return RunRecord(
+        run_id, json.loads(workflow), backend, status, node, step, error, created, updated, source, json.loads(batches)
+    )

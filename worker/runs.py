@@ -1,0 +1,46 @@
+"""A run's record: what `status`, `runs` and `resume` read, whichever store recorded it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+#: Statuses a run record goes through; the last three are final.
+STATUSES = ("queued", "running", "succeeded", "failed", "cancelled")
+FINAL = ("succeeded", "failed", "cancelled")
+#: RunResult.status (the `scheduler.run` contract) -> the run record's status.
+RECORD_STATUS = {"success": "succeeded", "failed": "failed", "cancelled": "cancelled"}
+
+
+@dataclass
+class RunRecord:
+    run_id: str
+    workflow: dict[str, Any]  # the validated IR, as wire JSON
+    backend: str
+    status: str = "queued"
+    node: str | None = None  # the next node to run (while running: the one running)
+    step: int = 0  # steps completed
+    error: str | None = None
+    created: float = 0.0
+    updated: float = 0.0
+    source: str | None = None  # the workflow file it came from, if any
+    batches: dict[str, dict[str, int]] = field(default_factory=dict)  # node -> {total, done, failed}
+
+    @property
+    def name(self) -> str:
+        return str(self.workflow.get("name") or self.source or "workflow")
+
+    def status_dict(self) -> dict[str, Any]:
+        """The `chordflow status --json` object."""
+        return {
+            "run_id": self.run_id,
+            "status": self.status,
+            "node": self.node,
+            "steps": self.step,
+            "batches": self.batches,
+            "error": self.error,
+            "created": self.created,
+            "updated": self.updated,
+            "workflow": self.name,
+            "backend": self.backend,
+        }

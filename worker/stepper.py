@@ -1,0 +1,122 @@
+"""The stepper: advances a flow by one node, and the loop that drives it from a cursor to the end.
+
+One step is PocketFlow's orchestration for one node (params, `_run`, next node by action), plus what a
+checkpoint needs: the top-level store keys the node changed. Both backends drive the same loop; after
+every step the journal records a checkpoint, so a run can go on from there (`resume`).
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from ir.errors import RunCancelled, StepLimitExceeded
+from worker.context import RunContext
+from worker.flow import WorkflowFlow
+from worker.store import is_dunder
+
+#: Node executions allowed in one run unless the workflow's `max_steps` or CHORDFLOW_MAX_STEPS says otherwise.
+DEFAULT_MAX_STEPS = 10_000
+
+
+def max_steps(flow: WorkflowFlow) -> int:
+    """The workflow's `max_steps`, else CHORDFLOW_MAX_STEPS, else DEFAULT_MAX_STEPS."""
+    if flow.workflow.max_steps:
+        return flow.workflow.max_steps
+    value = os.environ.get("CHORDFLOW_MAX_STEPS", "")
+    try:
+        return int(value) if value.strip() else DEFAULT_MAX_STEPS
+    except ValueError:
+        raise ValueError(f"environment variable CHORDFLOW_MAX_STEPS must be an integer, got {value!r}") from None
+
+
+@dataclass
+class Cursor:
+    """Where a run stands: the next node to execute (None: the flow ended) and how many steps ran."""
+
+    node: str | None
+    step: int = 0
+    last_action: Any = None
+
+
+@dataclass
+class Step:
+    """What one node execution did: its action, the next node, and the top-level keys it changed."""
+
+    node: str
+    action: Any
+    next_node: str | None
+    changed: dict[str, Any] = field(default_factory=dict)
+    deleted: list[str] = field(default_factory=list)
+
+
+class Journal(Protocol):
+    """Where checkpoints go (the embedded store for local runs, Redis for cluster runs)."""
+
+    def checkpoint(self, step: int, result: Step) -> None: ...
+
+
+def run_step(flow: WorkflowFlow, node_id: str, store: dict[str, Any]) -> Step:
+    """Execute one node on the store and report what changed.
+
+    Changed keys are found without reading values: a key whose value is a different object, the node's
+    own namespace (written in place), and root dunder containers (accumulators appended in place). So a
+    checkpoint costs the same whatever the size of the rest of the store.
+    """
+    node = copy.copy(flow.nodes[node_id])
+    node.set_params({})
+    before = {key: id(value) for key, value in store.items()}
+    action = node._run(store)
+    successor = flow.get_next_node(node, action)
+    changed = {
+        key: value
+        for key, value in store.items()
+        if before.get(key) != id(value) or key == node_id or (is_dunder(key) and isinstance(value, list | dict))
+    }
+    deleted = [key for key in before if key not in store]
+    return Step(node_id, action, getattr(successor, "node_id", None), changed, deleted)
+
+
+def drive(
+    flow: WorkflowFlow,
+    cursor: Cursor,
+    store: dict[str, Any],
+    ctx: RunContext,
+    journal: Journal | None = None,
+    stop_before: Callable[[str], bool] | None = None,
+) -> Cursor:
+    """Run nodes from `cursor` until the flow ends (or `stop_before(node)` says to hand over); checkpoint
+    after each. Past the step limit the run fails naming the nodes that kept looping."""
+    limit = max_steps(flow)
+    recent: deque[str] = deque(maxlen=2 * len(flow.nodes) + 2)
+    while cursor.node is not None:
+        if ctx.cancelled.is_set():
+            raise RunCancelled("run cancelled")
+        if stop_before is not None and stop_before(cursor.node):
+            return cursor
+        if cursor.step >= limit:
+            raise StepLimitExceeded(
+                f"run stopped after {limit} steps (max_steps): {loop_of(list(recent), cursor.node)} kept looping"
+            )
+        ctx.step = cursor.step
+        step = run_step(flow, cursor.node, store)
+        if journal is not None:
+            journal.checkpoint(cursor.step, step)
+        recent.append(step.node)
+        cursor = Cursor(step.next_node, cursor.step + 1, step.action)
+    return cursor
+
+
+def loop_of(recent: list[str], upcoming: str) -> str:
+    """`the nodes a -> b -> a` (or `the node a -> a`): the cycle that ends with the upcoming node."""
+    if upcoming in recent:
+        start = len(recent) - 1 - recent[::-1].index(upcoming)
+        cycle = [*recent[start:], upcoming]
+    else:
+        cycle = [*recent, upcoming]
+    noun = "the node" if len(set(cycle)) == 1 else "the nodes"
+    return f"{noun} {' -> '.join(cycle)}"
