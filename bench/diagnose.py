@@ -127,14 +127,15 @@ def local_layers(n: int, repeats: int = 3) -> dict[str, Any]:
     item, note) for `n` items, each row adding one layer; plus the GC collections of one full run.
 
     Built from chordflow's own building blocks (read-only use): the item chain the compiler builds,
-    `PflowBatchNode.run_item`, the per-item loop with the node's own in-process hooks, the whole
-    in-process batch (`_exec`: loop + merge), then the full `scheduler.run`. Internals move while
+    `ItemExecutor.run`, the per-item loop with the in-process hooks, the whole in-process batch
+    (`LocalBackend.run_batch`: loop + merge), then the full `scheduler.run`. Internals move while
     others work: a layer whose API changed is reported as not measured instead of failing the bench.
     """
     from scheduler.compiler import load
-    from worker import context
-    from worker.build import batch_node, item_chain
-    from worker.executor import run_items
+    from worker.backend import BatchJob, LocalBackend
+    from worker.build import item_chain
+    from worker.executor import ItemExecutor, run_items
+    from worker.middleware import item_middleware
 
     items = list(range(n))
     shared = {"items": items}
@@ -152,25 +153,18 @@ def local_layers(n: int, repeats: int = 3) -> dict[str, Any]:
             chain._run(s)
             results.append(s[node_id])
 
-    def bound() -> Any:
-        node = batch_node(spec)
-        node.bind(shared)
-        return node
-
     def run_item_loop() -> None:
-        run_item = bound().run_item
+        run_item = ItemExecutor(spec, item_chain(spec), shared).run
         results = []  # each item's result kept, as the executor keeps it (the ItemOutcome is dropped)
         for index, item in enumerate(items):
             results.append(run_item(index, item).result)
 
     def with_hooks() -> None:
-        with context.using(context.RunContext()):
-            node = bound()
-            run_items(node, items, 0, node.middleware(n))
+        executor = ItemExecutor(spec, item_chain(spec), shared)
+        run_items(executor, items, 0, item_middleware(node_id, n, spec.batch.fail_fast))
 
     def in_process_batch() -> None:
-        with context.using(context.RunContext()):
-            bound()._exec(items)
+        LocalBackend().run_batch(BatchJob(spec, items, shared, item_chain(spec), f"{node_id}#0"))
 
     def full_run() -> None:
         variants.run_chordflow(items, "local")
@@ -182,9 +176,9 @@ def local_layers(n: int, repeats: int = 3) -> dict[str, Any]:
         ),
         ("+ keep each item's namespace in a list (the fair floor)", lambda: variants.plain_loop(items, shared)),
         ("+ wrapper chain NamespacedNode > TemplateNode > NoopNode (+ `__index__`)", chain_loop),
-        ("+ `PflowBatchNode.run_item` (Node._exec retries, exec copy, ItemOutcome, classify)", run_item_loop),
-        ("+ `executor.run_items`: in-process hooks (`node.middleware`), columnar `ChunkResult`", with_hooks),
-        ("+ merge: `PflowBatchNode._exec` in-process (loop + `aggregate.merge`)", in_process_batch),
+        ("+ `ItemExecutor.run` (retries, isolated copy, ItemOutcome, classify)", run_item_loop),
+        ("+ `executor.run_items`: in-process hooks (`item_middleware`), columnar `ChunkResult`", with_hooks),
+        ("+ merge: `LocalBackend.run_batch` (loop + `aggregate.merge`)", in_process_batch),
         ("`scheduler.run(backend='local')` (+ load, compile, post, events)", full_run),
     ]
     rows: list[tuple[str, float | None, float | None, float | None, str]] = []
