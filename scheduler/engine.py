@@ -17,7 +17,6 @@ from pathlib import Path
 from typing import Any
 
 from ir.errors import RunCancelled, ValidationError
-from ir.templates import resolve_template
 from scheduler import backends
 from scheduler.compiler import compile, load
 from scheduler.inputs import apply_inputs
@@ -25,8 +24,8 @@ from worker import context, events
 from worker.context import RunContext
 from worker.flow import WorkflowFlow
 from worker.local_runs import LocalRuns
-from worker.runs import RECORD_STATUS, RunRecord
-from worker.stepper import Cursor, Step, drive
+from worker.runs import RECORD_STATUS, RunRecord, StepJournal
+from worker.stepper import Cursor, batch_nodes, drive, ending
 
 
 @dataclass
@@ -101,21 +100,6 @@ def cached_nodes(run_id: str) -> list[str]:
     return LocalRuns.default().trail(run_id)
 
 
-class _Checkpoints:
-    """The stepper's journal for a recorded run: each step to the embedded store, batch counts included."""
-
-    def __init__(self, runs: LocalRuns, run_id: str, flow: WorkflowFlow):
-        self.runs, self.run_id = runs, run_id
-        self.batch_nodes = {spec.id for spec in flow.workflow.nodes if spec.batch}
-
-    def checkpoint(self, step: int, result: Step) -> None:
-        counts = None
-        aggregate = result.changed.get(result.node) if result.node in self.batch_nodes else None
-        if isinstance(aggregate, dict) and "count" in aggregate:
-            counts = {"total": aggregate["count"], "done": aggregate["count"], "failed": aggregate["error_count"]}
-        self.runs.checkpoint(self.run_id, step, result, counts)
-
-
 def _go_on(
     flow: WorkflowFlow,
     record: RunRecord,
@@ -133,7 +117,7 @@ def _go_on(
     ctx.backend = backends.create(record.backend, run_id, ctx)
     try:
         with context.using(ctx):
-            cursor = drive(flow, cursor, store, ctx, _Checkpoints(runs, run_id, flow))
+            cursor = drive(flow, cursor, store, ctx, StepJournal(runs, run_id, batch_nodes(flow)))
     except RunCancelled:
         cancelled.set()
     except KeyboardInterrupt:
@@ -142,20 +126,9 @@ def _go_on(
     except BaseException as exc:
         runs.set_status(run_id, "failed", f"{type(exc).__name__}: {exc}", ctx.last_node)
         raise
-    status, error = "success", None
-    if cancelled.is_set():
-        status, error = "cancelled", "run cancelled"
-    elif cursor.last_action == "error":
-        status = "failed"
-        namespace = store.get(ctx.last_node) if ctx.last_node else None
-        detail = namespace.get("error") or namespace.get("stderr") if isinstance(namespace, dict) else None
-        error = f"node '{ctx.last_node}' returned 'error'" + (f": {detail}" if detail else "")
-    outputs = {}
-    if status == "success":  # a failed or cancelled run may not have produced what outputs refer to
-        outputs = {
-            name: resolve_template(o.source, store, f"outputs.{name}")
-            for name, o in (flow.workflow.outputs or {}).items()
-        }
+    status, error, outputs = "cancelled", "run cancelled", {}
+    if not cancelled.is_set():
+        status, error, outputs = ending(flow, cursor, store, ctx.last_node)
     runs.set_status(run_id, RECORD_STATUS[status], error, ctx.last_node if status != "success" else None)
     return RunResult(store, status, error, outputs, run_id, time.perf_counter() - started)
 

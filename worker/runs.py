@@ -44,3 +44,17 @@ class RunRecord:
             "workflow": self.name,
             "backend": self.backend,
         }
+
+
+class StepJournal:
+    """The stepper's journal for a recorded run: each step to its run store, with batch counts."""
+
+    def __init__(self, runs: Any, run_id: str, batch_nodes: set[str]):
+        self.runs, self.run_id, self.batch_nodes = runs, run_id, batch_nodes
+
+    def checkpoint(self, step: int, result: Any) -> None:
+        counts = None
+        aggregate = result.changed.get(result.node) if result.node in self.batch_nodes else None
+        if isinstance(aggregate, dict) and "count" in aggregate:
+            counts = {"total": aggregate["count"], "done": aggregate["count"], "failed": aggregate["error_count"]}
+        self.runs.checkpoint(self.run_id, step, result, counts)

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from ir.errors import RunCancelled, StepLimitExceeded
+from ir.templates import resolve_template
 from worker.context import RunContext
 from worker.flow import WorkflowFlow
 from worker.store import is_dunder
@@ -58,6 +59,10 @@ class Journal(Protocol):
     """Where checkpoints go (the embedded store for local runs, Redis for cluster runs)."""
 
     def checkpoint(self, step: int, result: Step) -> None: ...
+
+
+def batch_nodes(flow: WorkflowFlow) -> set[str]:
+    return {spec.id for spec in flow.workflow.nodes if spec.batch}
 
 
 def run_step(flow: WorkflowFlow, node_id: str, store: dict[str, Any]) -> Step:
@@ -120,3 +125,16 @@ def loop_of(recent: list[str], upcoming: str) -> str:
         cycle = [*recent, upcoming]
     noun = "the node" if len(set(cycle)) == 1 else "the nodes"
     return f"{noun} {' -> '.join(cycle)}"
+
+
+def ending(
+    flow: WorkflowFlow, cursor: Cursor, store: dict[str, Any], last_node: str | None
+) -> tuple[str, str | None, dict]:
+    """(status, error, outputs) of a flow that ran to its end: an unhandled `error` action fails the run;
+    outputs are resolved only on success (a failed run may not have produced what they refer to)."""
+    if cursor.last_action == "error":
+        namespace = store.get(last_node) if last_node else None
+        detail = namespace.get("error") or namespace.get("stderr") if isinstance(namespace, dict) else None
+        return "failed", f"node '{last_node}' returned 'error'" + (f": {detail}" if detail else ""), {}
+    declared = flow.workflow.outputs or {}
+    return "success", None, {name: resolve_template(o.source, store, f"outputs.{name}") for name, o in declared.items()}
