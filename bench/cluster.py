@@ -64,9 +64,9 @@ def start(workdir: Path) -> BenchCluster:
             worker = cluster.start_worker(name, pool=POOL, concurrency=CONCURRENCY)
             log(f"worker {name}: -P {POOL} -c {CONCURRENCY} (pid {worker.pid}) ready")
         previous = cluster.apply_env()
-        from worker.app import ensure_configured
+        from worker.app import current_app
 
-        app = ensure_configured()
+        app = current_app()
         if app.conf.broker_url != cluster.redis.url:
             raise RuntimeError(f"the Celery app points at {app.conf.broker_url}, not the bench's {cluster.redis.url}")
         inspect = app.control.inspect(timeout=2.0, limit=len(WORKERS))

@@ -25,7 +25,7 @@ from bench.measure import log
 FOCUS = (
     ("scheduler.run (total)", "scheduler/engine.py", "run"),
     ("CeleryBackend.run_batch", "scheduler/backends/celery.py", "run_batch"),
-    ("  chunking.worker_processes (inspect broadcast, cached)", "scheduler/chunking.py", "worker_processes"),
+    ("  chunking.registered_processes (worker registry, cached)", "scheduler/chunking.py", "registered_processes"),
     ("  snapshot.encode (snapshot + item slices)", "ir/snapshot.py", "encode"),
     ("  chord(header)(body): publish the chunk messages", "celery/canvas.py", "__call__"),
     ("  CeleryBackend._wait (until the batch is done)", "scheduler/backends/celery.py", "_wait"),

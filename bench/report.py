@@ -107,7 +107,7 @@ def results_table(results: Results) -> list[str]:
 def phases_table(results: Results) -> list[str]:
     lines = [
         "| variant | N | wall ms | first task received | all header tasks done | chord body done "
-        "| body done -> caller returned | worker busy s (sum, 2 procs) | body task s | inspect broadcast |",
+        "| body done -> caller returned | worker busy s (sum, 2 procs) | body task s | registry read |",
         "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|",
     ]
     records = [r for r in results.records if r.variant != variants.LOCAL and r.samples]
@@ -367,8 +367,8 @@ def render(results: Results) -> list[str]:
         "Phases of the best run of every Celery measurement, in ms after the dispatch started, from the workers' "
         "own log lines (`Task ... received` / `succeeded in`, millisecond timestamps on the same clock) and, for "
         "*chord body done*, the body result's `date_done` (when the worker stored it). "
-        "*Worker busy* is the sum of the header tasks' run times over both workers; *inspect broadcast* says "
-        "whether chordflow refreshed its cached worker-process count during that call.",
+        "*Worker busy* is the sum of the header tasks' run times over both workers; *registry read* says "
+        "whether chordflow re-read the worker registry (its cached worker-process count) during that call.",
         "",
     ]
     lines += phases_table(results)

@@ -228,10 +228,11 @@ def timed(
 
 
 def inspect_cache() -> Any:
-    """chordflow caches the worker-process count for 60 s; a run that refreshes it pays an inspect broadcast."""
-    from scheduler import chunking
+    """chordflow reuses the worker-process count it read from the worker registry for a few seconds;
+    a run that refreshes it pays one registry read (SCAN + MGET)."""
+    from worker import chunking, settings
 
-    return chunking._processes_cache
+    return chunking._cache.get(settings.load().result_backend)
 
 
 def large_snapshot(bench: bench_cluster.BenchCluster, results: Results) -> dict[str, Any]:

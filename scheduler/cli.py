@@ -42,7 +42,7 @@ from rich.table import Table
 from rich.text import Text
 
 import ir
-from ir.errors import NodeTypeError, RemoteError, RunCancelled, StepLimitExceeded, ValidationError
+from ir.errors import BackendError, NodeTypeError, RemoteError, RunCancelled, StepLimitExceeded, ValidationError
 from ir.limits import check_json_text
 
 DEBUG_KEY = "chordflow.debug"
@@ -82,7 +82,7 @@ def error_lines(exc: BaseException, node: str | None = None) -> list[str]:
     if isinstance(exc, ValidationError):
         first, *rest = message.splitlines() or [type(exc).__name__]
         return [f"error: {first}", *rest]
-    if isinstance(exc, CliUsageError | NodeTypeError | WorkflowFailed | StepLimitExceeded):
+    if isinstance(exc, CliUsageError | NodeTypeError | WorkflowFailed | StepLimitExceeded | BackendError):
         return [f"error: {_one_line(message)}"]
     if isinstance(exc, RemoteError):
         text = f"{_one_line(message)} (raised on a worker)"

@@ -114,8 +114,8 @@ def _go_on(
     run_id = record.run_id
     cancelled = cancelled or threading.Event()
     ctx = RunContext(sink=on_event, cancelled=cancelled, on_node_start=on_node_start)
-    ctx.backend = backends.create(record.backend, run_id, ctx)
     try:
+        ctx.backend = backends.create(record.backend, run_id, ctx)  # may fail at once: Redis unreachable
         with context.using(ctx):
             cursor = drive(flow, cursor, store, ctx, StepJournal(runs, run_id, batch_nodes(flow)))
     except RunCancelled:

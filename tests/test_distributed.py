@@ -24,10 +24,11 @@ from pocketflow import Node
 
 import scheduler
 from ir.errors import BackendError, RemoteError, SnapshotError
-from scheduler import chunking, localcluster
+from scheduler import localcluster
 from scheduler.localcluster import ManagedProcess, free_port
 from tests.support import dist_nodes  # the test node types, in this process too
 from tests.support.cluster import start_slow_cli_run
+from worker import chunking
 from worker.app import ensure_configured
 from worker.nodes import register
 from worker.runstate import RunState, client

@@ -4,19 +4,25 @@ Configured from the environment (worker.settings). Reliability choices: late ack
 reject-on-worker-lost so a killed worker's chunk is delivered again; a visibility timeout above
 the longest chunk; prefetch 1 (chunks are long); msgpack/json only, never pickle; ordered chords;
 task events on for Flower.
+
+One app per settings value (`create_app`, `current_app`): the module's `app` is built from the
+environment at import; a process whose environment changes later gets a new app, never a reconfigured
+one. Every live worker keeps its pool size in the worker registry (worker/heartbeat.py).
 """
 
 from __future__ import annotations
 
 import contextlib
 import threading
-from collections.abc import Iterator
+import weakref
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from celery import Celery, signals
 from celery.backends.redis import RedisBackend
+from celery.local import Proxy
 
-from worker import settings
+from worker import heartbeat, runstate, settings
 from worker.nodes import registry
 
 
@@ -97,22 +103,64 @@ class ChordflowCelery(Celery):
         return RunResultBackend(app=self, url=self.conf.result_backend)
 
 
-app = ChordflowCelery("chordflow", include=["worker.tasks"])
-app.conf.update(config(settings.load()))
-_applied = settings.load()
+# Tasks defined with `task()`, registered on every app `create_app` builds (before or after the definition).
+_tasks: list[tuple[Callable[..., Any], dict[str, Any]]] = []
+_built: weakref.WeakSet[ChordflowCelery] = weakref.WeakSet()
+_apps: dict[settings.Settings, ChordflowCelery] = {}  # current_app's, one per settings value
+_lock = threading.RLock()
 
 
-def ensure_configured() -> Celery:
-    """Re-read the environment (the scheduler may set it after import); safe before first use."""
-    global _applied
-    current = settings.load()
-    if current != _applied:
-        app.conf.update(config(current))
-        # Drop the connection pools and result backend built from the old URLs.
-        app._pool, app._backend_cache, app._local = None, None, threading.local()
-        app.amqp._producer_pool = None
-        _applied = current
-    return app
+def create_app(s: settings.Settings) -> ChordflowCelery:
+    """A Celery app configured once from `s`, with every task defined so far (and later) registered on it."""
+    new = ChordflowCelery("chordflow", include=["worker.tasks", "worker.orchestrate"], set_as_current=False)
+    new.conf.update(config(s))
+    with _lock:
+        for fun, options in _tasks:
+            new.task(shared=False, **options)(fun)
+        _built.add(new)
+    return new
+
+
+def current_app(s: settings.Settings | None = None) -> ChordflowCelery:
+    """The app for the settings in the environment now (or `s`): one app per settings value, built once.
+
+    A scheduler process may be pointed elsewhere after import (tests apply a cluster's environment);
+    it then gets a new app for the new settings, never a reconfigured old one.
+    """
+    s = s or settings.load()
+    found = _apps.get(s)
+    if found is None:
+        with _lock:
+            found = _apps.get(s)
+            if found is None:
+                found = _apps[s] = create_app(s)
+    return found
+
+
+def ensure_configured() -> ChordflowCelery:
+    """Older name for `current_app()`."""
+    return current_app()
+
+
+def task(*, name: str, **options: Any) -> Callable[[Callable[..., Any]], Any]:
+    """Define a task on every chordflow app (`@task(name="x.y")`), like Celery's `shared_task`.
+
+    Returns a proxy to the task on `current_app()`, so `.delay()` or `.signature()` go to the broker of
+    the environment at call time, not the one at import.
+    """
+
+    def define(fun: Callable[..., Any]) -> Any:
+        with _lock:
+            _tasks.append((fun, {"name": name, **options}))
+            for each in list(_built):
+                each.task(shared=False, name=name, **options)(fun)
+        return Proxy(lambda: current_app().tasks[name], __doc__=fun.__doc__)
+
+    return define
+
+
+#: The app `celery -A worker.app worker` runs: built from the environment at import.
+app = current_app()
 
 
 @signals.worker_process_init.connect
@@ -120,3 +168,25 @@ def ensure_configured() -> Celery:
 def _load_plugins(**_: object) -> None:
     """User node types (CHORDFLOW_PLUGINS) must exist on every worker before a chunk arrives."""
     registry.load_plugins()
+
+
+_heartbeats: dict[str, heartbeat.Heartbeat] = {}
+
+
+@signals.worker_ready.connect
+def _register_worker(sender: Any, **_: object) -> None:
+    """Announce this worker's pool size in the registry (chunk sizing reads it), refreshed until shutdown."""
+    hostname = sender.hostname
+    if hostname in _heartbeats:
+        return
+    s = settings.load()
+    processes = int(sender.pool.info.get("max-concurrency") or 1)
+    beat = heartbeat.Heartbeat(runstate.client(s.result_backend), hostname, processes, s.worker_heartbeat)
+    _heartbeats[hostname] = beat
+    beat.start()
+
+
+@signals.worker_shutdown.connect
+def _unregister_worker(**_: object) -> None:
+    while _heartbeats:
+        _heartbeats.popitem()[1].stop()

@@ -1,7 +1,8 @@
 """Per-run state in Redis: progress stream, cancel/abort flags, snapshots, permits, chunk ids.
 
-Every key lives under `chordflow:run:<run_id>:` (snapshots under `chordflow:snap:<sha256>`) and
-expires after `run_ttl`. The Lua scripts sit beside this module in worker/lua/.
+Every key lives under `cf:{<run_id>}:` (the hash tag keeps a run's keys, and so each Lua script, in one
+Redis Cluster slot; snapshots under `cf:{<run_id>}:snap:<sha256>`) and expires after `run_ttl`.
+The Lua scripts sit beside this module in worker/lua/.
 """
 
 from __future__ import annotations
@@ -25,6 +26,11 @@ def _script_source(name: str) -> str:
     return (_LUA / f"{name}.lua").read_text()
 
 
+def script(redis_client: redis.Redis, name: str) -> Any:
+    """A Lua script of worker/lua/, registered on a client (its KEYS/ARGV are documented in the file)."""
+    return redis_client.register_script(_script_source(name))
+
+
 _clients: dict[str, redis.Redis] = {}
 
 
@@ -41,7 +47,7 @@ class RunState:
         self.run_id = run_id
         self.redis = redis_client or client()
         self.ttl = ttl or settings.load().run_ttl
-        self.prefix = f"chordflow:run:{run_id}:"
+        self.prefix = f"cf:{{{run_id}}}:"  # the hash tag: every key of a run lives in one Redis Cluster slot
         self._acquire = self.redis.register_script(_script_source("acquire_permit"))
         self._publish = self.redis.register_script(_script_source("publish_progress"))
         self._finish = self.redis.register_script(_script_source("finish_batch"))
@@ -59,6 +65,24 @@ class RunState:
     def abort(self, batch: str) -> None:
         """fail_fast: the first failed item stops every other chunk of this batch."""
         self.redis.set(self.key(f"abort:{batch}"), 1, ex=self.ttl)
+
+    def mark_dispatched(self, batch: str) -> bool:
+        """True the first time for a batch key: a redelivered advance must not dispatch its chord again."""
+        return bool(self.redis.set(self.key(f"dispatched:{batch}"), 1, nx=True, ex=self.ttl))
+
+    def clear_stops(self) -> None:
+        """Before a resume: no cancel flag, abort flag, dispatch mark or stored fail_fast result stays."""
+        stale = [self.key("cancel")]
+        for pattern in ("abort:*", "dispatched:*", "result:*"):
+            stale.extend(self.redis.scan_iter(match=self.key(pattern), count=1000))
+        self.redis.delete(*stale)
+
+    def set_batch_total(self, batch: str, total: int) -> None:
+        self.redis.hset(self.key("totals"), batch, total)
+        self.redis.expire(self.key("totals"), self.ttl)
+
+    def batch_total(self, batch: str) -> int:
+        return int(self.redis.hget(self.key("totals"), batch) or 0)
 
     def should_stop(self, batch: str) -> bool:
         return bool(self.redis.exists(self.key("cancel"), self.key(f"abort:{batch}")))
@@ -95,7 +119,7 @@ class RunState:
     # -- snapshots ---------------------------------------------------------------------------
     def store_snapshot(self, blob: bytes) -> str:
         """Stores the bytes once under their content hash; chunk messages carry only the key."""
-        key = "chordflow:snap:" + hashlib.sha256(blob).hexdigest()
+        key = self.key("snap:" + hashlib.sha256(blob).hexdigest())
         self.redis.set(key, blob, ex=self.ttl)
         return key
 

@@ -1,5 +1,7 @@
 """The two Celery tasks of a distributed batch: `chordflow.run_chunk` (header) and
 `chordflow.aggregate` (chord body). Chunks never raise for item failures; they return outcomes.
+
+Defined with `worker.app.task`: registered on every chordflow app, whatever settings it was built from.
 """
 
 from __future__ import annotations
@@ -11,8 +13,9 @@ from typing import Any
 from ir import snapshot
 from ir.models import NodeSpec
 from worker.aggregate import ChunkResult, merge
-from worker.app import app
+from worker.app import current_app, task
 from worker.build import item_chain
+from worker.cluster_runs import ClusterRuns
 from worker.executor import ItemExecutor, run_items
 from worker.middleware import item_middleware
 from worker.runstate import RunState
@@ -49,7 +52,7 @@ def _snapshot(ref: bytes | dict[str, str], state: RunState) -> dict[str, Any]:
     return cached if cached is not None else _remember(_snapshots, key, snapshot.decode(state.load_snapshot(key)))
 
 
-@app.task(name="chordflow.run_chunk", bind=True)
+@task(name="chordflow.run_chunk", bind=True)
 def run_chunk(self: Any, job: dict[str, Any]) -> bytes:
     """Run items[start:start+len] of one batch node; return their outcomes (codec bytes)."""
     state = RunState(job["run"])
@@ -67,12 +70,28 @@ def run_chunk(self: Any, job: dict[str, Any]) -> bytes:
     return snapshot.encode(chunk.to_wire(), label=f"batch '{executor.node_id}' results")
 
 
-@app.task(name="chordflow.aggregate")
+@task(name="chordflow.aggregate")
 def aggregate(chunk_results: list[bytes], job: dict[str, Any]) -> str:
     """Chord body: merge the chunks by index (the same merge as in-process), store the batch result
-    in Redis and wake the scheduler."""
+    in Redis and wake whoever goes on: the waiting scheduler (through the run's stream) or, for a run
+    that lives in the cluster (`advance` in the job), the next `chordflow.advance`.
+
+    A cluster run's chunk outcomes are kept per batch, so a batch cut short (cancelled) resumes with
+    only the items that have no outcome; one resumed merges them with the new chunks.
+    """
+    run_id, batch = job["run"], job["batch"]
     chunks = [ChunkResult.from_wire(snapshot.decode(blob)) for blob in chunk_results]
+    state = RunState(run_id)
+    if "advance" in job:
+        runs = ClusterRuns()
+        chunks = [*runs.saved_chunks(run_id, batch), *chunks]
+        if state.cancelled():
+            runs.save_chunks(run_id, batch, chunks)
+            runs.set_status(run_id, "cancelled", "run cancelled", job["node"])
+            return "cancelled"
     result = merge(chunks, job["count"], job["fail_fast"])
     blob = snapshot.encode(result.to_wire(), label=f"batch '{job['node']}' aggregate")
-    RunState(job["run"]).finish_batch(job["batch"], blob)
+    state.finish_batch(batch, blob)
+    if "advance" in job:
+        current_app().send_task("chordflow.advance", (run_id, job["advance"]))
     return "stored"

@@ -8,40 +8,30 @@ by content hash); items travel per chunk. The scheduler then follows the run's p
 from __future__ import annotations
 
 import contextlib
-import importlib
 import logging
-import uuid
 from collections.abc import Iterator
 from typing import Any
 
 import kombu.exceptions
 import redis
-from celery import chord
+from kombu.utils.url import maybe_sanitize_url
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 
 from ir import snapshot
-from ir.errors import BackendError, RemoteError, RunCancelled
-from scheduler import chunking
-from worker import events, settings
+from ir.errors import BackendError, RunCancelled
+from worker import chunking, events, settings
 from worker.aggregate import BatchResult, merge
 from worker.backend import BatchJob
 from worker.context import RunContext
-from worker.outcome import ItemOutcome
+from worker.dispatch import dispatch_batch
+from worker.remote import rebuild_exception
 from worker.runstate import RunState
 
 log = logging.getLogger(__name__)
 POLL_MS = 200
-
-
-def rebuild_exception(outcome: ItemOutcome) -> BaseException:
-    """The worker's exception as its original type when importable here, else RemoteError."""
-    name, module, message = outcome.exception_type, outcome.exception_module, outcome.error or ""
-    try:
-        cls = getattr(importlib.import_module(module or "builtins"), name or "")
-        if isinstance(cls, type) and issubclass(cls, BaseException):
-            return cls(message)
-    except Exception:  # unimportable module, missing name, or a constructor with other arguments
-        pass
-    return RemoteError(f"{module}.{name}" if module and module != "builtins" else str(name), message)
+#: Seconds the preflight PING waits to connect to, and to hear from, each Redis the run needs.
+PREFLIGHT_TIMEOUT = 1.0
 
 
 def create(run_id: str, ctx: RunContext) -> CeleryBackend:
@@ -52,10 +42,11 @@ class CeleryBackend:
     name = "celery"
 
     def __init__(self, run_id: str, ctx: RunContext):
-        from worker.app import ensure_configured
+        from worker.app import current_app
 
-        self.app = ensure_configured()
         self.settings = settings.load()
+        preflight(self.settings)
+        self.app = current_app(self.settings)
         self.run_id = run_id
         self.ctx = ctx
         self.state = RunState(run_id)
@@ -67,53 +58,11 @@ class CeleryBackend:
         fail_fast, items, node_id = job.batch.fail_fast, job.items, job.node_id
         if not items:
             return merge([], 0, fail_fast)
-        from worker.tasks import aggregate, run_chunk
-
-        blob = snapshot.encode(snapshot.snapshot_of(job.shared), label="shared")
-        size = chunking.chunk_size(
-            len(items),
-            job.batch.chunk_size,
-            chunking.worker_processes(self.app),
-            self.settings.chunks_per_process,
-            self.settings.max_chunk_size,
-        )
-        spans = chunking.slices(len(items), size)
-        # Encode every slice before anything is enqueued: a value that cannot travel fails early.
-        payloads = [snapshot.encode(items[a:b], label=f"batch '{node_id}' items[{a}:{b}]") for a, b in spans]
-        snap: bytes | dict[str, str] = blob
+        if not chunking.registered_processes(self.settings.result_backend):
+            log.warning(chunking.NO_WORKER_HINT)
         with broker_errors(self.settings.result_backend):
-            if len(blob) > self.settings.snapshot_inline_bytes:
-                snap = {"ref": self.state.store_snapshot(blob)}
-            spec = job.spec.wire()
-            batch = f"{node_id}#{uuid.uuid4().hex[:8]}"  # a node in a loop dispatches a fresh batch each time
-            ids = [uuid.uuid4().hex for _ in spans]
-            header = [
-                run_chunk.signature(
-                    ({"run": self.run_id, "batch": batch, "node": spec, "snap": snap, "start": a, "items": payload},),
-                    task_id=task_id,
-                    argsrepr=f"batch={node_id} items[{a}:{b}] run={self.run_id}",
-                    kwargsrepr="{}",
-                )
-                for (a, b), payload, task_id in zip(spans, payloads, ids, strict=True)
-            ]
-            body = aggregate.signature(
-                (
-                    {
-                        "run": self.run_id,
-                        "batch": batch,
-                        "node": node_id,
-                        "count": len(items),
-                        "fail_fast": fail_fast,
-                    },
-                ),
-                argsrepr=f"batch={node_id} chunks={len(spans)} run={self.run_id}",
-                kwargsrepr="{}",
-            )
-            self.state.record_chunks(ids)
-            self.state.describe(status="running", node=node_id, items=len(items), chunks=len(spans))
-            with self.app.backend.quiet():
-                result = chord(header)(body)
-        log.info("run %s: batch %s -> %d chunks of <= %d items", self.run_id, node_id, len(spans), size)
+            result = dispatch_batch(job, self.run_id)
+        batch = job.key
         try:
             blob = self._wait(result, batch, node_id, len(items))
         except (KeyboardInterrupt, RunCancelled):
@@ -178,12 +127,24 @@ def broker_errors(url: str) -> Iterator[None]:
     try:
         yield
     except (redis.ConnectionError, redis.TimeoutError, kombu.exceptions.OperationalError, OSError) as exc:
-        raise BackendError(f"lost the connection to Redis at {_safe(url)}: {exc}") from exc
+        raise BackendError(f"lost the connection to Redis at {maybe_sanitize_url(url)}: {exc}") from exc
 
 
-def _safe(url: str) -> str:
-    """The URL without its password."""
-    if "@" in url:
-        scheme, rest = url.split("://", 1)
-        return f"{scheme}://***@{rest.split('@', 1)[1]}"
-    return url
+def preflight(s: settings.Settings, timeout: float = PREFLIGHT_TIMEOUT) -> None:
+    """One PING to each Redis the run needs (broker, state), before anything else asks them.
+
+    A server that is not there then fails the run at once with one clear line, instead of a worker hint
+    and kombu's connection retries. A non-Redis broker (e.g. amqp) is left to report its own errors.
+    """
+    for url in dict.fromkeys([s.broker_url, s.result_backend]):
+        if not url.startswith(("redis://", "rediss://", "unix://")):
+            continue
+        probe = redis.Redis.from_url(
+            url, socket_connect_timeout=timeout, socket_timeout=timeout, retry=Retry(NoBackoff(), 0)
+        )
+        try:
+            probe.ping()
+        except (redis.RedisError, OSError) as exc:
+            raise BackendError(f"cannot reach Redis at {maybe_sanitize_url(url)} ({exc})") from exc
+        finally:
+            probe.close()

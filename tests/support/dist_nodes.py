@@ -8,7 +8,7 @@ from typing import Any
 
 from pocketflow import Node
 
-from worker.app import app
+from worker.app import task
 from worker.nodes import register
 from worker.runstate import client
 
@@ -74,7 +74,7 @@ class RaiseUnimportableNode(Node):
         raise _Unimportable("from a module the scheduler does not have")
 
 
-@app.task(name="tests.add")
+@task(name="tests.add")
 def add(a: int, b: int) -> int:
     """A plain Celery task on chordflow's app: other tasks keep Celery's usual result waiting."""
     return a + b

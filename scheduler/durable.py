@@ -1,0 +1,141 @@
+"""Runs that live in the cluster: `submit` records a run in Redis and enqueues its first advance; the
+workers take it from there (worker/orchestrate.py). `wait` follows a run from any process; `status`,
+`find_run` and `cancel_run` find a run in whichever store recorded it (embedded store, then Redis).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+from ir.errors import BackendError, ValidationError
+from scheduler.backends.celery import broker_errors, preflight
+from scheduler.compiler import load
+from scheduler.engine import RunResult, _source, new_run_id
+from scheduler.inputs import apply_inputs
+from worker import events, settings
+from worker.app import current_app
+from worker.cluster_runs import ClusterRuns
+from worker.flow import build_flow
+from worker.local_runs import LocalRuns
+from worker.remote import rebuild
+from worker.runs import FINAL, RunRecord
+from worker.runstate import RunState
+from worker.stepper import Cursor, ending
+
+POLL_MS = 200
+#: RunRecord status -> RunResult status (the `scheduler.run` contract).
+RESULT_STATUS = {"succeeded": "success", "failed": "failed", "cancelled": "cancelled"}
+
+
+class WaitTimeout(TimeoutError):
+    """`wait` gave up before the run ended (the run goes on)."""
+
+
+def _cluster() -> ClusterRuns:
+    s = settings.load()
+    preflight(s)
+    return ClusterRuns()
+
+
+def submit(workflow: Any, inputs: dict[str, Any] | None = None) -> str:
+    """Validate, record the run in Redis, enqueue its first step; returns the run id at once."""
+    wf = load(workflow)
+    store: dict[str, Any] = {}
+    apply_inputs(wf, store, inputs)
+    runs = _cluster()
+    run_id = new_run_id()
+    with broker_errors(settings.load().result_backend):
+        runs.create(RunRecord(run_id, wf.wire(), "celery", "queued", wf.start_id(), source=_source(workflow)), store)
+        current_app().send_task("chordflow.advance", (run_id, 0))
+    return run_id
+
+
+def find_run(run_id: str) -> tuple[RunRecord, Any]:
+    """(record, the store that holds it): the embedded store first, then the cluster's Redis."""
+    local = LocalRuns.default()
+    record = local.get(run_id)
+    if record is not None:
+        return record, local
+    runs = _cluster()
+    record = runs.get(run_id)
+    if record is None:
+        raise ValidationError(f"unknown run '{run_id}' (not in {local.path} nor in Redis; finished runs expire)")
+    return record, runs
+
+
+def status(run_id: str) -> dict[str, Any]:
+    return find_run(run_id)[0].status_dict()
+
+
+def wait(
+    run_id: str, timeout: float | None = None, *, on_event: Callable[[dict[str, Any]], None] | None = None
+) -> RunResult:
+    """Follow a cluster run until it ends; like `scheduler.run`, a node's exception is raised again here
+    (its own type when importable, else RemoteError). Raises WaitTimeout when `timeout` passes first."""
+    record, runs = find_run(run_id)
+    if not isinstance(runs, ClusterRuns):
+        if record.status not in FINAL:
+            raise ValidationError(f"run {run_id} is a local run still {record.status} in another process")
+        return _result(record, runs)
+    state = RunState(run_id)
+    deadline = None if timeout is None else time.monotonic() + timeout
+    position, done = "0-0", {}
+    while True:
+        with broker_errors(settings.load().result_backend):
+            record = runs.get(run_id)
+            if record is None:
+                raise BackendError(f"run {run_id}: its state was lost from Redis (expired or flushed)")
+            if record.status in FINAL:
+                return _result(record, runs)
+            position, entries = state.read_progress(position, POLL_MS)
+        for batch, packed in entries:
+            if packed is not None and on_event is not None:
+                node = batch.split("#", 1)[0]
+                for index, ok in RunState.unpack_outcomes(packed):
+                    done[batch] = done.get(batch, 0) + 1
+                    on_event(events.batch_progress(node, index, done[batch], state.batch_total(batch), bool(ok)))
+        if deadline is not None and time.monotonic() > deadline:
+            raise WaitTimeout(f"run {run_id} is still {record.status} after {timeout:g}s (it goes on)")
+
+
+def _result(record: RunRecord, runs: Any) -> RunResult:
+    store = runs.load_store(record.run_id)
+    status = RESULT_STATUS[record.status]
+    if status == "cancelled":
+        return RunResult(store, "cancelled", "run cancelled", {}, record.run_id, record.updated - record.created)
+    exception = runs.exception(record.run_id) if isinstance(runs, ClusterRuns) else None
+    if status == "failed" and exception is not None:
+        raise rebuild(*exception)
+    outputs: dict[str, Any] = {}
+    if status == "success":
+        flow = build_flow(load(record.workflow))
+        _, _, outputs = ending(flow, Cursor(None), store, None)
+    return RunResult(store, status, record.error, outputs, record.run_id, record.updated - record.created)
+
+
+def cancel_run(run_id: str) -> int:
+    """Set a cluster run's cancel flag (chunks stop between items; no new step starts) and revoke its
+    queued chunks; returns how many were revoked."""
+    record, runs = find_run(run_id)
+    if not isinstance(runs, ClusterRuns):
+        raise ValidationError(f"run {run_id} is a local run: stop it with Ctrl-C in the process running it")
+    state = RunState(run_id)
+    chunks = state.chunk_ids()
+    state.cancel()
+    current_app().control.revoke(chunks)
+    if record.status == "queued":
+        runs.set_status(run_id, "cancelled", "run cancelled")
+    return len(chunks)
+
+
+def resume_cluster(run_id: str) -> None:
+    """Let a failed or cancelled cluster run go on from its checkpoint: clear its stops, enqueue an advance."""
+    record, runs = find_run(run_id)
+    if record.status not in ("failed", "cancelled"):
+        raise ValidationError(f"run {run_id} is {record.status}; only a failed or cancelled run can be resumed")
+    state = RunState(run_id)
+    state.clear_stops()
+    runs.set_status(run_id, "queued", None)
+    current_app().send_task("chordflow.advance", (run_id, record.step))

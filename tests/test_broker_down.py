@@ -1,0 +1,42 @@
+"""The celery backend with no Redis at the broker URL: one clear error at once, never the worker hint."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import scheduler
+from ir.errors import BackendError
+from scheduler.localcluster import free_port
+
+WORKFLOW = '{"nodes": [{"id": "b", "type": "echo", "params": {"v": "${item}"}, "batch": {"items": "${items}"}}]}'
+
+
+def test_cli_run_with_nothing_at_the_broker_url_fails_at_once(tmp_path: Path) -> None:
+    port = free_port()  # nothing listens there
+    url = f"redis://:s3cret@127.0.0.1:{port}/0"
+    wf = tmp_path / "wf.json"
+    wf.write_text(WORKFLOW)
+    env = {**os.environ, "CHORDFLOW_BROKER_URL": url, "CHORDFLOW_RESULT_BACKEND": url, "CHORDFLOW_HOME": str(tmp_path)}
+    argv = [sys.executable, "-m", "scheduler.cli", "run", str(wf), "--input", "items=[1,2,3]", "--backend", "celery"]
+    proc = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 1, proc.stderr
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1, proc.stderr
+    assert errors[0].startswith(f"error: cannot reach Redis at redis://:**@127.0.0.1:{port}/0 ("), errors[0]
+    assert "s3cret" not in proc.stderr
+    assert "no chordflow worker" not in proc.stderr  # the broker is down, not the workers
+    assert "Traceback" not in proc.stderr
+
+
+def test_scheduler_run_raises_backend_error_before_dispatching(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    url = f"redis://127.0.0.1:{free_port()}/0"
+    monkeypatch.setenv("CHORDFLOW_BROKER_URL", url)
+    monkeypatch.setenv("CHORDFLOW_RESULT_BACKEND", url)
+    monkeypatch.setenv("CHORDFLOW_HOME", str(tmp_path))
+    with pytest.raises(BackendError, match=rf"^cannot reach Redis at {url} \(.*refused"):
+        scheduler.run(WORKFLOW, {"items": [1]}, backend="celery")

@@ -1,0 +1,127 @@
+"""Run records and checkpoints of cluster runs, in Redis: the same interface as the embedded store.
+
+Every key of a run carries the hash tag `{<run_id>}` (`cf:{r1}:run`, `cf:{r1}:store`...), so a script
+touches one slot and the state can move to Redis Cluster sharded by run id. The store is a hash of
+top-level key -> snapshot-codec bytes; a checkpoint (worker/lua/checkpoint.lua) writes only the keys a
+node changed, fenced on the step number. `cf:runs` (created time per run id) lists recent runs.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Mapping
+from typing import Any
+
+import redis
+
+from ir import snapshot
+from worker import settings
+from worker.aggregate import ChunkResult
+from worker.runs import RunRecord
+from worker.runstate import client, script
+from worker.stepper import Step
+
+INDEX = "cf:runs"
+
+
+def key(run_id: str, name: str) -> str:
+    return f"cf:{{{run_id}}}:{name}"
+
+
+class ClusterRuns:
+    def __init__(self, redis_client: redis.Redis | None = None, ttl: int | None = None):
+        self.redis = redis_client or client()
+        self.ttl = ttl or settings.load().run_ttl
+        self._checkpoint = script(self.redis, "checkpoint")
+
+    # -- records ------------------------------------------------------------------------------------
+    def create(self, record: RunRecord, store: Mapping[str, Any]) -> None:
+        now = time.time()
+        record.created = record.updated = now
+        fields = {
+            "run_id": record.run_id, "workflow": json.dumps(record.workflow), "backend": record.backend,
+            "status": record.status, "node": record.node or "", "step": record.step, "error": "",
+            "created": now, "updated": now, "source": record.source or "", "batches": "{}",
+        }  # fmt: skip
+        pipe = self.redis.pipeline()
+        if store:
+            pipe.hset(key(record.run_id, "store"), mapping={k: snapshot.encode(v, label=k) for k, v in store.items()})
+            pipe.expire(key(record.run_id, "store"), self.ttl)
+        pipe.hset(key(record.run_id, "run"), mapping=fields)
+        pipe.expire(key(record.run_id, "run"), self.ttl)
+        pipe.zadd(INDEX, {record.run_id: now})
+        pipe.execute()
+
+    def get(self, run_id: str) -> RunRecord | None:
+        raw = self.redis.hgetall(key(run_id, "run"))
+        return _record(raw) if raw else None
+
+    def recent(self, status: str | None = None, limit: int = 20) -> list[RunRecord]:
+        """Newest first; ids whose record expired are dropped from the index on the way."""
+        found: list[RunRecord] = []
+        for run_id in self.redis.zrevrange(INDEX, 0, -1):
+            record = self.get(run_id.decode())
+            if record is None:
+                self.redis.zrem(INDEX, run_id)
+                continue
+            if status is None or record.status == status:
+                found.append(record)
+                if len(found) >= limit:
+                    break
+        return found
+
+    def set_status(self, run_id: str, status: str, error: str | None = None, node: str | None = None) -> None:
+        fields: dict[str, Any] = {"status": status, "error": error or "", "updated": time.time()}
+        if status in ("queued", "running"):
+            self.redis.hdel(key(run_id, "run"), "exception")
+        if node is not None:
+            fields["node"] = node
+        self.redis.hset(key(run_id, "run"), mapping=fields)
+
+    def set_exception(self, run_id: str, exc: BaseException) -> None:
+        """What `wait` raises again for a run that failed with an exception (module, type, message)."""
+        kind = type(exc)
+        self.redis.hset(key(run_id, "run"), "exception", json.dumps([kind.__module__, kind.__name__, str(exc)]))
+
+    def exception(self, run_id: str) -> tuple[str, str, str] | None:
+        raw = self.redis.hget(key(run_id, "run"), "exception")
+        return tuple(json.loads(raw)) if raw else None  # type: ignore[return-value]
+
+    # -- checkpoints --------------------------------------------------------------------------------
+    def checkpoint(self, run_id: str, step: int, result: Step, batch: dict[str, int] | None = None) -> bool:
+        args: list[Any] = [step, result.next_node or "", result.node, time.time(), self.ttl]
+        args += [json.dumps(batch) if batch else "", len(result.deleted), *result.deleted]
+        for name, value in result.changed.items():
+            args += [name, snapshot.encode(value, label=f"store key '{name}'")]
+        keys = [key(run_id, "run"), key(run_id, "store"), key(run_id, "trail")]
+        return bool(self._checkpoint(keys=keys, args=args))
+
+    def load_store(self, run_id: str) -> dict[str, Any]:
+        return {k.decode(): snapshot.decode(v) for k, v in self.redis.hgetall(key(run_id, "store")).items()}
+
+    def trail(self, run_id: str) -> list[str]:
+        return [n.decode() for n in self.redis.lrange(key(run_id, "trail"), 0, -1)]
+
+    # -- batch outcomes, stored per chunk -------------------------------------------------------------
+    def save_chunks(self, run_id: str, batch: str, chunks: list[ChunkResult]) -> None:
+        name = key(run_id, f"chunks:{batch}")
+        pipe = self.redis.pipeline()
+        for chunk in chunks:
+            if chunk.results:
+                pipe.hset(name, str(chunk.start), snapshot.encode(chunk.to_wire()))
+        pipe.expire(name, self.ttl)
+        pipe.execute()
+
+    def saved_chunks(self, run_id: str, batch: str) -> list[ChunkResult]:
+        blobs = self.redis.hgetall(key(run_id, f"chunks:{batch}"))
+        chunks = [ChunkResult.from_wire(snapshot.decode(blob)) for blob in blobs.values()]
+        return sorted(chunks, key=lambda c: c.start)
+
+
+def _record(raw: dict[bytes, bytes]) -> RunRecord:
+    f = {k.decode(): v.decode() for k, v in raw.items()}
+    return RunRecord(
+        f["run_id"], json.loads(f["workflow"]), f["backend"], f["status"], f["node"] or None, int(f["step"]),
+        f["error"] or None, float(f["created"]), float(f["updated"]), f["source"] or None, json.loads(f["batches"]),
+    )  # fmt: skip
