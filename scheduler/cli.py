@@ -44,10 +44,11 @@ from rich.text import Text
 import ir
 from ir.errors import BackendError, NodeTypeError, RemoteError, RunCancelled, StepLimitExceeded, ValidationError
 from ir.limits import check_json_text
+from worker.local_runs import LocalRuns
 
 DEBUG_KEY = "chordflow.debug"
 FAILED_NODE_KEY = "chordflow.failed_node"
-EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_CANCELLED = 0, 1, 2, 130
+EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_CANCELLED, EXIT_TIMEOUT = 0, 1, 2, 130, 124
 MAX_ERROR_ROWS = 20
 
 
@@ -387,6 +388,7 @@ def print_summary(console: Console, wf: ir.Workflow, result: Any) -> None:
 @click.option("--inputs-file", type=str, metavar="F.json", help="A JSON object of inputs.")
 @click.option("--backend", type=click.Choice(["local", "celery"]), default="local", show_default=True)
 @click.option("--output", type=click.Choice(["text", "json"]), default="text", show_default=True)
+@click.option("--detach", is_flag=True, help="With --backend celery: print the run id and return at once.")
 @click.option("--debug", is_flag=True, help="Print full tracebacks instead of one-line errors.")
 @click.pass_context
 def run(
@@ -396,6 +398,7 @@ def run(
     inputs_file: str | None,
     backend: str,
     output: str,
+    detach: bool,
     debug: bool,
 ) -> None:
     """Run a workflow and print a summary (with --output json: one JSON object, the run report, always)."""
@@ -410,11 +413,46 @@ def run(
     def start(**hooks: Any) -> Any:
         wf = load(workflow)
         inputs = parse_inputs(pairs, inputs_file, wf)
-        if backend != "local" and output != "json":
-            _stderr().print(Text(f"run {run_id} (cancel with: chordflow cancel {run_id})"))
-        return wf, scheduler.run(wf, inputs, shared=store, backend=backend, run_id=run_id, **hooks)
+        if backend == "local":
+            return wf, scheduler.run(wf, inputs, shared=store, backend=backend, run_id=run_id, **hooks)
+        return wf, _submit_and_wait(ctx, wf, inputs, run_id, store, detach, output, hooks["on_event"])
 
     _follow(ctx, output, run_id, store, start)
+
+
+def _submit_and_wait(
+    ctx: click.Context,
+    wf: ir.Workflow,
+    inputs: dict[str, Any],
+    run_id: str,
+    store: dict[str, Any],
+    detach: bool,
+    output: str,
+    on_event: Callable[[dict[str, Any]], None],
+) -> Any:
+    """`run --backend celery`: the run lives in the cluster; this process only follows it (Ctrl-C cancels)."""
+    from scheduler import durable
+
+    durable.submit(wf, inputs, run_id=run_id)
+    if detach:
+        click.echo(run_id)
+        raise click.exceptions.Exit(EXIT_OK)
+    if output != "json":
+        _stderr().print(Text(f"run {run_id} (cancel with: chordflow cancel {run_id})"))
+    try:
+        result = durable.wait(run_id, on_event=on_event)
+    except KeyboardInterrupt:
+        with contextlib.suppress(Exception):
+            durable.cancel_run(run_id)
+        raise
+    except Exception:
+        with contextlib.suppress(Exception):
+            record, runs = durable.find_run(run_id)
+            ctx.meta.setdefault(FAILED_NODE_KEY, record.node)
+            store.update(runs.load_store(run_id))
+        raise
+    store.update(result.shared)
+    return result
 
 
 def _follow(ctx: click.Context, output: str, run_id: str, store: dict[str, Any], start: Callable[..., Any]) -> None:
@@ -456,20 +494,64 @@ def _follow(ctx: click.Context, output: str, run_id: str, store: dict[str, Any],
 
 
 @cli.command()
+@click.argument("workflow", metavar="WF.json")
+@click.option("--input", "-i", "pairs", multiple=True, metavar="KEY=VALUE", help="An input (JSON or text).")
+@click.option("--inputs-file", type=str, metavar="F.json", help="A JSON object of inputs.")
+def submit(workflow: str, pairs: tuple[str, ...], inputs_file: str | None) -> None:
+    """Validate a workflow, record the run in Redis and enqueue it; print the run id. Workers do the rest."""
+    from scheduler import durable
+    from scheduler.compiler import load
+
+    wf = load(workflow)
+    click.echo(durable.submit(workflow, parse_inputs(pairs, inputs_file, wf)))
+
+
+@cli.command()
+@click.argument("run_id")
+@click.option("--timeout", type=float, default=None, help="Give up after S seconds (exit 124; the run goes on).")
+@click.option("--output", type=click.Choice(["text", "json"]), default="text", show_default=True)
+@click.pass_context
+def wait(ctx: click.Context, run_id: str, timeout: float | None, output: str) -> None:
+    """Follow a run until it ends, with the same display and exit codes as `run` (124: timeout)."""
+    from scheduler import durable
+
+    record, _ = durable.find_run(run_id)
+    store: dict[str, Any] = {}
+
+    def start(on_event: Any = None, **_: Any) -> Any:
+        try:
+            result = durable.wait(run_id, timeout, on_event=on_event)
+        except durable.WaitTimeout as exc:
+            click.echo(f"timeout: {exc}", err=True)
+            raise click.exceptions.Exit(EXIT_TIMEOUT) from None
+        store.update(result.shared)
+        return ir.load(record.workflow), result
+
+    _follow(ctx, output, run_id, store, start)
+
+
+@cli.command()
 @click.argument("run_id")
 @click.option("--output", type=click.Choice(["text", "json"]), default="text", show_default=True)
 @click.pass_context
 def resume(ctx: click.Context, run_id: str, output: str) -> None:
-    """Go on with a failed or cancelled run from its last checkpoint (completed nodes are not run again)."""
-    import scheduler
-    from scheduler.engine import cached_nodes
+    """Go on with a failed or cancelled run from its last checkpoint (completed nodes are not run again).
 
-    record = _find_run(run_id)
+    A local run resumes here, to the end; a cluster run is handed back to the workers (follow it with `wait`).
+    """
+    import scheduler
+    from scheduler import durable
+
+    record, runs = durable.find_run(run_id)
     if record.status not in ("failed", "cancelled"):
         raise CliUsageError(f"run {run_id} is {record.status}; only a failed or cancelled run can be resumed")
     if output != "json":
-        for node in dict.fromkeys(cached_nodes(run_id)):
+        for node in dict.fromkeys(runs.trail(run_id)):
             _stderr().print(Text(f"↻ cached {node}", style="dim"))
+    if not isinstance(runs, LocalRuns):
+        durable.resume_cluster(run_id)
+        click.echo(run_id)
+        return
     store: dict[str, Any] = {}
 
     def start(**hooks: Any) -> Any:
@@ -480,22 +562,14 @@ def resume(ctx: click.Context, run_id: str, output: str) -> None:
     _follow(ctx, output, run_id, store, start)
 
 
-def _find_run(run_id: str) -> Any:
-    from worker.local_runs import LocalRuns
-
-    runs = LocalRuns.default()
-    record = runs.get(run_id)
-    if record is None:
-        raise CliUsageError(f"unknown run '{run_id}' (not in {runs.path})")
-    return record
-
-
 @cli.command()
 @click.argument("run_id")
 @click.option("--json", "as_json", is_flag=True, help="Print the status object as JSON.")
 def status(run_id: str, as_json: bool) -> None:
     """Where a run stands: status, current node, steps, batch counts, error."""
-    info = _find_run(run_id).status_dict()
+    from scheduler import durable
+
+    info = durable.status(run_id)
     if as_json:
         click.echo(to_json(info))
         return
@@ -514,9 +588,9 @@ def status(run_id: str, as_json: bool) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print a list of status objects.")
 def runs(status_: str | None, limit: int, as_json: bool) -> None:
     """Recent runs, newest first."""
-    from worker.local_runs import LocalRuns
+    from scheduler import durable
 
-    records = LocalRuns.default().recent(status_, limit)
+    records = durable.recent(status_, limit)
     if as_json:
         click.echo(to_json([r.status_dict() for r in records]))
         return
@@ -612,18 +686,11 @@ def worker(concurrency: int | None, queues: str | None, loglevel: str, pool: str
 @cli.command()
 @click.argument("run_id")
 def cancel(run_id: str) -> None:
-    """Cancel a distributed run: chunks stop between items and queued chunks are revoked."""
-    from worker.app import ensure_configured
-    from worker.runstate import RunState
+    """Cancel a distributed run: chunks stop between items, queued chunks are revoked, no new step starts."""
+    from scheduler import durable
 
-    state = RunState(run_id)
-    if not state.redis.exists(state.key("meta")):
-        raise CliUsageError(f"unknown run '{run_id}' (no state in Redis; finished runs expire)")
-    chunks = state.chunk_ids()
-    state.cancel()
-    ensure_configured().control.revoke(chunks)
-    state.describe(status="cancelled")
-    click.echo(f"cancel requested for run {run_id}: {len(chunks)} chunks revoked")
+    revoked = durable.cancel_run(run_id)
+    click.echo(f"cancel requested for run {run_id}: {revoked} chunks revoked")
 
 
 @cli.command()

@@ -5,6 +5,7 @@ workers take it from there (worker/orchestrate.py). `wait` follows a run from an
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable
 from typing import Any
@@ -39,13 +40,13 @@ def _cluster() -> ClusterRuns:
     return ClusterRuns()
 
 
-def submit(workflow: Any, inputs: dict[str, Any] | None = None) -> str:
+def submit(workflow: Any, inputs: dict[str, Any] | None = None, *, run_id: str | None = None) -> str:
     """Validate, record the run in Redis, enqueue its first step; returns the run id at once."""
     wf = load(workflow)
     store: dict[str, Any] = {}
     apply_inputs(wf, store, inputs)
     runs = _cluster()
-    run_id = new_run_id()
+    run_id = run_id or new_run_id()
     with broker_errors(settings.load().result_backend):
         runs.create(RunRecord(run_id, wf.wire(), "celery", "queued", wf.start_id(), source=_source(workflow)), store)
         current_app().send_task("chordflow.advance", (run_id, 0))
@@ -81,7 +82,7 @@ def wait(
         return _result(record, runs)
     state = RunState(run_id)
     deadline = None if timeout is None else time.monotonic() + timeout
-    position, done = "0-0", {}
+    position, done, seen = "0-0", {}, {}
     while True:
         with broker_errors(settings.load().result_backend):
             record = runs.get(run_id)
@@ -90,12 +91,16 @@ def wait(
             if record.status in FINAL:
                 return _result(record, runs)
             position, entries = state.read_progress(position, POLL_MS)
+            totals = {batch: state.batch_total(batch) for batch, packed in entries if packed and on_event}
         for batch, packed in entries:
             if packed is not None and on_event is not None:
-                node = batch.split("#", 1)[0]
+                node, total = batch.split("#", 1)[0], totals[batch]
+                flags = seen.setdefault(batch, bytearray(total))
                 for index, ok in RunState.unpack_outcomes(packed):
-                    done[batch] = done.get(batch, 0) + 1
-                    on_event(events.batch_progress(node, index, done[batch], state.batch_total(batch), bool(ok)))
+                    if index < total and not flags[index]:  # a redelivered chunk repeats some items
+                        flags[index] = 1
+                        done[batch] = done.get(batch, 0) + 1
+                        on_event(events.batch_progress(node, index, done[batch], total, bool(ok)))
         if deadline is not None and time.monotonic() > deadline:
             raise WaitTimeout(f"run {run_id} is still {record.status} after {timeout:g}s (it goes on)")
 
@@ -116,18 +121,30 @@ def _result(record: RunRecord, runs: Any) -> RunResult:
 
 
 def cancel_run(run_id: str) -> int:
-    """Set a cluster run's cancel flag (chunks stop between items; no new step starts) and revoke its
-    queued chunks; returns how many were revoked."""
+    """Set a run's cancel flag in Redis (chunks stop between items; no new step starts) and revoke its
+    queued chunks; returns how many were revoked. A run driven by a client process (`run --backend
+    celery`) sees the flag too; a local run is stopped with Ctrl-C in its own process."""
     record, runs = find_run(run_id)
-    if not isinstance(runs, ClusterRuns):
+    if record.backend != "celery":
         raise ValidationError(f"run {run_id} is a local run: stop it with Ctrl-C in the process running it")
+    if record.status in FINAL:
+        raise ValidationError(f"run {run_id} already ended: {record.status}")
     state = RunState(run_id)
     chunks = state.chunk_ids()
     state.cancel()
     current_app().control.revoke(chunks)
-    if record.status == "queued":
+    state.describe(status="cancelled")
+    if isinstance(runs, ClusterRuns) and record.status == "queued":
         runs.set_status(run_id, "cancelled", "run cancelled")
     return len(chunks)
+
+
+def recent(status: str | None = None, limit: int = 20) -> list[RunRecord]:
+    """Recent runs from both stores, newest first (the cluster's only when its Redis answers)."""
+    records = LocalRuns.default().recent(status, limit)
+    with contextlib.suppress(BackendError):
+        records += _cluster().recent(status, limit)
+    return sorted(records, key=lambda r: r.created, reverse=True)[:limit]
 
 
 def resume_cluster(run_id: str) -> None:

@@ -18,6 +18,7 @@ from typing import Any
 import ir
 from ir import snapshot
 from ir.errors import RunCancelled
+from worker import context
 from worker.aggregate import BatchResult, merge
 from worker.app import task
 from worker.backend import BatchJob
@@ -110,7 +111,8 @@ def advance(self: Any, run_id: str, step: int) -> str:
         ctx.cancelled = _CancelFlag(state)
         runs.set_status(run_id, "running", node=record.node)
         journal = StepJournal(runs, run_id, batch_nodes(flow))
-        cursor = drive(flow, Cursor(record.node, record.step), store, ctx, journal)
+        with context.using(ctx):
+            cursor = drive(flow, Cursor(record.node, record.step), store, ctx, journal)
         status, error, _ = ending(flow, cursor, store, ctx.last_node)
         runs.set_status(run_id, RECORD_STATUS[status], error, ctx.last_node if error else None)
         log.info("run %s %s after %d steps", run_id, RECORD_STATUS[status], cursor.step)
