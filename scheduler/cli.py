@@ -564,6 +564,47 @@ def resume(ctx: click.Context, run_id: str, output: str) -> None:
 
 @cli.command()
 @click.argument("run_id")
+@click.option("--store", "whole_store", is_flag=True, help="Print the run's final store instead of its outputs.")
+@click.option("--node", default=None, help="A batch node: one JSON line per item, in input order.")
+@click.option("--format", "fmt", type=click.Choice(["jsonl", "json"]), default="jsonl", show_default=True)
+@click.option("--errors", "errors_only", is_flag=True, help="With --node: the failed items only.")
+@click.option("--out", type=click.Path(dir_okay=False, writable=True), default=None, help="Write to this file.")
+def results(run_id: str, whole_store: bool, node: str | None, fmt: str, errors_only: bool, out: str | None) -> None:
+    """A run's declared outputs as one JSON object (--store: the store; --node N: a batch's items)."""
+    from scheduler import durable
+    from worker.flow import build_flow
+    from worker.stepper import Cursor, ending
+
+    record, runs = durable.find_run(run_id)
+    store = runs.load_store(run_id)
+    with open(out, "w", encoding="utf-8") if out else contextlib.nullcontext(sys.stdout) as sink:
+        if node is None:
+            if whole_store:
+                value = store
+            elif record.status != "succeeded":
+                raise CliUsageError(f"run {run_id} is {record.status}: it has no outputs (try --store)")
+            else:
+                value = ending(build_flow(ir.load(record.workflow)), Cursor(None), store, None)[2]
+            sink.write(to_json(value) + "\n")
+            return
+        aggregate = store.get(node)
+        if not isinstance(aggregate, dict) or "results" not in aggregate:
+            raise CliUsageError(f"--node {node}: run {run_id} has no batch results for node '{node}'")
+        errors = {entry["index"]: entry for entry in aggregate.get("errors") or []}
+        rows = (
+            {"index": i, "result": result, "error": errors[i]["error"] if i in errors else None}
+            for i, result in enumerate(aggregate["results"])
+            if not errors_only or i in errors
+        )
+        if fmt == "json":
+            sink.write(to_json(list(rows)) + "\n")
+            return
+        for row in rows:
+            sink.write(to_json(row) + "\n")
+
+
+@cli.command()
+@click.argument("run_id")
 @click.option("--json", "as_json", is_flag=True, help="Print the status object as JSON.")
 def status(run_id: str, as_json: bool) -> None:
     """Where a run stands: status, current node, steps, batch counts, error."""

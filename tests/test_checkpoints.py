@@ -142,3 +142,22 @@ def test_cli_run_status_runs_resume(tmp_path: Path) -> None:
     assert cached_nodes(run_id) == ["n1", "n2"]
     assert_one_line_error(run_cli("resume", run_id), 2)  # a succeeded run does not resume
     assert_one_line_error(run_cli("status", "nosuchrun"), 2)
+
+
+def test_cli_results_outputs_store_and_batch_items(tmp_path: Path) -> None:
+    wf = tmp_path / "wf.json"
+    node = {"id": "b", "type": "test-fail", "params": {"value": "${item}", "fail_on": 2},
+            "batch": {"items": "${items}", "error_handling": "continue"}}  # fmt: skip
+    wf.write_text(json.dumps({"nodes": [node], "outputs": {"n": {"source": "${b.count}"}}}))
+    report = json.loads(run_cli("run", wf, "--input", "items=[0,1,2,3]", "--output", "json").stdout)
+    run_id = report["run_id"]
+    assert json.loads(run_cli("results", run_id).stdout) == {"n": 4}
+    assert json.loads(run_cli("results", run_id, "--store").stdout)["items"] == [0, 1, 2, 3]
+    rows = [json.loads(line) for line in run_cli("results", run_id, "--node", "b").stdout.splitlines()]
+    assert [r["index"] for r in rows] == [0, 1, 2, 3]
+    assert [r["error"] is None for r in rows] == [True, True, False, True]
+    assert rows[1]["result"] == {"value": 1}
+    out = tmp_path / "errors.jsonl"
+    assert run_cli("results", run_id, "--node", "b", "--errors", "--out", out).returncode == 0
+    assert [json.loads(line)["index"] for line in out.read_text().splitlines()] == [2]
+    assert_one_line_error(run_cli("results", run_id, "--node", "nope"), 2)
