@@ -47,6 +47,31 @@ def checkpoint_cost(store_bytes: int, repeats: int = 2000) -> float:
     return statistics.median(samples)
 
 
+def redis_checkpoint_cost(store_bytes: int, repeats: int = 2000) -> float:
+    """The same on Redis (worker/cluster_runs.py, one Lua script per checkpoint), on a bench-owned server."""
+    import redis
+
+    from scheduler.localcluster import RedisServer
+    from worker.cluster_runs import ClusterRuns
+    from worker.runs import RunRecord
+    from worker.stepper import Step
+
+    server = RedisServer(Path(tempfile.mkdtemp()))
+    try:
+        runs = ClusterRuns(redis.Redis.from_url(server.url), ttl=600)
+        store = {"big": "x" * store_bytes} if store_bytes else {}
+        runs.create(RunRecord("r", {"nodes": []}, "celery", "running", "n"), store)
+        samples = []
+        for step in range(repeats):
+            result = Step("n", "default", "n", {"n": {"value": step}}, [])
+            started = time.perf_counter()
+            runs.checkpoint("r", step, result)
+            samples.append(time.perf_counter() - started)
+        return statistics.median(samples)
+    finally:
+        server.kill()
+
+
 def loop_run(steps: int, checkpoints: bool) -> float:
     import scheduler
     from worker.context import RunContext
@@ -79,10 +104,12 @@ def main() -> None:
 
     empty = checkpoint_cost(0)
     big = checkpoint_cost(100 * 1024 * 1024, repeats=500)
+    redis_empty = redis_checkpoint_cost(0)
+    redis_big = redis_checkpoint_cost(100 * 1024 * 1024, repeats=500)
     plain = min(loop_run(LOOP_STEPS, False) for _ in range(3))
     recorded = min(loop_run(LOOP_STEPS, True) for _ in range(3))
     per_node = (recorded - plain) / LOOP_STEPS
-    text = f"""# Checkpoint cost (embedded store)
+    text = f"""# Checkpoint cost (embedded store and Redis)
 
 `python -m bench.checkpoints` ({time.strftime("%Y-%m-%d")}, Python {sys.version.split()[0]}, {os.cpu_count()} cores).
 
@@ -90,6 +117,8 @@ def main() -> None:
 |---|---|---|
 | one checkpoint, one small key changed, empty store | {empty * 1e3:.3f} ms | 0.2 ms |
 | the same beside a 100 MB store value | {big * 1e3:.3f} ms | same as empty |
+| one checkpoint on Redis (loopback, own redis-server), empty store | {redis_empty * 1e3:.3f} ms | 1 ms |
+| the same on Redis beside a 100 MB store value | {redis_big * 1e3:.3f} ms | same as empty |
 | loop of {LOOP_STEPS:,} node executions, no checkpoints (`drive`) | {plain:.3f} s | |
 | the same through `scheduler.run` (record + checkpoint per node) | {recorded:.3f} s | |
 | added per node execution | {per_node * 1e3:.3f} ms | |
