@@ -440,10 +440,26 @@ def _submit_and_wait(
     if output != "json":
         _stderr().print(Text(f"run {run_id} (cancel with: chordflow cancel {run_id})"))
     try:
-        result = durable.wait(run_id, on_event=on_event)
+        return _follow_cluster_run(ctx, run_id, store, None, on_event)
     except KeyboardInterrupt:
         with contextlib.suppress(Exception):
             durable.cancel_run(run_id)
+        raise
+
+
+def _follow_cluster_run(
+    ctx: click.Context,
+    run_id: str,
+    store: dict[str, Any],
+    timeout: float | None,
+    on_event: Callable[[dict[str, Any]], None] | None,
+) -> Any:
+    """`durable.wait`, keeping the store (for the JSON report) and the failed node (for the error line)."""
+    from scheduler import durable
+
+    try:
+        result = durable.wait(run_id, timeout, on_event=on_event)
+    except durable.WaitTimeout:
         raise
     except Exception:
         with contextlib.suppress(Exception):
@@ -520,11 +536,10 @@ def wait(ctx: click.Context, run_id: str, timeout: float | None, output: str) ->
 
     def start(on_event: Any = None, **_: Any) -> Any:
         try:
-            result = durable.wait(run_id, timeout, on_event=on_event)
+            result = _follow_cluster_run(ctx, run_id, store, timeout, on_event)
         except durable.WaitTimeout as exc:
             click.echo(f"timeout: {exc}", err=True)
             raise click.exceptions.Exit(EXIT_TIMEOUT) from None
-        store.update(result.shared)
         return ir.load(record.workflow), result
 
     _follow(ctx, output, run_id, store, start)

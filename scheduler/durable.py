@@ -121,18 +121,24 @@ def _result(record: RunRecord, runs: Any) -> RunResult:
 
 
 def cancel_run(run_id: str) -> int:
-    """Set a run's cancel flag in Redis (chunks stop between items; no new step starts) and revoke its
-    queued chunks; returns how many were revoked. A run driven by a client process (`run --backend
-    celery`) sees the flag too; a local run is stopped with Ctrl-C in its own process."""
+    """Set a run's cancel flag in Redis (chunks stop between items; no new step starts); returns how many
+    queued chunks were revoked. A run driven by a client process (`scheduler.run(backend="celery")`) sees
+    the flag and has its queued chunks revoked; a local run is stopped with Ctrl-C in its own process.
+
+    A cluster run's chunks are never revoked: a revoked chord member fails the chord, so its body (which
+    keeps the outcomes so far and records "cancelled") would never run and the run would stay "running".
+    Its queued chunks see the flag as they start and return at once, without running an item.
+    """
     record, runs = find_run(run_id)
     if record.backend != "celery":
         raise ValidationError(f"run {run_id} is a local run: stop it with Ctrl-C in the process running it")
     if record.status in FINAL:
         raise ValidationError(f"run {run_id} already ended: {record.status}")
     state = RunState(run_id)
-    chunks = state.chunk_ids()
     state.cancel()
-    current_app().control.revoke(chunks)
+    chunks = [] if isinstance(runs, ClusterRuns) else state.chunk_ids()
+    if chunks:
+        current_app().control.revoke(chunks)
     state.describe(status="cancelled")
     if isinstance(runs, ClusterRuns) and record.status == "queued":
         runs.set_status(run_id, "cancelled", "run cancelled")

@@ -18,7 +18,7 @@ import redis
 from ir import snapshot
 from worker import settings
 from worker.aggregate import ChunkResult
-from worker.runs import RunRecord
+from worker.runs import FINAL, RunRecord
 from worker.runstate import client, script
 from worker.stepper import Step
 
@@ -77,7 +77,12 @@ class ClusterRuns:
             self.redis.hdel(key(run_id, "run"), "exception")
         if node is not None:
             fields["node"] = node
-        self.redis.hset(key(run_id, "run"), mapping=fields)
+        pipe = self.redis.pipeline()
+        pipe.hset(key(run_id, "run"), mapping=fields)
+        if status in FINAL:  # wake whoever follows the run's stream (`wait`) now, not at its next poll
+            pipe.xadd(key(run_id, "events"), {"batch": "", "end": status})
+            pipe.expire(key(run_id, "events"), self.ttl)
+        pipe.execute()
 
     def set_exception(self, run_id: str, exc: BaseException) -> None:
         """What `wait` raises again for a run that failed with an exception (module, type, message)."""

@@ -71,8 +71,8 @@ class ClusterBatches:
 
     name = "celery"
 
-    def __init__(self, run_id: str, step: int, runs: ClusterRuns, state: RunState):
-        self.run_id, self.step, self.runs, self.state = run_id, step, runs, state
+    def __init__(self, run_id: str, ctx: RunContext, runs: ClusterRuns, state: RunState):
+        self.run_id, self.ctx, self.runs, self.state = run_id, ctx, runs, state
 
     def run_batch(self, job: BatchJob) -> BatchResult:
         if not job.items:
@@ -85,7 +85,9 @@ class ClusterBatches:
             return result
         if self.state.mark_dispatched(job.key):
             job.done = [c for c in self.runs.saved_chunks(self.run_id, job.key) if not c.failures]
-            dispatch_batch(job, self.run_id, advance_step=self.step)
+            # The next advance starts at this batch node's step (not this advance's first step: nodes
+            # before it in this advance were checkpointed, and the step fence must let it through).
+            dispatch_batch(job, self.run_id, advance_step=self.ctx.step)
         raise Suspended
 
 
@@ -99,6 +101,10 @@ def advance(self: Any, run_id: str, step: int) -> str:
     lease = Lease(runs, run_id)
     if not lease.acquire():
         raise self.retry(countdown=LEASE_SECONDS / 3)
+    record = runs.get(run_id)  # again, under the lease: the holder before us may have moved the run on
+    if record is None or record.status in FINAL or record.step != step:
+        lease.release()
+        return "fenced"
     state = RunState(run_id)
     ctx = RunContext()
     try:
@@ -107,7 +113,7 @@ def advance(self: Any, run_id: str, step: int) -> str:
             return "cancelled"
         flow = build_flow(ir.load(record.workflow, node_types=registry.names()))
         store = runs.load_store(run_id)
-        ctx.backend = ClusterBatches(run_id, step, runs, state)
+        ctx.backend = ClusterBatches(run_id, ctx, runs, state)
         ctx.cancelled = _CancelFlag(state)
         runs.set_status(run_id, "running", node=record.node)
         journal = StepJournal(runs, run_id, batch_nodes(flow))

@@ -1,0 +1,260 @@
+"""Cluster runs under failure, with a real redis-server and real worker processes (no fakes).
+
+A cluster run lives in Redis and advances through `chordflow.advance` tasks (worker/orchestrate.py), so
+it must survive whatever happens to the process that submitted it and to the workers running it. Tests
+that destroy part of a cluster get their own (low visibility timeout); the others use the suite's.
+Side effects are counted in files: "ran exactly once" is a fact on disk.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from scheduler import durable
+from scheduler.localcluster import Cluster
+from tests.support import dist_nodes  # noqa: F401  (the test node types, in this process too)
+from tests.test_cli import assert_one_line_error
+from worker.app import current_app
+from worker.cluster_runs import ClusterRuns
+from worker.runstate import RunState
+
+ROOT = Path(__file__).parents[1]
+PLUGINS = "tests.support.nodes,tests.support.dist_nodes"
+VISIBILITY_TIMEOUT = 5
+
+
+@pytest.fixture
+def own_cluster(tmp_path: Path) -> Iterator[Cluster]:
+    """A cluster this test may destroy: its own redis-server and two workers, a low visibility timeout."""
+    cluster = Cluster(tmp_path, visibility_timeout=VISIBILITY_TIMEOUT, plugins=PLUGINS)
+    previous = cluster.apply_env()
+    try:
+        cluster.start_worker("k1")
+        cluster.start_worker("k2")
+        yield cluster
+    finally:
+        cluster.restore_env(previous)
+        cluster.stop()
+
+
+# -- helpers ---------------------------------------------------------------------------------------------
+
+
+def cli(cluster: Cluster, *args: Any, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    """`chordflow ARGS` as a subprocess pointed at `cluster`."""
+    return subprocess.run(
+        [sys.executable, "-m", "scheduler.cli", *map(str, args)],
+        cwd=ROOT,
+        env={**cluster.env, "CHORDFLOW_PLUGINS": PLUGINS, "COLUMNS": "200"},
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def write_wf(tmp_path: Path, wf: dict[str, Any], name: str = "wf.json") -> Path:
+    path = tmp_path / name
+    path.write_text(json.dumps(wf))
+    return path
+
+
+def side_effect(node_id: str, log: Path, **params: Any) -> dict[str, Any]:
+    return {"id": node_id, "type": "test-side-effect", "params": {"log": str(log), "label": node_id, **params}}
+
+
+def lines(log: Path) -> list[str]:
+    return log.read_text().splitlines() if log.exists() else []
+
+
+def until(condition: Callable[[], Any], timeout: float, what: str) -> Any:
+    """Poll `condition` (Redis, a file) until it is truthy; fail naming `what` after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = condition()
+        if value:
+            return value
+        assert time.monotonic() < deadline, f"timed out after {timeout}s waiting for {what}"
+        time.sleep(0.05)
+
+
+def wait_progress(run_id: str, items: int, timeout: float = 60) -> int:
+    """Block on the run's progress stream (XREAD) until `items` distinct item outcomes were published."""
+    state = RunState(run_id)
+    position, seen = "0-0", set()
+    deadline = time.monotonic() + timeout
+    while len(seen) < items:
+        assert time.monotonic() < deadline, f"only {len(seen)} of {items} items ran within {timeout}s"
+        position, entries = state.read_progress(position, 500)
+        for _, packed in entries:
+            if packed is not None:
+                seen.update(index for index, _ in RunState.unpack_outcomes(packed))
+    return len(seen)
+
+
+def record_status(run_id: str) -> str | None:
+    record = ClusterRuns().get(run_id)
+    return record.status if record else None
+
+
+# -- the submitting process goes away ---------------------------------------------------------------------
+
+
+def test_run_completes_after_the_submitting_process_exits(celery_cluster: Cluster, tmp_path: Path) -> None:
+    total = 50
+    prep = {"id": "prep", "type": "echo", "params": {"v": 1}}  # a plain node first: the batch is not step 0
+    batch = {
+        "id": "b",
+        "type": "test-slow",
+        "params": {"seconds": 0.01},
+        "batch": {"items": "${items}", "chunk_size": 10},
+    }
+    wf = write_wf(tmp_path, {"nodes": [prep, batch]})
+    proc = cli(celery_cluster, "submit", wf, "--input", f"items={json.dumps(list(range(total)))}")
+    assert proc.returncode == 0, proc.stderr
+    run_id = proc.stdout.strip()
+    assert proc.stdout == run_id + "\n" and re.fullmatch(r"[0-9a-f]{12}", run_id), proc.stdout  # the id only
+    result = durable.wait(run_id, timeout=60)
+    assert result.status == "success" and result.run_id == run_id
+    aggregate = result.shared["b"]
+    assert (aggregate["count"], aggregate["success_count"], aggregate["error_count"]) == (total, total, 0)
+    assert [r["index"] for r in aggregate["results"]] == list(range(total))
+    status = cli(celery_cluster, "status", run_id, "--json")
+    assert status.returncode == 0, status.stderr
+    info = json.loads(status.stdout)
+    assert (info["status"], info["backend"], info["steps"]) == ("succeeded", "celery", 2)
+    assert info["batches"]["b"] == {"total": total, "done": total, "failed": 0}
+
+
+# -- workers die -------------------------------------------------------------------------------------------
+
+
+def test_sigkilled_worker_mid_batch_loses_and_duplicates_nothing(own_cluster: Cluster) -> None:
+    total = 3000
+    wf = {"nodes": [{"id": "b", "type": "test-slow", "params": {"seconds": 0.002}, "batch": {"items": "${items}"}}]}
+    run_id = durable.submit(wf, {"items": list(range(total))})
+    wait_progress(run_id, total // 5)
+    assert record_status(run_id) == "running"
+    own_cluster.workers["k1"].kill(signal.SIGKILL)  # mid-chunk: its chunk is unacknowledged
+    result = durable.wait(run_id, timeout=VISIBILITY_TIMEOUT + 90)
+    assert result.status == "success"
+    aggregate = result.shared["b"]
+    assert (aggregate["count"], aggregate["success_count"], aggregate["error_count"]) == (total, total, 0)
+    assert [r["index"] for r in aggregate["results"]] == list(range(total))  # each outcome once, in order
+
+
+def test_every_worker_killed_during_a_plain_node_then_new_workers_finish_the_run(
+    own_cluster: Cluster, tmp_path: Path
+) -> None:
+    log = tmp_path / "log"
+    wf = {"nodes": [side_effect("n1", log, seconds=3), side_effect("n2", log)]}
+    run_id = durable.submit(wf)
+    until(lambda: ClusterRuns().get(run_id).status == "running", 60, "the first advance to start n1")
+    for worker in own_cluster.workers.values():
+        worker.kill(signal.SIGKILL)
+    assert lines(log) == []  # n1 was cut off mid-way (it sleeps 3 s before writing)
+    assert record_status(run_id) == "running" and ClusterRuns().get(run_id).step == 0
+    own_cluster.start_worker("k3")
+    own_cluster.start_worker("k4")
+    # The advance comes back after the visibility timeout, then retries until the dead holder's lease expires.
+    result = durable.wait(run_id, timeout=90)
+    assert result.status == "success"
+    assert lines(log) == ["n1", "n2"]  # n1 ran again (it was killed mid-way), n2 once
+    assert ClusterRuns().trail(run_id) == ["n1", "n2"]
+
+
+# -- cancel and resume ---------------------------------------------------------------------------------------
+
+
+def test_cancel_mid_batch_then_resume_runs_every_item_exactly_once(celery_cluster: Cluster, tmp_path: Path) -> None:
+    total = 300
+    log, first_log = tmp_path / "log", tmp_path / "first"
+    node = side_effect("b", log, label="${item}", seconds=0.02)
+    node["batch"] = {"items": "${items}", "chunk_size": 5}
+    run_id = durable.submit({"nodes": [side_effect("first", first_log), node]}, {"items": list(range(total))})
+    until(lambda: len(lines(log)) >= 10, 60, "items to run")
+    cancel = cli(celery_cluster, "cancel", run_id)
+    assert cancel.returncode == 0, cancel.stderr
+    assert f"cancel requested for run {run_id}" in cancel.stdout
+    first = durable.wait(run_id, timeout=60)
+    assert first.status == "cancelled"
+    assert record_status(run_id) == "cancelled"
+    before = lines(log)
+    assert 10 <= len(before) < total, len(before)  # the cancel cut the batch short
+    resumed = cli(celery_cluster, "resume", run_id)
+    assert resumed.returncode == 0, resumed.stderr
+    assert resumed.stdout == run_id + "\n"
+    result = durable.wait(run_id, timeout=90)
+    assert result.status == "success"
+    assert [r["label"] for r in result.shared["b"]["results"]] == [str(i) for i in range(total)]
+    after = lines(log)
+    assert after[: len(before)] == before
+    assert sorted(map(int, after)) == list(range(total))  # every item exactly once overall
+    assert lines(first_log) == ["first"]  # the node before the batch was not run again
+
+
+# -- duplicates ----------------------------------------------------------------------------------------------
+
+
+def test_duplicated_advance_for_the_same_step_is_fenced(celery_cluster: Cluster, tmp_path: Path) -> None:
+    log = tmp_path / "log"
+    run_id = durable.submit({"nodes": [side_effect("n1", log, seconds=1.5), side_effect("n2", log)]})
+    duplicate = current_app().send_task("chordflow.advance", (run_id, 0))
+    result = durable.wait(run_id, timeout=60)
+    assert result.status == "success"
+    assert duplicate.get(timeout=60) == "fenced"  # it ran, found the step taken (or done) and did nothing
+    assert lines(log) == ["n1", "n2"]
+    assert ClusterRuns().trail(run_id) == ["n1", "n2"]
+
+
+# -- the CLI ---------------------------------------------------------------------------------------------------
+
+
+def summary(proc: subprocess.CompletedProcess[str]) -> str:
+    """The summary on stdout, without what differs from run to run (duration, run id)."""
+    return re.sub(r"\d+\.\d+s, run [0-9a-f]+\)", "<duration>, run <id>)", proc.stdout)
+
+
+def test_cli_run_detach_and_wait_on_the_cluster(celery_cluster: Cluster, tmp_path: Path) -> None:
+    prep = {"id": "prep", "type": "echo", "params": {"v": 1}}
+    batch = {"id": "b", "type": "test-fail", "params": {"value": "${item}", "fail_on": 2},
+             "batch": {"items": "${items}", "error_handling": "continue", "chunk_size": 2}}  # fmt: skip
+    wf = write_wf(tmp_path, {"nodes": [prep, batch], "outputs": {"n": {"source": "${b.count}"}}})
+    items = "items=[0,1,2,3,4]"
+    local = cli(celery_cluster, "run", wf, "--input", items)
+    assert local.returncode == 0, local.stderr
+    assert "b: 5 items, 4 succeeded, 1 failed" in local.stdout and "n = 5" in local.stdout
+    on_cluster = cli(celery_cluster, "run", wf, "--input", items, "--backend", "celery")
+    assert on_cluster.returncode == 0, on_cluster.stderr
+    assert summary(on_cluster) == summary(local)
+
+    detached = cli(celery_cluster, "run", wf, "--input", items, "--backend", "celery", "--detach")
+    assert detached.returncode == 0, detached.stderr
+    run_id = detached.stdout.strip()
+    assert detached.stdout == run_id + "\n" and re.fullmatch(r"[0-9a-f]{12}", run_id), detached.stdout
+    waited = cli(celery_cluster, "wait", run_id)
+    assert waited.returncode == 0, waited.stderr
+    assert summary(waited) == summary(local)
+
+    slow = write_wf(tmp_path, {"nodes": [{"id": "s", "type": "test-slow", "params": {"seconds": 4}}]}, "slow.json")
+    slow_id = cli(celery_cluster, "run", slow, "--backend", "celery", "--detach").stdout.strip()
+    timed_out = cli(celery_cluster, "wait", slow_id, "--timeout", "0.5")
+    assert timed_out.returncode == 124, (timed_out.stdout, timed_out.stderr)
+    assert durable.wait(slow_id, timeout=60).status == "success"  # the run went on
+
+    failing = write_wf(
+        tmp_path, {"nodes": [prep, {"id": "boom", "type": "test-fail", "params": {"fail": True}}]}, "f.json"
+    )
+    fail_id = cli(celery_cluster, "run", failing, "--backend", "celery", "--detach").stdout.strip()
+    line = assert_one_line_error(cli(celery_cluster, "wait", fail_id), 1)
+    assert line.startswith("error: ValueError: boom None"), line  # the node's exception, raised again
+    assert record_status(fail_id) == "failed"
