@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 from pathlib import Path
@@ -15,9 +16,10 @@ pytestmark = pytest.mark.skipif(shutil.which("make") is None, reason="needs make
 
 def dry_run(target: str, venv: Path) -> list[str]:
     """The commands `make TARGET` would run with the virtualenv at `venv`."""
-    proc = subprocess.run(
-        ["make", "-n", target, f"VENV={venv}"], cwd=ROOT, capture_output=True, text=True, timeout=60, check=True
-    )
+    # Not the flags of a `make test` this suite may be running under (they would add "Entering directory").
+    env = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MAKELEVEL", "MFLAGS")}
+    argv = ["make", "--no-print-directory", "-n", target, f"VENV={venv}"]
+    proc = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=60, check=True)
     return proc.stdout.splitlines()
 
 

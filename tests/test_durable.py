@@ -20,6 +20,7 @@ from typing import Any
 
 import pytest
 
+import scheduler
 from scheduler import durable
 from scheduler.localcluster import Cluster
 from tests.support import dist_nodes  # noqa: F401  (the test node types, in this process too)
@@ -123,8 +124,9 @@ def test_run_completes_after_the_submitting_process_exits(celery_cluster: Cluste
     assert proc.returncode == 0, proc.stderr
     run_id = proc.stdout.strip()
     assert proc.stdout == run_id + "\n" and re.fullmatch(r"[0-9a-f]{12}", run_id), proc.stdout  # the id only
-    result = durable.wait(run_id, timeout=60)
+    result = scheduler.wait(run_id, timeout=60)  # the public API (DESIGN section 2)
     assert result.status == "success" and result.run_id == run_id
+    assert scheduler.status(run_id)["status"] == "succeeded"
     aggregate = result.shared["b"]
     assert (aggregate["count"], aggregate["success_count"], aggregate["error_count"]) == (total, total, 0)
     assert [r["index"] for r in aggregate["results"]] == list(range(total))
