@@ -260,3 +260,14 @@ def test_cli_run_detach_and_wait_on_the_cluster(celery_cluster: Cluster, tmp_pat
     line = assert_one_line_error(cli(celery_cluster, "wait", fail_id), 1)
     assert line.startswith("error: ValueError: boom None"), line  # the node's exception, raised again
     assert record_status(fail_id) == "failed"
+
+
+def test_a_chunk_that_crashes_fails_the_cluster_run_instead_of_hanging(celery_cluster: Cluster) -> None:
+    """Not an item failure: the chunk's outcomes cannot travel back, so the chord body never runs; its error
+    callback must end the run (nobody waits on the chord)."""
+    wf = {"nodes": [{"id": "b", "type": "test-unencodable", "batch": {"items": "${items}"}}]}
+    run_id = scheduler.submit(wf, {"items": [1, 2, 3]})
+    result = scheduler.wait(run_id, timeout=60)
+    assert result.status == "failed", result
+    assert "batch node 'b': a chunk failed on a worker" in result.error and "cannot travel" in result.error
+    assert scheduler.status(run_id)["node"] == "b"

@@ -61,6 +61,8 @@ def dispatch_batch(job: BatchJob, run_id: str, *, advance_step: int | None = Non
     body = app.signature(
         "chordflow.aggregate", (meta,), argsrepr=f"batch={node_id} chunks={len(spans)} run={run_id}", kwargsrepr="{}"
     )
+    if advance_step is not None:  # nobody waits on the chord: a chunk that crashes must fail the run itself
+        body.on_error(app.signature("chordflow.batch_failed", (meta,)))
     state.record_chunks(ids)
     state.describe(status="running", node=node_id, items=len(items), chunks=len(spans))
     state.set_batch_total(job.key, len(items))

@@ -95,3 +95,12 @@ def aggregate(chunk_results: list[bytes], job: dict[str, Any]) -> str:
     if "advance" in job:
         current_app().send_task("chordflow.advance", (run_id, job["advance"]))
     return "stored"
+
+
+@task(name="chordflow.batch_failed")
+def batch_failed(request: Any, exc: BaseException, traceback: Any, job: dict[str, Any]) -> str:
+    """Chord error callback of a cluster run's batch: a chunk raised (not an item failure: e.g. a result that
+    cannot travel back), so the body will never run and no advance follows. Fail the run, naming the cause."""
+    error = f"batch node '{job['node']}': a chunk failed on a worker: {exc}"
+    ClusterRuns().set_status(job["run"], "failed", error, job["node"])
+    return "failed"

@@ -89,3 +89,12 @@ class WorkerNameNode(Node):
 
         shared["worker"] = current_task.request.hostname if current_task else "in-process"
         return "default"
+
+
+@register("test-unencodable")
+class UnencodableNode(Node):
+    """Writes a value the snapshot codec cannot encode: the chunk cannot send its outcomes back."""
+
+    def post(self, shared: Any, prep_res: Any, exec_res: Any) -> str:
+        shared["value"] = object()
+        return "default"
