@@ -29,13 +29,11 @@ def loop_workflow(steps: int) -> dict[str, Any]:
     }
 
 
-def checkpoint_cost(store_bytes: int, repeats: int = 2000) -> float:
-    """Median seconds of one `LocalRuns.checkpoint` of one small changed key, beside `store_bytes` of data."""
-    from worker.local_runs import LocalRuns
+def median_checkpoint(runs: Any, store_bytes: int, repeats: int) -> float:
+    """Median seconds of one `runs.checkpoint` of one small changed key, beside `store_bytes` of data."""
     from worker.runs import RunRecord
     from worker.stepper import Step
 
-    runs = LocalRuns(Path(tempfile.mkdtemp()) / "runs.db")
     store = {"big": "x" * store_bytes} if store_bytes else {}
     runs.create(RunRecord("r", {"nodes": []}, "local", "running", "n"), store)
     samples = []
@@ -47,27 +45,23 @@ def checkpoint_cost(store_bytes: int, repeats: int = 2000) -> float:
     return statistics.median(samples)
 
 
+def checkpoint_cost(store_bytes: int, repeats: int = 2000) -> float:
+    """On the embedded store (worker/local_runs.py), in a fresh SQLite file."""
+    from worker.local_runs import LocalRuns
+
+    return median_checkpoint(LocalRuns(Path(tempfile.mkdtemp()) / "runs.db"), store_bytes, repeats)
+
+
 def redis_checkpoint_cost(store_bytes: int, repeats: int = 2000) -> float:
-    """The same on Redis (worker/cluster_runs.py, one Lua script per checkpoint), on a bench-owned server."""
+    """On Redis (worker/cluster_runs.py, one Lua script per checkpoint), on a bench-owned server."""
     import redis
 
     from scheduler.localcluster import RedisServer
     from worker.cluster_runs import ClusterRuns
-    from worker.runs import RunRecord
-    from worker.stepper import Step
 
     server = RedisServer(Path(tempfile.mkdtemp()))
     try:
-        runs = ClusterRuns(redis.Redis.from_url(server.url), ttl=600)
-        store = {"big": "x" * store_bytes} if store_bytes else {}
-        runs.create(RunRecord("r", {"nodes": []}, "celery", "running", "n"), store)
-        samples = []
-        for step in range(repeats):
-            result = Step("n", "default", "n", {"n": {"value": step}}, [])
-            started = time.perf_counter()
-            runs.checkpoint("r", step, result)
-            samples.append(time.perf_counter() - started)
-        return statistics.median(samples)
+        return median_checkpoint(ClusterRuns(redis.Redis.from_url(server.url), ttl=600), store_bytes, repeats)
     finally:
         server.kill()
 

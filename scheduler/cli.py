@@ -519,7 +519,12 @@ def submit(workflow: str, pairs: tuple[str, ...], inputs_file: str | None) -> No
     from scheduler.compiler import load
 
     wf = load(workflow)
-    click.echo(durable.submit(workflow, parse_inputs(pairs, inputs_file, wf)))
+    run_id = durable.submit(workflow, parse_inputs(pairs, inputs_file, wf))
+    click.echo(run_id)
+    if not durable.workers_registered():
+        click.echo(
+            f"warning: no chordflow worker is registered; run {run_id} waits in the queue until one starts", err=True
+        )
 
 
 @cli.command()
@@ -729,14 +734,14 @@ def nodes() -> None:
 def worker(concurrency: int | None, queues: str | None, loglevel: str, pool: str, celery_args: tuple[str, ...]) -> None:
     """Run a Celery worker for chordflow chunks (extra arguments go to `celery worker`)."""
     from worker import settings
-    from worker.app import ensure_configured
+    from worker.app import current_app
     from worker.nodes import registry
 
     registry.load_plugins()  # fail here, with one line, if a plugin cannot be imported
     argv = ["worker", "-l", loglevel, "-P", pool, "-Q", queues or settings.load().queue]
     if concurrency:
         argv += ["-c", str(concurrency)]
-    ensure_configured().worker_main(argv=[*argv, *celery_args])
+    current_app().worker_main(argv=[*argv, *celery_args])
 
 
 @cli.command()
@@ -755,7 +760,7 @@ def cancel(run_id: str) -> None:
 @click.option("--unauthenticated", is_flag=True, help="Start without basic auth (only on a trusted network).")
 def flower(port: int, address: str, unauthenticated: bool) -> None:
     """Start Flower on the configured broker, with basic auth from FLOWER_BASIC_AUTH (user:password)."""
-    from worker.app import ensure_configured
+    from worker.app import current_app
 
     auth = os.environ.get("FLOWER_BASIC_AUTH", "")
     if not auth and not unauthenticated:
@@ -765,7 +770,7 @@ def flower(port: int, address: str, unauthenticated: bool) -> None:
     argv = ["flower", f"--port={port}", f"--address={address}"]
     if auth:
         argv.append(f"--basic-auth={auth}")
-    ensure_configured().start(argv=argv)
+    current_app().start(argv=argv)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -13,9 +13,9 @@ from typing import Any
 from ir.errors import BackendError, ValidationError
 from scheduler.backends.celery import broker_errors, preflight
 from scheduler.compiler import load
-from scheduler.engine import RunResult, _source, new_run_id
+from scheduler.engine import RunResult, new_run_id, source_of
 from scheduler.inputs import apply_inputs
-from worker import events, settings
+from worker import chunking, events, settings
 from worker.app import current_app
 from worker.cluster_runs import ClusterRuns
 from worker.flow import build_flow
@@ -48,9 +48,14 @@ def submit(workflow: Any, inputs: dict[str, Any] | None = None, *, run_id: str |
     runs = _cluster()
     run_id = run_id or new_run_id()
     with broker_errors(settings.load().result_backend):
-        runs.create(RunRecord(run_id, wf.wire(), "celery", "queued", wf.start_id(), source=_source(workflow)), store)
+        runs.create(RunRecord(run_id, wf.wire(), "celery", "queued", wf.start_id(), source=source_of(workflow)), store)
         current_app().send_task("chordflow.advance", (run_id, 0))
     return run_id
+
+
+def workers_registered() -> int:
+    """Worker processes in the registry now (0: a submitted run waits in the queue for one)."""
+    return chunking.registered_processes(settings.load().result_backend)
 
 
 def find_run(run_id: str) -> tuple[RunRecord, Any]:

@@ -66,7 +66,7 @@ def run(
     flow = compile(wf)
     if options:
         warnings.warn(f"scheduler.run: ignoring unknown options {sorted(options)}", stacklevel=2)
-    record = RunRecord(run_id or new_run_id(), wf.wire(), backend, "running", flow.start_id, source=_source(workflow))
+    record = RunRecord(run_id or new_run_id(), wf.wire(), backend, "running", flow.start_id, source=source_of(workflow))
     runs = LocalRuns.default()
     runs.create(record, store)
     return _go_on(flow, record, Cursor(flow.start_id), store, runs, on_event, cancelled, on_node_start, started)
@@ -133,7 +133,8 @@ def _go_on(
     return RunResult(store, status, error, outputs, run_id, time.perf_counter() - started)
 
 
-def _source(workflow: Any) -> str | None:
+def source_of(workflow: Any) -> str | None:
+    """The workflow file a run came from (kept in its record), when it was given as a path."""
     if isinstance(workflow, Path) or (isinstance(workflow, str) and not workflow.lstrip().startswith(("{", "["))):
         return str(workflow)
     return None

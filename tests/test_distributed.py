@@ -29,7 +29,7 @@ from scheduler.localcluster import ManagedProcess, free_port
 from tests.support import dist_nodes  # the test node types, in this process too
 from tests.support.cluster import start_slow_cli_run
 from worker import chunking
-from worker.app import ensure_configured
+from worker.app import current_app
 from worker.nodes import register
 from worker.runstate import RunState, client
 
@@ -253,7 +253,7 @@ def test_flower_serves_behind_basic_auth(celery_cluster: Any, tmp_path: Any) -> 
 
 def test_other_tasks_on_the_app_can_still_wait_for_their_results() -> None:
     """chordflow skips result subscriptions only for its own chords; `.get()` works for anything else."""
-    ensure_configured()
+    current_app()
     assert dist_nodes.add.delay(2, 3).get(timeout=30) == 5
 
 

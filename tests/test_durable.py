@@ -24,28 +24,21 @@ import scheduler
 from scheduler import durable
 from scheduler.localcluster import Cluster
 from tests.support import dist_nodes  # noqa: F401  (the test node types, in this process too)
+from tests.support.cluster import PLUGINS, destroyable_cluster
 from tests.test_cli import assert_one_line_error
 from worker.app import current_app
 from worker.cluster_runs import ClusterRuns
 from worker.runstate import RunState
 
 ROOT = Path(__file__).parents[1]
-PLUGINS = "tests.support.nodes,tests.support.dist_nodes"
+
 VISIBILITY_TIMEOUT = 5
 
 
 @pytest.fixture
 def own_cluster(tmp_path: Path) -> Iterator[Cluster]:
-    """A cluster this test may destroy: its own redis-server and two workers, a low visibility timeout."""
-    cluster = Cluster(tmp_path, visibility_timeout=VISIBILITY_TIMEOUT, plugins=PLUGINS)
-    previous = cluster.apply_env()
-    try:
-        cluster.start_worker("k1")
-        cluster.start_worker("k2")
+    with destroyable_cluster(tmp_path, VISIBILITY_TIMEOUT) as cluster:
         yield cluster
-    finally:
-        cluster.restore_env(previous)
-        cluster.stop()
 
 
 # -- helpers ---------------------------------------------------------------------------------------------
@@ -271,3 +264,19 @@ def test_a_chunk_that_crashes_fails_the_cluster_run_instead_of_hanging(celery_cl
     assert result.status == "failed", result
     assert "batch node 'b': a chunk failed on a worker" in result.error and "cannot travel" in result.error
     assert scheduler.status(run_id)["node"] == "b"
+
+
+def test_submit_without_workers_says_the_run_waits_and_the_run_stays_queued(tmp_path: Path) -> None:
+    cluster = Cluster(tmp_path, plugins=PLUGINS)  # Redis only: no worker at all
+    try:
+        wf = write_wf(tmp_path, {"nodes": [{"id": "e", "type": "echo", "params": {"v": 1}}]})
+        proc = cli(cluster, "submit", wf)
+        assert proc.returncode == 0, proc.stderr
+        run_id = proc.stdout.strip()
+        assert proc.stderr.strip() == (
+            f"warning: no chordflow worker is registered; run {run_id} waits in the queue until one starts"
+        )
+        assert json.loads(cli(cluster, "status", run_id, "--json").stdout)["status"] == "queued"
+        assert cli(cluster, "wait", run_id, "--timeout", "0.5").returncode == 124
+    finally:
+        cluster.stop()

@@ -4,16 +4,13 @@ from __future__ import annotations
 
 import itertools
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 import ir
 from tests.support import workflow
-
-ROOT = Path(__file__).parents[1]
+from tests.test_cli import run_cli
 
 
 def _nodes(*ids: str) -> list[dict]:
@@ -125,13 +122,7 @@ def test_cli_validate_prints_warnings_on_stderr_and_exits_0(tmp_path: Path) -> N
     path.write_text(
         json.dumps(workflow(*_nodes("a", "b", "c"), edges=[_edge("a", "b"), _edge("b", "a"), _edge("b", "c", "done")]))
     )
-    proc = subprocess.run(
-        [sys.executable, "-m", "scheduler.cli", "validate", str(path)],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    proc = run_cli("validate", path)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "ok: 3 nodes"
     assert proc.stderr.splitlines() == [

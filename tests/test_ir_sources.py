@@ -3,16 +3,13 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 import ir
 from tests.support import workflow
-
-ROOT = Path(__file__).parents[1]
+from tests.test_cli import run_cli
 
 
 def _message(source) -> str:
@@ -108,25 +105,13 @@ def test_template_index_with_thousands_of_digits_names_node_and_param() -> None:
 def test_cli_validate_never_prints_a_traceback(tmp_path: Path, content: bytes, expected: str) -> None:
     path = tmp_path / "wf.json"
     path.write_bytes(content)
-    proc = subprocess.run(
-        [sys.executable, "-m", "scheduler.cli", "validate", str(path)],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    proc = run_cli("validate", path)
     assert proc.returncode == 2, proc.stderr
     assert "Traceback" not in proc.stderr
     assert proc.stderr.startswith(f"error: {path}: ") and expected in proc.stderr.splitlines()[0]
 
 
 def test_cli_validate_long_argument_that_is_not_a_file() -> None:
-    proc = subprocess.run(
-        [sys.executable, "-m", "scheduler.cli", "validate", "q" * 5000],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    proc = run_cli("validate", "q" * 5000)
     assert proc.returncode == 2
     assert proc.stderr.count("\n") == 1 and proc.stderr.startswith("error: cannot read 'qqq")

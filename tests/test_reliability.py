@@ -14,23 +14,15 @@ import pytest
 import scheduler
 from scheduler.localcluster import Cluster
 from tests.support import dist_nodes  # noqa: F401  (the test node types, in this process too)
-from tests.support.cluster import start_slow_cli_run
+from tests.support.cluster import PLUGINS, destroyable_cluster, start_slow_cli_run
 
 VISIBILITY_TIMEOUT = 6
-PLUGINS = "tests.support.nodes,tests.support.dist_nodes"
 
 
 @pytest.fixture
 def own_cluster(tmp_path: Path) -> Iterator[Cluster]:
-    cluster = Cluster(tmp_path, visibility_timeout=VISIBILITY_TIMEOUT, plugins=PLUGINS)
-    previous = cluster.apply_env()
-    try:
-        cluster.start_worker("k1")
-        cluster.start_worker("k2")
+    with destroyable_cluster(tmp_path, VISIBILITY_TIMEOUT) as cluster:
         yield cluster
-    finally:
-        cluster.restore_env(previous)
-        cluster.stop()
 
 
 def test_sigkilled_worker_loses_and_duplicates_nothing(own_cluster: Cluster) -> None:

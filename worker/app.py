@@ -137,11 +137,6 @@ def current_app(s: settings.Settings | None = None) -> ChordflowCelery:
     return found
 
 
-def ensure_configured() -> ChordflowCelery:
-    """Older name for `current_app()`."""
-    return current_app()
-
-
 def task(*, name: str, **options: Any) -> Callable[[Callable[..., Any]], Any]:
     """Define a task on every chordflow app (`@task(name="x.y")`), like Celery's `shared_task`.
 

@@ -16,7 +16,6 @@ import uuid
 from typing import Any
 
 import ir
-from ir import snapshot
 from ir.errors import RunCancelled
 from worker import context
 from worker.aggregate import BatchResult, merge
@@ -27,7 +26,7 @@ from worker.context import RunContext
 from worker.dispatch import dispatch_batch
 from worker.flow import build_flow
 from worker.nodes import registry
-from worker.remote import rebuild_exception
+from worker.remote import stored_batch_result
 from worker.runs import FINAL, RECORD_STATUS, StepJournal
 from worker.runstate import RunState
 from worker.stepper import Cursor, batch_nodes, drive, ending
@@ -79,10 +78,7 @@ class ClusterBatches:
             return merge([], 0, job.batch.fail_fast)
         stored = self.state.batch_result(job.key)
         if stored is not None:
-            result = BatchResult.from_wire(snapshot.decode(stored))
-            if result.failure is not None and result.failure.exception_type:
-                result.failure.exception = rebuild_exception(result.failure)
-            return result
+            return stored_batch_result(stored)
         if self.state.mark_dispatched(job.key):
             job.done = [c for c in self.runs.saved_chunks(self.run_id, job.key) if not c.failures]
             # The next advance starts at this batch node's step (not this advance's first step: nodes

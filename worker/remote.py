@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import importlib
 
+from ir import snapshot
 from ir.errors import RemoteError
+from worker.aggregate import BatchResult
 from worker.outcome import ItemOutcome
 
 
@@ -22,3 +24,11 @@ def rebuild(module: str | None, name: str | None, message: str) -> BaseException
 def rebuild_exception(outcome: ItemOutcome) -> BaseException:
     """A failed batch item's exception."""
     return rebuild(outcome.exception_module, outcome.exception_type, outcome.error or "")
+
+
+def stored_batch_result(blob: bytes) -> BatchResult:
+    """A batch result as the chord body stored it, with a fail_fast failure's exception rebuilt."""
+    result = BatchResult.from_wire(snapshot.decode(blob))
+    if result.failure is not None and result.failure.exception_type:
+        result.failure.exception = rebuild_exception(result.failure)
+    return result

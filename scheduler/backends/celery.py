@@ -18,14 +18,13 @@ from kombu.utils.url import maybe_sanitize_url
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from ir import snapshot
 from ir.errors import BackendError, RunCancelled
 from worker import chunking, events, settings
 from worker.aggregate import BatchResult, merge
 from worker.backend import BatchJob
 from worker.context import RunContext
 from worker.dispatch import dispatch_batch
-from worker.remote import rebuild_exception
+from worker.remote import stored_batch_result
 from worker.runstate import RunState
 
 log = logging.getLogger(__name__)
@@ -68,11 +67,8 @@ class CeleryBackend:
         except (KeyboardInterrupt, RunCancelled):
             self.cancel()
             raise
-        batch = BatchResult.from_wire(snapshot.decode(blob))
-        if batch.failure is not None:
-            batch.failure.exception = rebuild_exception(batch.failure) if batch.failure.exception_type else None
         self.state.describe(status="done")
-        return batch
+        return stored_batch_result(blob)
 
     # -- waiting -----------------------------------------------------------------------------------
     def _wait(self, result: Any, batch: str, node_id: str, total: int) -> bytes:

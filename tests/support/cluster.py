@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
@@ -17,14 +18,13 @@ from worker.runstate import RunState
 # The workers' environment: the suite's, as it is when conftest loads this plugin — not whatever a
 # monkeypatching test happens to have set when the session cluster is first started.
 BASE_ENV = dict(os.environ)
+PLUGINS = "tests.support.nodes,tests.support.dist_nodes"
 
 
 @pytest.fixture(scope="session")
 def celery_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     """The suite's shared cluster: its own redis-server on a free port and two solo workers."""
-    cluster = Cluster(
-        tmp_path_factory.mktemp("cluster"), plugins="tests.support.nodes,tests.support.dist_nodes", base_env=BASE_ENV
-    )
+    cluster = Cluster(tmp_path_factory.mktemp("cluster"), plugins=PLUGINS, base_env=BASE_ENV)
     try:
         cluster.start_worker("w1")  # `celery -A worker.app worker`
         cluster.start_worker("w2", via="chordflow")  # `chordflow worker`: both ways must serve chunks
@@ -32,6 +32,21 @@ def celery_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster
         yield cluster
         cluster.restore_env(previous)
     finally:
+        cluster.stop()
+
+
+@contextlib.contextmanager
+def destroyable_cluster(workdir: Path, visibility_timeout: int) -> Iterator[Cluster]:
+    """A cluster a test may destroy (kill workers, kill Redis): its own redis-server and two workers,
+    `visibility_timeout` low so lost chunks come back quickly; this process points at it meanwhile."""
+    cluster = Cluster(workdir, visibility_timeout=visibility_timeout, plugins=PLUGINS)
+    previous = cluster.apply_env()
+    try:
+        cluster.start_worker("k1")
+        cluster.start_worker("k2")
+        yield cluster
+    finally:
+        cluster.restore_env(previous)
         cluster.stop()
 
 
