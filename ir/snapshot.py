@@ -75,6 +75,12 @@ def decode(data: bytes) -> Any:
     return msgpack.unpackb(data, ext_hook=_ext_hook, raw=False, strict_map_key=False)
 
 
+def reader(file_like: Any) -> msgpack.Unpacker:
+    """An incremental decoder over a readable file: a large value is read piece by piece
+    (`read_map_header`, `read_array_header`, `unpack`, `skip`), never decoded whole."""
+    return msgpack.Unpacker(file_like, ext_hook=_ext_hook, raw=False, strict_map_key=False, max_buffer_size=2**31 - 1)
+
+
 def snapshot_of(shared: Mapping[str, Any]) -> dict[str, Any]:
     """The shallow snapshot that travels: `dict(shared)` without process-private keys."""
     return {k: v for k, v in shared.items() if not (isinstance(k, str) and k.startswith(PRIVATE_PREFIX))}

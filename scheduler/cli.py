@@ -596,28 +596,29 @@ def results(run_id: str, whole_store: bool, node: str | None, fmt: str, errors_o
     from worker.stepper import Cursor, ending
 
     record, runs = durable.find_run(run_id)
-    store = runs.load_store(run_id)
-    with open(out, "w", encoding="utf-8") if out else contextlib.nullcontext(sys.stdout) as sink:
-        if node is None:
-            if whole_store:
-                value = store
-            elif record.status != "succeeded":
-                raise CliUsageError(f"run {run_id} is {record.status}: it has no outputs (try --store)")
-            else:
-                value = ending(build_flow(ir.load(record.workflow)), Cursor(None), store, None)[2]
+    if node is None:
+        store = runs.load_store(run_id)
+        if whole_store:
+            value = store
+        elif record.status != "succeeded":
+            raise CliUsageError(f"run {run_id} is {record.status}: it has no outputs (try --store)")
+        else:
+            value = ending(build_flow(ir.load(record.workflow)), Cursor(None), store, None)[2]
+        with open(out, "w", encoding="utf-8") if out else contextlib.nullcontext(sys.stdout) as sink:
             sink.write(to_json(value) + "\n")
-            return
-        aggregate = store.get(node)
-        if not isinstance(aggregate, dict) or "results" not in aggregate:
-            raise CliUsageError(f"--node {node}: run {run_id} has no batch results for node '{node}'")
-        errors = {entry["index"]: entry for entry in aggregate.get("errors") or []}
-        rows = (
-            {"index": i, "result": result, "error": errors[i]["error"] if i in errors else None}
-            for i, result in enumerate(aggregate["results"])
-            if not errors_only or i in errors
-        )
-        if fmt == "json":
-            sink.write(to_json(list(rows)) + "\n")
+        return
+    try:  # before --out is opened: an unknown node leaves no empty file behind
+        rows = runs.batch_rows(run_id, node)
+    except LookupError:
+        raise CliUsageError(f"--node {node}: run {run_id} has no batch results for node '{node}'") from None
+    with open(out, "w", encoding="utf-8") if out else contextlib.nullcontext(sys.stdout) as sink:
+        if errors_only:
+            rows = (row for row in rows if row["error"] is not None)
+        if fmt == "json":  # one JSON array, still written row by row
+            sink.write("[")
+            for i, row in enumerate(rows):
+                sink.write(("," if i else "") + to_json(row))
+            sink.write("]\n")
             return
         for row in rows:
             sink.write(to_json(row) + "\n")

@@ -81,12 +81,10 @@ def wait(
     """Follow a cluster run until it ends; like `scheduler.run`, a node's exception is raised again here
     (its own type when importable, else RemoteError). Raises WaitTimeout when `timeout` passes first."""
     record, runs = find_run(run_id)
-    if not isinstance(runs, ClusterRuns):
-        if record.status not in FINAL:
-            raise ValidationError(f"run {run_id} is a local run still {record.status} in another process")
-        return _result(record, runs)
-    state = RunState(run_id)
     deadline = None if timeout is None else time.monotonic() + timeout
+    if not isinstance(runs, ClusterRuns):
+        return _wait_local(record, runs, deadline, timeout)
+    state = RunState(run_id)
     position, done, seen = "0-0", {}, {}
     while True:
         with broker_errors(settings.load().result_backend):
@@ -108,6 +106,17 @@ def wait(
                         on_event(events.batch_progress(node, index, done[batch], total, bool(ok)))
         if deadline is not None and time.monotonic() > deadline:
             raise WaitTimeout(f"run {run_id} is still {record.status} after {timeout:g}s (it goes on)")
+
+
+def _wait_local(record: RunRecord, runs: LocalRuns, deadline: float | None, timeout: float | None) -> RunResult:
+    """A local run ends in the process running it; another process follows its record in the embedded
+    store (SQLite has no notifications: it reads the record every POLL_MS)."""
+    while record.status not in FINAL:
+        if deadline is not None and time.monotonic() > deadline:
+            raise WaitTimeout(f"run {record.run_id} is still {record.status} after {timeout:g}s (it goes on)")
+        time.sleep(POLL_MS / 1000)
+        record = runs.get(record.run_id) or record
+    return _result(record, runs)
 
 
 def _result(record: RunRecord, runs: Any) -> RunResult:

@@ -6,7 +6,11 @@ Side effects are counted in files, so "not executed again" is a fact on disk, no
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import threading
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +19,7 @@ import pytest
 import scheduler
 from ir.errors import StepLimitExceeded
 from scheduler.engine import cached_nodes
-from tests.test_cli import assert_one_line_error, run_cli
+from tests.test_cli import ROOT, assert_one_line_error, cli_env, run_cli
 from worker.local_runs import LocalRuns
 from worker.stepper import run_step
 
@@ -26,6 +30,14 @@ def side_effect(node_id: str, log: Path, **params: Any) -> dict[str, Any]:
 
 def lines(log: Path) -> list[str]:
     return log.read_text().splitlines() if log.exists() else []
+
+
+def until(condition: Callable[[], Any], timeout: float = 60) -> Any:
+    deadline = time.monotonic() + timeout
+    while not (value := condition()):
+        assert time.monotonic() < deadline, f"timed out after {timeout}s"
+        time.sleep(0.05)
+    return value
 
 
 def endless(max_steps: int | None = None) -> dict[str, Any]:
@@ -142,6 +154,33 @@ def test_cli_run_status_runs_resume(tmp_path: Path) -> None:
     assert cached_nodes(run_id) == ["n1", "n2"]
     assert_one_line_error(run_cli("resume", run_id), 2)  # a succeeded run does not resume
     assert_one_line_error(run_cli("status", "nosuchrun"), 2)
+
+
+def test_cli_wait_follows_a_local_run_in_another_process(tmp_path: Path) -> None:
+    log, gate = tmp_path / "log", tmp_path / "gate"
+    wf = tmp_path / "wf.json"
+    wf.write_text(json.dumps({"nodes": [side_effect("n1", log), side_effect("n2", log, gate=str(gate))]}))
+    running = subprocess.Popen(
+        [sys.executable, "-m", "scheduler.cli", "run", str(wf)], cwd=ROOT, env=cli_env(), stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        runs = LocalRuns.default()
+        found = until(lambda: [r.run_id for r in runs.recent("running", 50) if str(gate) in str(r.workflow)])
+        run_id = found[0]
+        assert run_cli("wait", run_id, "--timeout", "0.3").returncode == 124  # n2 waits for its gate
+        waiting = subprocess.Popen(
+            [sys.executable, "-m", "scheduler.cli", "wait", run_id], cwd=ROOT, env=cli_env(),
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        gate.touch()
+        out, err = waiting.communicate(timeout=60)
+        assert waiting.returncode == 0, err
+        assert "status: success" in out
+        assert running.wait(timeout=60) == 0
+    finally:
+        running.kill()
+    assert lines(log) == ["n1", "n2"]
 
 
 def test_cli_results_outputs_store_and_batch_items(tmp_path: Path) -> None:

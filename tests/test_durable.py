@@ -195,6 +195,9 @@ def test_cancel_mid_batch_then_resume_runs_every_item_exactly_once(celery_cluste
     assert after[: len(before)] == before
     assert sorted(map(int, after)) == list(range(total))  # every item exactly once overall
     assert lines(first_log) == ["first"]  # the node before the batch was not run again
+    rows = [json.loads(line) for line in cli(celery_cluster, "results", run_id, "--node", "b").stdout.splitlines()]
+    assert [r["index"] for r in rows] == list(range(total))  # chunks kept before the cancel + the resumed ones
+    assert [r["result"]["label"] for r in rows] == [str(i) for i in range(total)]
 
 
 # -- duplicates ----------------------------------------------------------------------------------------------
@@ -253,6 +256,32 @@ def test_cli_run_detach_and_wait_on_the_cluster(celery_cluster: Cluster, tmp_pat
     line = assert_one_line_error(cli(celery_cluster, "wait", fail_id), 1)
     assert line.startswith("error: ValueError: boom None"), line  # the node's exception, raised again
     assert record_status(fail_id) == "failed"
+
+
+def test_results_node_streams_a_cluster_batch_from_its_stored_chunks(celery_cluster: Cluster, tmp_path: Path) -> None:
+    total = 500
+    batch = {"id": "b", "type": "test-fail", "params": {"value": "${item}", "fail_on": 7},
+             "batch": {"items": "${items}", "error_handling": "continue", "chunk_size": 40}}  # fmt: skip
+    run_id = durable.submit({"nodes": [batch]}, {"items": [i % 100 for i in range(total)]})
+    assert durable.wait(run_id, timeout=60).status == "success"
+    chunks = ClusterRuns().redis.hlen(f"cf:{{{run_id}}}:chunks:b#0")
+    assert chunks == 13  # 500 items in chunks of 40: what the rows are read from
+
+    out = tmp_path / "rows.jsonl"
+    written = cli(celery_cluster, "results", run_id, "--node", "b", "--out", out)
+    assert written.returncode == 0 and written.stdout == "", written.stderr
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [r["index"] for r in rows] == list(range(total))
+    failed = [i for i in range(total) if i % 100 == 7]
+    assert [r["index"] for r in rows if r["error"]] == failed
+    assert all(r["result"] == {"value": i % 100} for i, r in enumerate(rows) if i not in failed)
+    assert rows[7]["result"] is None and "7" in rows[7]["error"]
+
+    errors = cli(celery_cluster, "results", run_id, "--node", "b", "--errors", "--format", "json")
+    assert [r["index"] for r in json.loads(errors.stdout)] == failed
+    unknown = tmp_path / "nope.jsonl"
+    assert_one_line_error(cli(celery_cluster, "results", run_id, "--node", "nope", "--out", unknown), 2)
+    assert not unknown.exists()  # nothing half-written
 
 
 def test_a_chunk_that_crashes_fails_the_cluster_run_instead_of_hanging(celery_cluster: Cluster) -> None:

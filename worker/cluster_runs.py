@@ -8,9 +8,10 @@ node changed, fenced on the step number. `cf:runs` (created time per run id) lis
 
 from __future__ import annotations
 
+import io
 import json
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import redis
@@ -18,6 +19,7 @@ import redis
 from ir import snapshot
 from worker import settings
 from worker.aggregate import ChunkResult
+from worker.batch_rows import Row, rows_of_aggregate, rows_of_chunks
 from worker.runs import FINAL, RunRecord
 from worker.runstate import client, script
 from worker.stepper import Step
@@ -109,19 +111,51 @@ class ClusterRuns:
         return [n.decode() for n in self.redis.lrange(key(run_id, "trail"), 0, -1)]
 
     # -- batch outcomes, stored per chunk -------------------------------------------------------------
-    def save_chunks(self, run_id: str, batch: str, chunks: list[ChunkResult]) -> None:
+    def keep_chunks(self, run_id: str, batch: str, blobs: list[bytes]) -> list[ChunkResult]:
+        """Store a batch's new chunk outcomes (the chord's results, as they came) beside those an earlier,
+        cut-short dispatch kept; returns the chunks the batch's outcomes are made of, in index order: the
+        new ones and the earlier ones they do not overlap (those the new ones cover are dropped)."""
         name = key(run_id, f"chunks:{batch}")
+        new = [(chunk, blob) for blob in blobs if (chunk := ChunkResult.from_wire(snapshot.decode(blob))).results]
+        spans = [(c.start, c.start + len(c.results)) for c, _ in new]
+        kept, stale = [], []
+        for chunk in self.saved_chunks(run_id, batch):
+            end = chunk.start + len(chunk.results)
+            covered = any(start < end and chunk.start < stop for start, stop in spans)
+            (stale if covered else kept).append(chunk)
         pipe = self.redis.pipeline()
-        for chunk in chunks:
-            if chunk.results:
-                pipe.hset(name, str(chunk.start), snapshot.encode(chunk.to_wire()))
+        if stale:
+            pipe.hdel(name, *[str(c.start) for c in stale])
+        if new:
+            pipe.hset(name, mapping={str(c.start): blob for c, blob in new})
         pipe.expire(name, self.ttl)
         pipe.execute()
+        return sorted([*kept, *(c for c, _ in new)], key=lambda c: c.start)
 
     def saved_chunks(self, run_id: str, batch: str) -> list[ChunkResult]:
         blobs = self.redis.hgetall(key(run_id, f"chunks:{batch}"))
         chunks = [ChunkResult.from_wire(snapshot.decode(blob)) for blob in blobs.values()]
         return sorted(chunks, key=lambda c: c.start)
+
+    def batch_rows(self, run_id: str, node: str) -> Iterator[Row]:
+        """The items of node's last batch, streamed from its stored chunks a few at a time (what finished,
+        for a batch cut short); LookupError when the node has no batch results."""
+        dispatches = [b.decode() for b in self.redis.hkeys(key(run_id, "totals")) if b.decode().split("#")[0] == node]
+        if dispatches:
+            name = key(run_id, f"chunks:{max(dispatches, key=lambda b: int(b.rsplit('#', 1)[1]))}")
+            starts = sorted(int(start) for start in self.redis.hkeys(name))
+            if starts:
+                return rows_of_chunks(self._chunks(name, starts))
+        blob = self.redis.hget(key(run_id, "store"), node)  # a batch that dispatched nothing (no items)
+        if blob is None:
+            raise LookupError(f"run {run_id} has no batch results for node '{node}'")
+        return rows_of_aggregate(lambda: io.BytesIO(blob))
+
+    def _chunks(self, name: str, starts: list[int], per_read: int = 8) -> Iterator[ChunkResult]:
+        for i in range(0, len(starts), per_read):
+            for blob in self.redis.hmget(name, [str(s) for s in starts[i : i + per_read]]):
+                if blob is not None:
+                    yield ChunkResult.from_wire(snapshot.decode(blob))
 
 
 def _record(raw: dict[bytes, bytes]) -> RunRecord:

@@ -8,18 +8,20 @@ only resuming that run needs it.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sqlite3
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
 from ir import snapshot
 from ir.errors import SnapshotError
 from worker.aggregate import ChunkResult
+from worker.batch_rows import Row, rows_of_aggregate, rows_of_chunks
 from worker.runs import RunRecord
 from worker.stepper import Step
 
@@ -169,6 +171,24 @@ class LocalRuns:
                 "SELECT value FROM chunks WHERE run_id = ? AND batch = ? ORDER BY start", (run_id, batch)
             ).fetchall()
         return [ChunkResult.from_wire(snapshot.decode(row[0])) for row in rows]
+
+    def batch_rows(self, run_id: str, node: str) -> Iterator[Row]:
+        """The items of node's batch, streamed from the stored aggregate (or, for a batch cut short, from
+        the chunks it kept); LookupError when the node has no batch results."""
+        with self.lock:
+            found = self.db.execute(
+                "SELECT rowid FROM store WHERE run_id = ? AND key = ? AND value IS NOT NULL", (run_id, node)
+            ).fetchone()
+            batches = self.db.execute(
+                "SELECT DISTINCT batch FROM chunks WHERE run_id = ? AND batch LIKE ?", (run_id, f"{node}#%")
+            ).fetchall()
+        if found is not None:
+            with contextlib.suppress(LookupError):
+                return rows_of_aggregate(lambda: self.db.blobopen("store", "value", found[0], readonly=True))
+        if batches:
+            last = max((b for (b,) in batches), key=lambda b: int(b.rsplit("#", 1)[1]))
+            return rows_of_chunks(self.saved_chunks(run_id, last))
+        raise LookupError(f"run {run_id} has no batch results for node '{node}'")
 
 
 def _record(row: tuple[Any, ...]) -> RunRecord:

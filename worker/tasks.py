@@ -76,19 +76,19 @@ def aggregate(chunk_results: list[bytes], job: dict[str, Any]) -> str:
     in Redis and wake whoever goes on: the waiting scheduler (through the run's stream) or, for a run
     that lives in the cluster (`advance` in the job), the next `chordflow.advance`.
 
-    A cluster run's chunk outcomes are kept per batch, so a batch cut short (cancelled) resumes with
-    only the items that have no outcome; one resumed merges them with the new chunks.
+    A cluster run's chunk outcomes are kept per batch: `results --node` streams them, a batch cut short
+    (cancelled) resumes with only the items that have no outcome, and one resumed merges them with its new chunks.
     """
     run_id, batch = job["run"], job["batch"]
-    chunks = [ChunkResult.from_wire(snapshot.decode(blob)) for blob in chunk_results]
     state = RunState(run_id)
     if "advance" in job:
         runs = ClusterRuns()
-        chunks = [*runs.saved_chunks(run_id, batch), *chunks]
+        chunks = runs.keep_chunks(run_id, batch, chunk_results)
         if state.cancelled():
-            runs.save_chunks(run_id, batch, chunks)
             runs.set_status(run_id, "cancelled", "run cancelled", job["node"])
             return "cancelled"
+    else:
+        chunks = [ChunkResult.from_wire(snapshot.decode(blob)) for blob in chunk_results]
     result = merge(chunks, job["count"], job["fail_fast"])
     blob = snapshot.encode(result.to_wire(), label=f"batch '{job['node']}' aggregate")
     state.finish_batch(batch, blob)

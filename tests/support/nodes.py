@@ -319,13 +319,17 @@ class RoundsNode(Node):
 @register("test-side-effect")
 class SideEffectNode(Node):
     """Appends `label` to the file `log` (side effects counted across processes); raises while the file
-    `requires` (when given) does not exist, and sleeps `seconds` first (for cancels mid-batch)."""
+    `requires` (when given) does not exist, sleeps `seconds` first (for cancels mid-batch), and first waits
+    (up to 60 s) for the file `gate` when given (a test opens it to let the node finish)."""
 
     def prep(self, shared: Any) -> dict[str, Any]:
         return dict(self.params)
 
     def exec(self, params: dict[str, Any]) -> str:
         time.sleep(float(params.get("seconds", 0)))
+        deadline = time.monotonic() + 60
+        while params.get("gate") and not os.path.exists(params["gate"]) and time.monotonic() < deadline:
+            time.sleep(0.02)
         requires = params.get("requires")
         if requires and not os.path.exists(requires):
             raise FileNotFoundError(f"missing {requires}")
