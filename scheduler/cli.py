@@ -76,10 +76,12 @@ def exit_code_for(exc: BaseException) -> int:
 
 
 def error_lines(exc: BaseException, node: str | None = None) -> list[str]:
-    """The stderr lines for an error (no traceback)."""
+    """The stderr lines for an error (no traceback), secrets masked (worker/redact.py)."""
+    from worker import redact
+
     if isinstance(exc, KeyboardInterrupt | RunCancelled):
         return ["cancelled"]
-    message = str(exc)
+    message = redact.mask(str(exc))
     if isinstance(exc, ValidationError):
         first, *rest = message.splitlines() or [type(exc).__name__]
         return [f"error: {first}", *rest]
@@ -95,9 +97,11 @@ def error_lines(exc: BaseException, node: str | None = None) -> list[str]:
 
 
 def report_error(exc: BaseException, *, debug: bool = False, node: str | None = None) -> int:
-    """Print `exc` on stderr (a traceback with --debug) and return the exit code."""
+    """Print `exc` on stderr (a traceback with --debug, secrets masked too) and return the exit code."""
+    from worker import redact
+
     if debug:
-        traceback.print_exception(exc, file=sys.stderr)
+        click.echo(redact.mask("".join(traceback.format_exception(exc))).rstrip("\n"), err=True)
     else:
         for line in error_lines(exc, node):
             click.echo(line, err=True)
@@ -412,10 +416,11 @@ def run(
 
     def start(**hooks: Any) -> Any:
         wf = load(workflow)
-        inputs = parse_inputs(pairs, inputs_file, wf)
         if backend == "local":
+            inputs = parse_inputs(pairs, inputs_file, wf)
             return wf, scheduler.run(wf, inputs, shared=store, backend=backend, run_id=run_id, **hooks)
-        return wf, _submit_and_wait(ctx, wf, inputs, run_id, store, detach, output, hooks["on_event"])
+        submitted = {"inputs": parse_inputs(pairs, None, wf), "inputs_file": inputs_file}
+        return wf, _submit_and_wait(ctx, wf, submitted, run_id, store, detach, output, hooks["on_event"])
 
     _follow(ctx, output, run_id, store, start)
 
@@ -423,7 +428,7 @@ def run(
 def _submit_and_wait(
     ctx: click.Context,
     wf: ir.Workflow,
-    inputs: dict[str, Any],
+    submitted: dict[str, Any],
     run_id: str,
     store: dict[str, Any],
     detach: bool,
@@ -433,7 +438,7 @@ def _submit_and_wait(
     """`run --backend celery`: the run lives in the cluster; this process only follows it (Ctrl-C cancels)."""
     from scheduler import durable
 
-    durable.submit(wf, inputs, run_id=run_id)
+    durable.submit(wf, run_id=run_id, **submitted)
     if detach:
         click.echo(run_id)
         raise click.exceptions.Exit(EXIT_OK)
@@ -519,7 +524,7 @@ def submit(workflow: str, pairs: tuple[str, ...], inputs_file: str | None) -> No
     from scheduler.compiler import load
 
     wf = load(workflow)
-    run_id = durable.submit(workflow, parse_inputs(pairs, inputs_file, wf))
+    run_id = durable.submit(workflow, parse_inputs(pairs, None, wf), inputs_file=inputs_file)
     click.echo(run_id)
     if not durable.workers_registered():
         click.echo(

@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from ir.errors import BackendError, ValidationError
@@ -15,6 +16,7 @@ from scheduler.backends.celery import broker_errors, preflight
 from scheduler.compiler import load
 from scheduler.engine import RunResult, new_run_id, source_of
 from scheduler.inputs import apply_inputs
+from scheduler.inputs_file import read_encoded
 from worker import chunking, events, settings
 from worker.app import current_app
 from worker.cluster_runs import ClusterRuns
@@ -40,15 +42,27 @@ def _cluster() -> ClusterRuns:
     return ClusterRuns()
 
 
-def submit(workflow: Any, inputs: dict[str, Any] | None = None, *, run_id: str | None = None) -> str:
-    """Validate, record the run in Redis, enqueue its first step; returns the run id at once."""
+def submit(
+    workflow: Any,
+    inputs: dict[str, Any] | None = None,
+    *,
+    run_id: str | None = None,
+    inputs_file: str | Path | None = None,
+) -> str:
+    """Validate, record the run in Redis, enqueue its first step; returns the run id at once.
+
+    `inputs_file`: a JSON object of inputs, under `inputs` (which win where both name a key), read
+    straight into the run's stored bytes: a large input is never built as objects in this process.
+    """
     wf = load(workflow)
+    from_file = read_encoded(inputs_file) if inputs_file is not None else {}
     store: dict[str, Any] = {}
-    apply_inputs(wf, store, inputs)
+    apply_inputs(wf, store, inputs, encoded=from_file)
     runs = _cluster()
     run_id = run_id or new_run_id()
+    record = RunRecord(run_id, wf.wire(), "celery", "queued", wf.start_id(), source=source_of(workflow))
     with broker_errors(settings.load().result_backend):
-        runs.create(RunRecord(run_id, wf.wire(), "celery", "queued", wf.start_id(), source=source_of(workflow)), store)
+        runs.create(record, store, encoded={k: v for k, v in from_file.items() if k not in store})
         current_app().send_task("chordflow.advance", (run_id, 0))
     return run_id
 

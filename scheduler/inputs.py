@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import difflib
 import json
+from collections.abc import Iterable
 from typing import Any
 
 import ir
@@ -41,18 +42,25 @@ def unknown_input(wf: ir.Workflow, name: str) -> str | None:
     return f"unknown input '{name}' ({hint})"
 
 
-def apply_inputs(wf: ir.Workflow, store: dict[str, Any], inputs: dict[str, Any] | None) -> None:
-    """Check `inputs` against the workflow's declared inputs, fill in defaults, and put them in `store`."""
+def apply_inputs(
+    wf: ir.Workflow, store: dict[str, Any], inputs: dict[str, Any] | None, encoded: Iterable[str] = ()
+) -> None:
+    """Check `inputs` against the workflow's declared inputs, fill in defaults, and put them in `store`.
+
+    `encoded`: names of inputs given already encoded (an inputs file read straight into the run's store
+    bytes): checked as names, given no default, not put in `store`.
+    """
     given = dict(inputs or {})
-    problems = [f"inputs: {problem}" for name in given if (problem := unknown_input(wf, name))]
-    suggested = {_closest(name, wf) for name in given if name not in (wf.inputs or {})}  # a typo explains these
+    names = [*given, *(name for name in encoded if name not in given)]
+    problems = [f"inputs: {problem}" for name in names if (problem := unknown_input(wf, name))]
+    suggested = {_closest(name, wf) for name in names if name not in (wf.inputs or {})}  # a typo explains these
     for name, value in given.items():
         try:
             check_value(value, f"inputs.{name}")
         except ValidationError as exc:
             problems.extend(exc.problems)
     for name, spec in (wf.inputs or {}).items():
-        if name in given or name in store:
+        if name in names or name in store:
             continue
         if spec.default is not None:
             given[name] = spec.default

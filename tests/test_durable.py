@@ -284,6 +284,29 @@ def test_results_node_streams_a_cluster_batch_from_its_stored_chunks(celery_clus
     assert not unknown.exists()  # nothing half-written
 
 
+def test_submit_reads_an_inputs_file_into_the_run_and_input_pairs_win(celery_cluster: Cluster, tmp_path: Path) -> None:
+    batch = {"id": "b", "type": "echo", "params": {"v": "${item}", "tag": "${tag}"}, "batch": {"items": "${items}"}}
+    wf = write_wf(tmp_path, {"inputs": {"items": {}, "tag": {}, "size": {"default": 3, "required": False}},
+                             "nodes": [batch]})  # fmt: skip
+    inputs = tmp_path / "inputs.json"
+    inputs.write_text(json.dumps({"items": [1, "two", {"three": [3.0]}, None], "tag": "from-file"}))
+    submitted = cli(celery_cluster, "submit", wf, "--inputs-file", inputs, "--input", "tag=from-cli")
+    assert submitted.returncode == 0, submitted.stderr
+    result = durable.wait(submitted.stdout.strip(), timeout=60)
+    assert [r["v"] for r in result.shared["b"]["results"]] == [1, "two", {"three": [3.0]}, None]
+    assert {r["tag"] for r in result.shared["b"]["results"]} == {"from-cli"}
+    assert result.shared["size"] == 3  # a declared default still applies
+    on_cluster = cli(celery_cluster, "run", wf, "--inputs-file", inputs, "--backend", "celery", "--output", "json")
+    assert json.loads(on_cluster.stdout)["store"]["b"]["count"] == 4, on_cluster.stderr
+
+    inputs.write_text(json.dumps({"itemz": [1], "tag": "t"}))
+    line = assert_one_line_error(cli(celery_cluster, "submit", wf, "--inputs-file", inputs), 2)
+    assert "unknown input 'itemz' (did you mean 'items'?)" in line
+    inputs.write_text('{"items": [1,\n ]}')
+    line = assert_one_line_error(cli(celery_cluster, "submit", wf, "--inputs-file", inputs), 2)
+    assert line == f"error: --inputs-file {inputs}: invalid JSON at line 2, column 2: Expecting value"
+
+
 def test_a_chunk_that_crashes_fails_the_cluster_run_instead_of_hanging(celery_cluster: Cluster) -> None:
     """Not an item failure: the chunk's outcomes cannot travel back, so the chord body never runs; its error
     callback must end the run (nobody waits on the chord)."""

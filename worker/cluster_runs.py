@@ -38,7 +38,8 @@ class ClusterRuns:
         self._checkpoint = script(self.redis, "checkpoint")
 
     # -- records ------------------------------------------------------------------------------------
-    def create(self, record: RunRecord, store: Mapping[str, Any]) -> None:
+    def create(self, record: RunRecord, store: Mapping[str, Any], encoded: Mapping[str, bytes] | None = None) -> None:
+        """Record a new run with its first store: `store` values, and `encoded` ones already in the codec."""
         now = time.time()
         record.created = record.updated = now
         fields = {
@@ -47,8 +48,9 @@ class ClusterRuns:
             "created": now, "updated": now, "source": record.source or "", "batches": "{}",
         }  # fmt: skip
         pipe = self.redis.pipeline()
-        if store:
-            pipe.hset(key(record.run_id, "store"), mapping={k: snapshot.encode(v, label=k) for k, v in store.items()})
+        values = {**(encoded or {}), **{k: snapshot.encode(v, label=k) for k, v in store.items()}}
+        if values:
+            pipe.hset(key(record.run_id, "store"), mapping=values)
             pipe.expire(key(record.run_id, "store"), self.ttl)
         pipe.hset(key(record.run_id, "run"), mapping=fields)
         pipe.expire(key(record.run_id, "run"), self.ttl)
