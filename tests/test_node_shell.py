@@ -107,6 +107,7 @@ def test_outputs_go_to_the_node_namespace() -> None:
         ({"command": "true", "env": ["A=1"]}, "shell: param 'env' must be a dict"),
         ({"command": "true", "vars": {"bad-name": "x"}}, "shell: param 'vars' has an invalid variable name"),
         ({"command": "true", "cwd": 3}, "shell: param 'cwd'"),
+        ({"command": "true", "vars": {"BASH_ENV": "x"}}, "shell: param 'vars' sets 'BASH_ENV'"),
     ],
 )
 def test_bad_params_raise_value_error(params: dict[str, Any], message: str) -> None:
@@ -128,12 +129,52 @@ def test_check_command_param_rejects_templates_in_a_command_string() -> None:
         {"command": 'echo "$name"', "vars": {"name": "${user.name}"}},
         {"command": ["echo", "${user.name}"]},
         {"command": "echo ${HOME:-/tmp} ${#PATH}"},  # shell expansions the template engine leaves alone
+        {"command": ["sh", "-c", 'echo "$v"'], "vars": {"v": "${item}"}},
+        {"command": ["sh", "-c", 'echo "$1"', "sh", "${item}"]},  # $0 and $1 are not code
+        {"command": ["sh", "run.sh", "${item}"]},  # a script file's arguments are not code
+        {"command": ["bash", "-e", "-o", "pipefail", "run.sh", "${item}"]},
+        {"command": ["sh", "--", "${script}", "${item}"]},  # after --, a value is the script file
+        {"command": ["sh", "./${name}.sh"]},  # starts with "./": an operand whatever the value
+        {"command": ["grep", "-c", "bash", "${item}"]},  # a shell's name as data
+        {"command": ["grep", "-c", "bash"], "stdin": "${item}"},
+        {"command": "tr a-z A-Z", "stdin": "${item}"},
+        {"command": ["sh", "run.sh"], "stdin": "${item}"},  # the script file reads stdin as data
+        {"command": "sh run.sh", "stdin": "${item}"},
+        {"command": ["sh", "-c", "cat"], "stdin": "${item}"},
+        {"command": "sh", "stdin": "echo literal"},
+        {"command": "true", "env": {"PS4": "+ ", "X": "${item}"}},
         {},
         {"command": None},
+        "not a dict",
     ],
 )
 def test_check_command_param_accepts_safe_forms(raw: dict[str, Any]) -> None:
     assert check_command_param(raw) is None
+
+
+@pytest.mark.parametrize(
+    ("raw", "names"),
+    [
+        ({"command": ["/bin/sh", "-c", "echo ${item}"]}, ["'command'", "'/bin/sh -c'"]),
+        ({"command": ["/usr/bin/env", "bash", "-lc", "echo ${item}"]}, ["'command'", "'bash -lc'"]),
+        ({"command": ["ksh93", "-c", "-x", "echo ${item}"]}, ["'command'", "'ksh93 -c'"]),  # options after -c
+        ({"command": ["sh", "-o", "errexit", "-ec", "${item}"]}, ["'command'", "'sh -ec'"]),
+        ({"command": ["sudo", "-u", "app", "zsh", "${item}"]}, ["'command'", "reads its options"]),
+        ({"command": ["xargs", "sh", "-c", "echo ${item}"]}, ["'command'", "'sh -c'"]),
+        ({"command": "sh", "stdin": "echo ${item}"}, ["'stdin'", "'sh' runs its stdin"]),
+        ({"command": ["sh", "-s", "a"], "stdin": "${item}"}, ["'stdin'"]),
+        ({"command": "echo $(bash)", "stdin": "${item}"}, ["'stdin'", "'bash'"]),
+        ({"command": ". /dev/stdin", "stdin": "${item}"}, ["'stdin'", "'.'"]),
+        ({"command": "true", "env": {"BASH_ENV": "${item}"}}, ["'env'", "'BASH_ENV'"]),
+        ({"command": "true", "vars": {"PROMPT_COMMAND": "${item}"}}, ["'vars'", "'PROMPT_COMMAND'"]),
+    ],
+)
+def test_check_command_param_rejects_templates_a_shell_reads_as_code(raw: dict[str, Any], names: list[str]) -> None:
+    message = check_command_param(raw)
+    assert message is not None
+    assert all(name in message for name in names), message
+    assert "pass the value in 'vars' and use \"$name\"" in message
+    assert "\n" not in message
 
 
 def test_end_to_end_template_through_vars_stays_literal(tmp_path: Any) -> None:
