@@ -21,7 +21,7 @@ from worker import settings
 from worker.aggregate import ChunkResult
 from worker.batch_rows import Row, rows_of_aggregate, rows_of_chunks
 from worker.runs import FINAL, RunRecord
-from worker.runstate import client, script
+from worker.runstate import RunState, client, script
 from worker.stepper import Step
 
 INDEX = "cf:runs"
@@ -87,6 +87,8 @@ class ClusterRuns:
             pipe.xadd(key(run_id, "events"), {"batch": "", "end": status})
             pipe.expire(key(run_id, "events"), self.ttl)
         pipe.execute()
+        if status in FINAL:
+            RunState(run_id, self.redis).drop_snapshots()
 
     def set_exception(self, run_id: str, exc: BaseException) -> None:
         """What `wait` raises again for a run that failed with an exception (module, type, message)."""

@@ -42,7 +42,8 @@ def dispatch_batch(job: BatchJob, run_id: str, *, advance_step: int | None = Non
     spans = [span for start, end in gaps for span in chunking.slices(end - start, size, offset=start)]
     # Encode every slice before anything is enqueued: a value that cannot travel fails early.
     payloads = [snapshot.encode(items[a:b], label=f"batch '{node_id}' items[{a}:{b}]") for a, b in spans]
-    snap: bytes | dict[str, str] = {"ref": state.store_snapshot(blob)} if len(blob) > s.snapshot_inline_bytes else blob
+    inline = len(blob) <= s.snapshot_inline_bytes
+    snap: bytes | dict[str, str] = blob if inline else {"ref": state.store_snapshot(blob, job.key)}
     spec = job.spec.wire()
     ids = [uuid.uuid4().hex for _ in spans]
     header = [
@@ -58,6 +59,8 @@ def dispatch_batch(job: BatchJob, run_id: str, *, advance_step: int | None = Non
     meta = {"run": run_id, "batch": job.key, "node": node_id, "count": len(items), "fail_fast": job.batch.fail_fast}
     if advance_step is not None:
         meta["advance"] = advance_step
+    if not inline:
+        meta["snapshot"] = snap["ref"]  # type: ignore[index]  # the body deletes it: no chunk needs it then
     body = app.signature(
         "chordflow.aggregate", (meta,), argsrepr=f"batch={node_id} chunks={len(spans)} run={run_id}", kwargsrepr="{}"
     )

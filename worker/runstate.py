@@ -1,7 +1,7 @@
 """Per-run state in Redis: progress stream, cancel/abort flags, snapshots, permits, chunk ids.
 
 Every key lives under `cf:{<run_id>}:` (the hash tag keeps a run's keys, and so each Lua script, in one
-Redis Cluster slot; snapshots under `cf:{<run_id>}:snap:<sha256>`) and expires after `run_ttl`.
+Redis Cluster slot; snapshots under `cf:{<run_id>}:snap:<batch>:<sha256>`) and expires after `run_ttl`.
 The Lua scripts sit beside this module in worker/lua/.
 """
 
@@ -117,11 +117,21 @@ class RunState:
         return self.redis.get(self.key(f"result:{batch}"))
 
     # -- snapshots ---------------------------------------------------------------------------
-    def store_snapshot(self, blob: bytes) -> str:
-        """Stores the bytes once under their content hash; chunk messages carry only the key."""
-        key = self.key("snap:" + hashlib.sha256(blob).hexdigest())
+    def store_snapshot(self, blob: bytes, batch: str = "") -> str:
+        """Stores the bytes once per batch under their content hash; chunk messages carry only the key.
+        Deleted when the batch is merged (`drop_snapshot`) or the run ends (`drop_snapshots`)."""
+        key = self.key(f"snap:{batch}:{hashlib.sha256(blob).hexdigest()}")
         self.redis.set(key, blob, ex=self.ttl)
         return key
+
+    def drop_snapshot(self, key: str) -> None:
+        self.redis.delete(key)
+
+    def drop_snapshots(self) -> None:
+        """Every snapshot of the run: none is needed once it ended (a resume stores its batch's again)."""
+        stale = list(self.redis.scan_iter(match=self.key("snap:*"), count=1000))
+        if stale:
+            self.redis.delete(*stale)
 
     def load_snapshot(self, key: str) -> bytes:
         blob = self.redis.get(key)

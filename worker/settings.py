@@ -19,6 +19,11 @@ class Settings:
     run_ttl: int  # seconds that run state (progress stream, flags, snapshots) stays in Redis
     queue: str
     worker_heartbeat: int = 10  # seconds between a worker's registry refreshes (its entry lives 3 beats)
+    snapshot_cache_bytes: int = 256 * 2**20  # a worker process keeps decoded snapshots up to this many encoded bytes
+    # The shared key that signs task messages (worker/signing.py): given itself, or the path of a file holding it.
+    secret_key: str | None = field(default=None, repr=False)
+    secret_key_file: str | None = None
+    insecure: bool = False  # CHORDFLOW_INSECURE: no key is needed; unsigned task messages are sent and run
 
 
 def _int(name: str, default: int) -> int:
@@ -44,3 +49,7 @@ def load() -> Settings:
         queue=os.environ.get("CHORDFLOW_QUEUE") or "chordflow",
         worker_heartbeat=max(1, _int("CHORDFLOW_WORKER_HEARTBEAT", 10)),
     )
+        snapshot_cache_bytes=max(0, _int("CHORDFLOW_SNAPSHOT_CACHE_BYTES", 256 * 2**20)),
+        secret_key=os.environ.get("CHORDFLOW_SECRET_KEY") or None,
+        secret_key_file=os.environ.get("CHORDFLOW_SECRET_KEY_FILE") or None,
+        insecure=_flag("CHORDFLOW_INSECURE"),

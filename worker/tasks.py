@@ -6,12 +6,14 @@ Defined with `worker.app.task`: registered on every chordflow app, whatever sett
 
 from __future__ import annotations
 
+import functools
 import json
 from collections import OrderedDict
 from typing import Any
 
 from ir import snapshot
 from ir.models import NodeSpec
+from worker import settings
 from worker.aggregate import ChunkResult, merge
 from worker.app import current_app, task
 from worker.build import item_chain
@@ -19,10 +21,10 @@ from worker.cluster_runs import ClusterRuns
 from worker.executor import ItemExecutor, run_items
 from worker.middleware import item_middleware
 from worker.runstate import RunState
+from worker.snapshot_cache import SnapshotCache
 
 _CACHE_SIZE = 8
 _chains: OrderedDict[str, tuple[NodeSpec, Any]] = OrderedDict()
-_snapshots: OrderedDict[str, dict[str, Any]] = OrderedDict()
 
 
 def _remember(cache: OrderedDict, key: str, value: Any) -> Any:
@@ -44,12 +46,16 @@ def _executor(wire: dict[str, Any], shared: dict[str, Any]) -> ItemExecutor:
 
 
 def _snapshot(ref: bytes | dict[str, str], state: RunState) -> dict[str, Any]:
-    """Inline bytes, or a content-hash reference fetched once per process."""
+    """Inline bytes, or a content-hash reference fetched once per process (kept within a byte budget)."""
     if isinstance(ref, bytes):
         return snapshot.decode(ref)
     key = ref["ref"]
-    cached = _snapshots.get(key)
-    return cached if cached is not None else _remember(_snapshots, key, snapshot.decode(state.load_snapshot(key)))
+    return _snapshot_cache().get(key, lambda: state.load_snapshot(key), snapshot.decode)
+
+
+@functools.cache
+def _snapshot_cache() -> SnapshotCache:
+    return SnapshotCache(settings.load().snapshot_cache_bytes)
 
 
 @task(name="chordflow.run_chunk", bind=True)
@@ -81,6 +87,8 @@ def aggregate(chunk_results: list[bytes], job: dict[str, Any]) -> str:
     """
     run_id, batch = job["run"], job["batch"]
     state = RunState(run_id)
+    if "snapshot" in job:  # every chunk has run: the batch's snapshot is needed no more
+        state.drop_snapshot(job["snapshot"])
     if "advance" in job:
         runs = ClusterRuns()
         chunks = runs.keep_chunks(run_id, batch, chunk_results)
@@ -102,5 +110,6 @@ def batch_failed(request: Any, exc: BaseException, traceback: Any, job: dict[str
     """Chord error callback of a cluster run's batch: a chunk raised (not an item failure: e.g. a result that
     cannot travel back), so the body will never run and no advance follows. Fail the run, naming the cause."""
     error = f"batch node '{job['node']}': a chunk failed on a worker: {exc}"
+    RunState(job["run"]).drop_snapshots()
     ClusterRuns().set_status(job["run"], "failed", error, job["node"])
     return "failed"

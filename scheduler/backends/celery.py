@@ -112,6 +112,7 @@ class CeleryBackend:
         try:
             self.state.cancel()
             self.app.control.revoke(self.state.chunk_ids())
+            self.state.drop_snapshots()  # revoked chunks never run, running ones hold theirs decoded
             self.state.describe(status="cancelled")
         except redis.RedisError as exc:
             log.warning("could not record the cancellation in Redis: %s", exc)
