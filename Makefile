@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 RUN_STAMP := $(VENV)/.installed-run
 DEV_STAMP := $(VENV)/.installed-dev
 
-.PHONY: install run test lint bench flower worker clean
+.PHONY: install run test lint bench flower worker clean fuzz
 
 install: $(DEV_STAMP)
 
@@ -26,6 +26,11 @@ run: $(RUN_STAMP)
 test: install
 	$(BIN)/python -m pytest -q
 
+# The IR fuzz property (tests/test_ir_fuzz.py) with many more documents than `make test` runs (5,000).
+FUZZ_EXAMPLES ?= 200000
+fuzz: install
+	CHORDFLOW_FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) $(BIN)/python -m pytest -q tests/test_ir_fuzz.py
+
 lint: install
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
@@ -36,8 +41,10 @@ bench: install
 flower: install
 	$(BIN)/chordflow flower $(FLOWER_ARGS)
 
+# Workers need the cluster's signing key: export CHORDFLOW_SECRET_KEY (or CHORDFLOW_SECRET_KEY_FILE), the same
+# on every worker and client; WORKER_ARGS=--insecure runs unsigned tasks instead (a private broker only).
 worker: $(RUN_STAMP)
-	$(BIN)/chordflow worker
+	$(BIN)/chordflow worker $(WORKER_ARGS)
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .ruff_cache

@@ -1,7 +1,9 @@
 """The bench's own cluster: one redis-server on a free port and two solo Celery workers.
 
 Never the machine's shared Redis: scheduler.localcluster.Cluster starts a private redis-server, and
-`apply_env()` points this (scheduler) process at it before the Celery app is (re)configured.
+`apply_env()` points this (scheduler) process at it before the Celery app is (re)configured. The cluster's
+env holds a random signing key: chordflow's app and the raw-Celery client both sign with it, as the workers
+verify every task message (worker/signing.py) - the baselines pay the same signature as chordflow.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import redis
 from bench import raw_tasks, variants
 from bench.measure import WorkerLogs, log
 from scheduler.localcluster import Cluster
+from worker import signing
 
 PLUGINS = "bench.raw_tasks"
 WORKERS = ("w1", "w2")  # two solo workers = 2 worker processes (the same for every Celery variant)
@@ -84,7 +87,8 @@ def start(workdir: Path) -> BenchCluster:
         log(f"workers registered {', '.join(raw_tasks.TASK_NAMES)}; {processes} worker processes in total")
         logs = WorkerLogs([w.log for w in cluster.workers.values()])
         client = redis.Redis.from_url(cluster.redis.url)
-        bench = BenchCluster(cluster, app, client, logs, processes, variants.stock_client(), "", registered, stats)
+        stock = signing.sign_messages(variants.stock_client(), app.signer)  # the workers drop unsigned tasks
+        bench = BenchCluster(cluster, app, client, logs, processes, stock, "", registered, stats)
         bench.previous_env = previous
         bench.get_check = check_get(app)
         log(f"AsyncResult.get() on chordflow's own app: {bench.get_check}")
@@ -158,7 +162,8 @@ def machine_facts(bench: BenchCluster | None) -> dict[str, str]:
         facts["celery app"] = (
             f"worker/app.py: serializer {conf.task_serializer}/{conf.result_serializer}, "
             f"acks_late={conf.task_acks_late}, prefetch_multiplier={conf.worker_prefetch_multiplier}, "
-            f"result_chord_ordered={conf.result_chord_ordered}, task events on"
+            f"result_chord_ordered={conf.result_chord_ordered}, task events on, "
+            "every task message signed and verified (HMAC-SHA256, worker/signing.py)"
         )
         facts["workers"] = (
             f"{len(WORKERS)} x `celery -A worker.app worker -P {POOL} -c {CONCURRENCY} -l info "

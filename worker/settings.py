@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 DEFAULT_BROKER = "redis://127.0.0.1:6379/0"
 
@@ -20,6 +20,7 @@ class Settings:
     queue: str
     worker_heartbeat: int = 10  # seconds between a worker's registry refreshes (its entry lives 3 beats)
     snapshot_cache_bytes: int = 256 * 2**20  # a worker process keeps decoded snapshots up to this many encoded bytes
+    pool_timeout: float = 30.0  # seconds a send waits for a free broker connection before failing with a clear error
     # The shared key that signs task messages (worker/signing.py): given itself, or the path of a file holding it.
     secret_key: str | None = field(default=None, repr=False)
     secret_key_file: str | None = None
@@ -36,6 +37,10 @@ def _int(name: str, default: int) -> int:
         raise ValueError(f"environment variable {name} must be an integer, got {value!r}") from None
 
 
+def _flag(name: str) -> bool:
+    return os.environ.get(name, "").strip().lower() in ("1", "true", "yes", "on")
+
+
 def load() -> Settings:
     broker = os.environ.get("CHORDFLOW_BROKER_URL") or DEFAULT_BROKER
     return Settings(
@@ -48,8 +53,9 @@ def load() -> Settings:
         run_ttl=_int("CHORDFLOW_RUN_TTL", 86400),
         queue=os.environ.get("CHORDFLOW_QUEUE") or "chordflow",
         worker_heartbeat=max(1, _int("CHORDFLOW_WORKER_HEARTBEAT", 10)),
-    )
         snapshot_cache_bytes=max(0, _int("CHORDFLOW_SNAPSHOT_CACHE_BYTES", 256 * 2**20)),
+        pool_timeout=max(1, _int("CHORDFLOW_POOL_TIMEOUT", 30)),
         secret_key=os.environ.get("CHORDFLOW_SECRET_KEY") or None,
         secret_key_file=os.environ.get("CHORDFLOW_SECRET_KEY_FILE") or None,
         insecure=_flag("CHORDFLOW_INSECURE"),
+    )
