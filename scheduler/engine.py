@@ -20,7 +20,7 @@ from ir.errors import RunCancelled, ValidationError
 from scheduler import backends
 from scheduler.compiler import compile, load
 from scheduler.inputs import apply_inputs
-from worker import context, events
+from worker import context, events, redact
 from worker.context import RunContext
 from worker.flow import WorkflowFlow
 from worker.local_runs import LocalRuns
@@ -124,7 +124,7 @@ def _go_on(
         runs.set_status(run_id, "cancelled", "run cancelled", ctx.last_node)
         raise
     except BaseException as exc:
-        runs.set_status(run_id, "failed", f"{type(exc).__name__}: {exc}", ctx.last_node)
+        runs.set_status(run_id, "failed", redact.mask(f"{type(exc).__name__}: {exc}"), ctx.last_node)
         raise
     status, error, outputs = "cancelled", "run cancelled", {}
     if not cancelled.is_set():
@@ -184,8 +184,13 @@ def stream(
     if "error" in outcome:
         exc = outcome["error"]
         if not reported_error:  # raised outside any node (bad input, a lost backend): still one error event
-            yield events.error(None, f"{type(exc).__name__}: {exc}")
-        final = {"status": "failed", "error": f"{type(exc).__name__}: {exc}", "outputs": {}, "run_id": run_id}
+            yield events.error(None, redact.mask(f"{type(exc).__name__}: {exc}"))
+        final = {
+            "status": "failed",
+            "error": redact.mask(f"{type(exc).__name__}: {exc}"),
+            "outputs": {},
+            "run_id": run_id,
+        }
         yield {"type": "final", "state": store, **final}
         return
     result: RunResult = outcome["result"]

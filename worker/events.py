@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from worker import redact
+
 
 def batch_progress(node: str, index: int, done: int, total: int, ok: bool) -> dict[str, Any]:
     return {"type": "batch_progress", "node": node, "index": index, "done": done, "total": total, "ok": ok}
@@ -14,4 +16,5 @@ def state(node: str, store: dict[str, Any]) -> dict[str, Any]:
 
 
 def error(node: str | None, message: str) -> dict[str, Any]:
-    return {"type": "error", "node": node, "error": message}
+    """An `error` event; its message masked (worker/redact.py): events reach terminals and logs."""
+    return {"type": "error", "node": node, "error": redact.mask(message)}

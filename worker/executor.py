@@ -19,6 +19,7 @@ from typing import Any
 from pocketflow import BaseNode
 
 from ir.models import NodeSpec
+from worker import redact
 from worker.aggregate import ChunkResult
 from worker.cloning import clone_node
 from worker.outcome import ItemOutcome, failure_of
@@ -79,7 +80,7 @@ class ItemExecutor:
                 break
             except Exception as exc:
                 if attempt + 1 >= self.attempts:
-                    outcome = ItemOutcome.raised(index, item, exc)
+                    outcome = ItemOutcome.raised(index, item, exc, redact.node_secrets(self.chain, item_shared))
                     outcome.appended = _collected(appended)
                     return outcome
                 if self.wait > 0:
@@ -88,7 +89,8 @@ class ItemExecutor:
         error = failure_of(action, namespace) if namespace or action == "error" else None
         if error is None:
             return ItemOutcome(index, namespace, None, None, None, _collected(appended))
-        return ItemOutcome(index, namespace, error, None, item, _collected(appended))
+        secrets = redact.node_secrets(self.chain, item_shared)
+        return ItemOutcome.failed(index, namespace, error, item, _collected(appended), secrets)
 
 
 def _collected(appended: dict[str, list] | None) -> dict[str, list] | None:

@@ -17,7 +17,7 @@ from typing import Any
 
 import ir
 from ir.errors import RunCancelled
-from worker import context
+from worker import context, redact
 from worker.aggregate import BatchResult, merge
 from worker.app import task
 from worker.backend import BatchJob
@@ -125,7 +125,7 @@ def advance(self: Any, run_id: str, step: int) -> str:
         runs.set_status(run_id, "cancelled", "run cancelled", ctx.last_node)
         return "cancelled"
     except Exception as exc:
-        runs.set_status(run_id, "failed", f"{type(exc).__name__}: {exc}", ctx.last_node)
+        runs.set_status(run_id, "failed", redact.mask(f"{type(exc).__name__}: {exc}"), ctx.last_node)
         runs.set_exception(run_id, exc)
         log.info("run %s failed at node %s: %s", run_id, ctx.last_node, exc)
         return "failed"

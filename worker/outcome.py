@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Any
 
+from worker import redact
 from worker.node_error import NodeError
 
 
@@ -39,9 +41,41 @@ class ItemOutcome:
         return cls(*data)
 
     @classmethod
-    def raised(cls, index: int, item: Any, exc: BaseException) -> ItemOutcome:
+    def raised(cls, index: int, item: Any, exc: BaseException, secrets: Collection[str] = ()) -> ItemOutcome:
+        """An item that raised. Its message, its exception and its copy of the item are masked: `secrets`
+        (the node's secret param values), URL credentials and secret-named values (worker/redact.py)."""
+        redact.remember(secrets)
         kind = type(exc)
-        return cls(index, None, str(exc) or kind.__name__, kind.__name__, item, None, kind.__module__, exc)
+        shown = redact.scrub_exception(exc, secrets)
+        error = redact.mask(str(exc), secrets) or kind.__name__
+        return cls(index, None, error, kind.__name__, redact.mask_value(item, secrets), None, kind.__module__, shown)
+
+    @classmethod
+    def failed(
+        cls,
+        index: int,
+        namespace: Any,
+        error: str,
+        item: Any,
+        appended: dict[str, list] | None,
+        secrets: Collection[str] = (),
+    ) -> ItemOutcome:
+        """An item that failed without raising (`failure_of`), masked like `raised`: the error, the item,
+        and the error strings its namespace keeps (`error`, values starting with "Error:")."""
+        redact.remember(secrets)
+        shown = redact.mask_value(item, secrets)
+        return cls(index, _masked_errors(namespace, secrets), redact.mask(error, secrets), None, shown, appended)
+
+
+def _masked_errors(namespace: Any, secrets: Collection[str]) -> Any:
+    if not isinstance(namespace, dict):
+        return namespace
+    for key, value in namespace.items():
+        if key == "error" and isinstance(value, dict):
+            namespace[key] = type(value)({k: redact.mask_value(v, secrets) for k, v in value.items()})
+        elif isinstance(value, str) and (key == "error" or value.startswith("Error:")):
+            namespace[key] = redact.mask(value, secrets)
+    return namespace
 
 
 def failure_of(action: Any, namespace: Any) -> str | None:

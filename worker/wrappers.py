@@ -13,7 +13,7 @@ from typing import Any
 from pocketflow import BaseNode
 
 from ir.templates import CompiledParams
-from worker import context
+from worker import context, redact
 from worker.cloning import clone_node
 from worker.node_error import NodeError
 from worker.store import NamespacedStore
@@ -84,10 +84,13 @@ class InstrumentedNode(_Wrapper):
             ctx.on_node_start(self.node_id)
         try:
             action = self.inner._run(shared)
-        except Exception as exc:
+        except Exception as raised:
+            exc = redact.scrub_exception(raised, redact.node_secrets(self.inner, shared))  # no secret goes on
             if "error" not in self.successors:
                 ctx.emit({"type": "error", "node": self.node_id, "error": f"{type(exc).__name__}: {exc}"})
-                raise
+                if exc is raised:
+                    raise
+                raise exc from None
             actual = self.actual()
             retries = getattr(actual, "cur_retry", 0) + 1
             shared["_error"] = NodeError.from_exception(exc, self.node_id, retries, getattr(actual, "max_retries", 1))

@@ -2,7 +2,8 @@
 
 A response is data: any status is written to the store, and a non-2xx one also sets `error` and
 returns the `error` action. Not getting a response (refused, reset, timed out) raises, so the node's
-retries apply. Only http:// and https:// URLs are allowed: a templated URL must not read local files.
+retries apply; the URL in that message has its credentials and secret query values masked
+(worker/redact.py). Only http:// and https:// URLs are allowed: a templated URL must not read local files.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from typing import Any
 
 from pocketflow import Node
 
+from worker import redact
 from worker.nodes.params import param
 from worker.nodes.registry import register
 
@@ -110,7 +112,7 @@ class HttpNode(Node):
 
     def exec(self, prep_res: tuple[urllib.request.Request, float]) -> dict[str, Any]:
         request, timeout = prep_res
-        where = f"http: {request.get_method()} {request.full_url}"
+        where = f"http: {request.get_method()} {redact.mask_url(request.full_url)}"  # never the token in a query
         try:
             with urllib.request.urlopen(request, timeout=timeout) as response:
                 return read_response(response, response.status, response.reason)
