@@ -13,7 +13,7 @@ from typing import Any
 
 from ir import snapshot
 from ir.models import NodeSpec
-from worker import settings
+from worker import chunk_lease, redact, settings
 from worker.aggregate import ChunkResult, merge
 from worker.app import current_app, task
 from worker.build import item_chain
@@ -22,6 +22,7 @@ from worker.executor import ItemExecutor, run_items
 from worker.middleware import item_middleware
 from worker.runstate import RunState
 from worker.snapshot_cache import SnapshotCache
+from worker.spec_check import checked_spec
 
 _CACHE_SIZE = 8
 _chains: OrderedDict[str, tuple[NodeSpec, Any]] = OrderedDict()
@@ -35,11 +36,13 @@ def _remember(cache: OrderedDict, key: str, value: Any) -> Any:
 
 
 def _executor(wire: dict[str, Any], shared: dict[str, Any]) -> ItemExecutor:
-    """An executor over a per-item chain compiled once per spec on this process (cloned per chunk)."""
+    """An executor over a per-item chain compiled once per spec on this process (cloned per chunk).
+
+    The spec is checked as validation checks it before it is built (a bad one is an error naming the node)."""
     key = json.dumps(wire, sort_keys=True, default=str)
     compiled = _chains.get(key)
     if compiled is None:
-        spec = NodeSpec.model_validate(wire)
+        spec = checked_spec(wire)
         compiled = _remember(_chains, key, (spec, item_chain(spec)))
     spec, chain = compiled
     return ItemExecutor(spec, chain, shared).clone()  # its own instances: safe under any worker pool
@@ -60,20 +63,24 @@ def _snapshot_cache() -> SnapshotCache:
 
 @task(name="chordflow.run_chunk", bind=True)
 def run_chunk(self: Any, job: dict[str, Any]) -> bytes:
-    """Run items[start:start+len] of one batch node; return their outcomes (codec bytes)."""
-    state = RunState(job["run"])
-    batch = job["batch"]
-    if state.should_stop(batch):
-        return snapshot.encode(ChunkResult(job["start"], [], [], {}).to_wire())
-    executor = _executor(job["node"], _snapshot(job["snap"], state))
-    spec = executor.spec.batch
-    assert spec is not None
-    items = snapshot.decode(job["items"])
-    hooks = item_middleware(
-        executor.node_id, len(items), spec.fail_fast, state=state, batch=batch, max_concurrent=spec.max_concurrent
-    )
-    chunk = run_items(executor, items, job["start"], hooks)
-    return snapshot.encode(chunk.to_wire(), label=f"batch '{executor.node_id}' results")
+    """Run items[start:start+len] of one batch node; return their outcomes (codec bytes).
+
+    Held under a lease while it runs: a chunk longer than the visibility timeout is not delivered again
+    while this worker lives (worker/chunk_lease.py)."""
+    with chunk_lease.held(self):
+        state = RunState(job["run"])
+        batch = job["batch"]
+        if state.should_stop(batch):
+            return snapshot.encode(ChunkResult(job["start"], [], [], {}).to_wire())
+        executor = _executor(job["node"], _snapshot(job["snap"], state))
+        spec = executor.spec.batch
+        assert spec is not None
+        items = snapshot.decode(job["items"])
+        hooks = item_middleware(
+            executor.node_id, len(items), spec.fail_fast, state=state, batch=batch, max_concurrent=spec.max_concurrent
+        )
+        chunk = run_items(executor, items, job["start"], hooks)
+        return snapshot.encode(chunk.to_wire(), label=f"batch '{executor.node_id}' results")
 
 
 @task(name="chordflow.aggregate")
@@ -109,7 +116,7 @@ def aggregate(chunk_results: list[bytes], job: dict[str, Any]) -> str:
 def batch_failed(request: Any, exc: BaseException, traceback: Any, job: dict[str, Any]) -> str:
     """Chord error callback of a cluster run's batch: a chunk raised (not an item failure: e.g. a result that
     cannot travel back), so the body will never run and no advance follows. Fail the run, naming the cause."""
-    error = f"batch node '{job['node']}': a chunk failed on a worker: {exc}"
+    error = redact.mask(f"batch node '{job['node']}': a chunk failed on a worker: {exc}")
     RunState(job["run"]).drop_snapshots()
     ClusterRuns().set_status(job["run"], "failed", error, job["node"])
     return "failed"
