@@ -389,6 +389,15 @@ def durable_scale(bench: Bench, n: int) -> dict[str, Any] | None:
     check_run(waited, n)
     workers = bench.peaks.read()
     log(f"submit + wait N={n:,}: {seconds:.3f} s; wait's peak rss {mb(waited.maxrss)}")
+    rows_path = bench.workdir / "rows.jsonl"
+    streamed = bench.cli("results", run_id, "--node", "b", "--out", str(rows_path))
+    if streamed.code != 0:
+        raise RuntimeError(f"chordflow results exited {streamed.code}: {streamed.stderr[-2000:]}")
+    with rows_path.open("rb") as rows:
+        lines = sum(1 for _ in rows)
+    if lines != n:
+        raise RuntimeError(f"chordflow results --node b wrote {lines} lines, expected {n}")
+    log(f"results --node b N={n:,}: {streamed.seconds:.3f} s, peak rss {mb(streamed.maxrss)}")
     from worker.cluster_runs import ClusterRuns
 
     record = ClusterRuns().get(run_id)
@@ -402,6 +411,8 @@ def durable_scale(bench: Bench, n: int) -> dict[str, Any] | None:
         "record": (record.created - wall, record.updated - wall) if record else None,
         "submit": submit,
         "wait": waited,
+        "results": streamed,
+        "results_bytes": rows_path.stat().st_size,
         "workers": workers,
         **redis_peak.as_dict(),
         "keys_deleted": forgotten,
@@ -562,6 +573,13 @@ def report(results: Results) -> str:
             ),
             ("peak RSS of the `chordflow wait` process", mb(waited.maxrss), "", ""),
             (
+                f"`chordflow results RUN --node b --out FILE`: all {n:,} rows streamed to a file",
+                f"{durable['results'].seconds:.3f} s ({mb(durable['results_bytes'])} written), "
+                f"peak RSS {mb(durable['results'].maxrss)}",
+                "",
+                "",
+            ),
+            (
                 "peak RSS increase of the `scheduler.run` process (this bench)",
                 f"+{mb(client['rss_increase'])} ({client['rss_method']})",
                 "",
@@ -620,7 +638,7 @@ Sources: {results.fingerprint_start}.
 - First vs warm: the first three runs on the cluster, right after the workers printed `ready.`; the
   first one pays the workers' first-chunk costs (imports, connections, the worker-count lookup).
 - Scale: `chordflow submit` then `chordflow wait RUN_ID --timeout` (the remainder of {SCALE_LIMIT} s),
-  timed from submit start to wait end; submit must read and encode all N items (they are an input), and
+  timed from submit start to wait end; submit streams the inputs file into the run's stored bytes (scheduler/inputs_file.py), and
   `wait` loads the final store (N results) to print its summary. The client-orchestrated run is
   `scheduler.run(wf, {{"items": items}}, backend="celery")` in the bench process, with the item list
   built before the timing; its RSS is `PeakRss` (VmHWM after a reset). Worker RSS is VmHWM of both worker

@@ -736,13 +736,19 @@ def nodes() -> None:
 @click.option("--queues", "-Q", default=None, help="Comma-separated queues (default: CHORDFLOW_QUEUE or chordflow).")
 @click.option("--loglevel", "-l", default="info", show_default=True)
 @click.option("--pool", "-P", default="prefork", show_default=True, help="Celery pool: prefork, solo or threads.")
+@click.option("--insecure", is_flag=True, help="Run without a signing key: unsigned tasks (private broker only).")
 @click.argument("celery_args", nargs=-1, type=click.UNPROCESSED)
-def worker(concurrency: int | None, queues: str | None, loglevel: str, pool: str, celery_args: tuple[str, ...]) -> None:
+def worker(
+    concurrency: int | None, queues: str | None, loglevel: str, pool: str, insecure: bool, celery_args: tuple[str, ...]
+) -> None:
     """Run a Celery worker for chordflow chunks (extra arguments go to `celery worker`)."""
-    from worker import settings
+    from worker import settings, signing
     from worker.app import current_app
     from worker.nodes import registry
 
+    if insecure:
+        os.environ["CHORDFLOW_INSECURE"] = "1"  # what `celery -A worker.app worker` reads too
+    signing.worker_may_start(current_app())  # no key and not --insecure: one line, before Celery starts
     registry.load_plugins()  # fail here, with one line, if a plugin cannot be imported
     argv = ["worker", "-l", loglevel, "-P", pool, "-Q", queues or settings.load().queue]
     if concurrency:

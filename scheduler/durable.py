@@ -81,7 +81,10 @@ def find_run(run_id: str) -> tuple[RunRecord, Any]:
     runs = _cluster()
     record = runs.get(run_id)
     if record is None:
-        raise ValidationError(f"unknown run '{run_id}' (not in {local.path} nor in Redis; finished runs expire)")
+        raise ValidationError(
+            f"unknown run '{run_id}' (not in {local.path} nor in Redis; finished runs expire, and a Redis restarted "
+            "without persistence forgets its runs)"
+        )
     return record, runs
 
 
@@ -104,7 +107,10 @@ def wait(
         with broker_errors(settings.load().result_backend):
             record = runs.get(run_id)
             if record is None:
-                raise BackendError(f"run {run_id}: its state was lost from Redis (expired or flushed)")
+                raise BackendError(
+                    f"run {run_id}: its state was lost from Redis (expired, flushed, or Redis restarted without "
+                    "persistence)"
+                )
             if record.status in FINAL:
                 return _result(record, runs)
             position, entries = state.read_progress(position, POLL_MS)

@@ -8,11 +8,16 @@ task events on for Flower.
 One app per settings value (`create_app`, `current_app`): the module's `app` is built from the
 environment at import; a process whose environment changes later gets a new app, never a reconfigured
 one. Every live worker keeps its pool size in the worker registry (worker/heartbeat.py).
+
+Every task message is signed with the shared key and verified by workers (worker/signing.py); a worker
+without a key refuses to start unless CHORDFLOW_INSECURE=1 (`chordflow worker --insecure`).
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
+import logging
 import threading
 import weakref
 from collections.abc import Callable, Iterator
@@ -22,8 +27,10 @@ from celery import Celery, signals
 from celery.backends.redis import RedisBackend
 from celery.local import Proxy
 
-from worker import heartbeat, runstate, settings
+from worker import heartbeat, runstate, settings, signing
 from worker.nodes import registry
+
+log = logging.getLogger(__name__)
 
 
 def config(s: settings.Settings) -> dict:
@@ -47,7 +54,7 @@ def config(s: settings.Settings) -> dict:
             "socket_timeout": 15,
             "socket_connect_timeout": 5,
         },
-        "result_backend_transport_options": {"retry_policy": {"timeout": 5.0}},
+        "result_backend_transport_options": {"retry_policy": {"timeout": float(runstate.OUTAGE_SECONDS)}},
         "result_chord_ordered": True,
         "result_expires": s.run_ttl,
         "result_chord_expires": s.run_ttl,
@@ -59,8 +66,18 @@ def config(s: settings.Settings) -> dict:
         "worker_soft_shutdown_timeout": 30.0,
         "worker_enable_soft_shutdown_on_idle": True,
         "worker_hijack_root_logger": False,
+        # A send waits this long at most for a free producer of the pool (broker_pool_limit, 10), then fails
+        # with Celery's OperationalError ("All 10 producer slots are in use"). Not bounded: a free producer
+        # slot still waits for a pool connection in kombu's ProducerPool, which takes no timeout.
+        "broker_pool_acquire_timeout": s.pool_timeout,
         "broker_connection_retry_on_startup": True,
-        "broker_connection_max_retries": 3,
+        # Redis outages: a worker reconnects to the broker forever (with backoff), never exits; a publish
+        # (a chord, the next advance) retries for about a minute; result writes retry across the outage.
+        "broker_connection_max_retries": None,
+        "task_publish_retry_policy": {"max_retries": 40, "interval_start": 0, "interval_step": 0.5, "interval_max": 2},
+        "result_backend_always_retry": True,
+        "result_backend_max_retries": 40,
+        "result_backend_max_sleep_between_retries_ms": 2000,
     }
 
 
@@ -76,6 +93,8 @@ class RunResultBackend(RedisBackend):
     def __init__(self, *args: Any, **kwargs: Any):
         super().__init__(*args, **kwargs)
         self._quiet = threading.local()
+        # Every command (a chord's counter included, which Celery does not retry itself) rides out a restart.
+        self.connparams.update(runstate.outage_retry())
 
     @contextlib.contextmanager
     def quiet(self) -> Iterator[None]:
@@ -99,6 +118,21 @@ class RunResultBackend(RedisBackend):
 
 
 class ChordflowCelery(Celery):
+    """chordflow's Celery app: every message it sends is signed, every task on it runs signed messages only."""
+
+    amqp_cls = "worker.signing:SigningAMQP"
+    task_cls = "worker.signing:SignedTask"
+
+    def __init__(self, *args: Any, chordflow_settings: settings.Settings | None = None, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        self.chordflow_settings = chordflow_settings or settings.load()
+        self.insecure = self.chordflow_settings.insecure
+
+    @functools.cached_property
+    def signer(self) -> signing.Signer | None:
+        """From the key in the settings, read once (raises SigningKeyError if it cannot be used)."""
+        return signing.signer_for(self.chordflow_settings)
+
     def _get_backend(self) -> RunResultBackend:
         return RunResultBackend(app=self, url=self.conf.result_backend)
 
@@ -112,7 +146,9 @@ _lock = threading.RLock()
 
 def create_app(s: settings.Settings) -> ChordflowCelery:
     """A Celery app configured once from `s`, with every task defined so far (and later) registered on it."""
-    new = ChordflowCelery("chordflow", include=["worker.tasks", "worker.orchestrate"], set_as_current=False)
+    new = ChordflowCelery(
+        "chordflow", include=["worker.tasks", "worker.orchestrate"], set_as_current=False, chordflow_settings=s
+    )
     new.conf.update(config(s))
     with _lock:
         for fun, options in _tasks:
@@ -156,6 +192,24 @@ def task(*, name: str, **options: Any) -> Callable[[Callable[..., Any]], Any]:
 
 #: The app `celery -A worker.app worker` runs: built from the environment at import.
 app = current_app()
+
+
+@signals.celeryd_init.connect
+def _refuse_to_start_unsigned(instance: Any, **_: object) -> None:
+    """A worker without a key would run whatever anyone who can write to the broker sends: it does not start
+    (one line on stderr, exit 1) unless that is asked for with CHORDFLOW_INSECURE=1."""
+    if not isinstance(instance.app, ChordflowCelery):
+        return
+    try:
+        signing.worker_may_start(instance.app)
+    except signing.SigningKeyError as exc:
+        raise SystemExit(f"error: {exc}") from None
+
+
+@signals.worker_ready.connect
+def _warn_when_insecure(sender: Any, **_: object) -> None:
+    if isinstance(sender.app, ChordflowCelery) and sender.app.signer is None:
+        log.warning("running INSECURE (CHORDFLOW_INSECURE): unsigned task messages are accepted and run")
 
 
 @signals.worker_process_init.connect

@@ -15,6 +15,8 @@ from typing import Any
 
 import msgpack
 import redis
+from redis.backoff import ExponentialBackoff
+from redis.retry import Retry
 
 from worker import settings
 
@@ -32,13 +34,26 @@ def script(redis_client: redis.Redis, name: str) -> Any:
 
 
 _clients: dict[str, redis.Redis] = {}
+#: How long a Redis command keeps retrying a lost connection (a restart, a failover) before it fails.
+OUTAGE_SECONDS = 60
+
+
+def outage_retry() -> dict[str, Any]:
+    """Connection options that ride out a Redis outage of up to OUTAGE_SECONDS: each command is retried
+    on connection errors and timeouts, backing off to 1 s between tries (a few tries in the first second)."""
+    return {
+        "retry": Retry(ExponentialBackoff(cap=1.0, base=0.05), retries=OUTAGE_SECONDS + 5),
+        "retry_on_error": [redis.ConnectionError, redis.TimeoutError],
+    }
 
 
 def client(url: str | None = None) -> redis.Redis:
     """One Redis client per URL per process (the result backend's server holds run state)."""
     url = url or settings.load().result_backend
     if url not in _clients:
-        _clients[url] = redis.Redis.from_url(url, socket_timeout=10, socket_connect_timeout=5, health_check_interval=30)
+        _clients[url] = redis.Redis.from_url(
+            url, socket_timeout=10, socket_connect_timeout=5, health_check_interval=30, **outage_retry()
+        )
     return _clients[url]
 
 
@@ -156,6 +171,10 @@ class RunState:
 
     def release_permit(self, batch: str, token: str) -> None:
         self.redis.zrem(self.key(f"permits:{batch}"), token)
+
+    def exists(self) -> bool:
+        """Whether the run's state is in Redis (its metadata, written when it dispatches a batch)."""
+        return bool(self.redis.exists(self.key("meta")))
 
     def describe(self, **fields: Any) -> None:
         """Run metadata for `chordflow status`."""

@@ -11,15 +11,15 @@ import contextlib
 import logging
 from collections.abc import Iterator
 from typing import Any
+from urllib.parse import urlsplit
 
 import kombu.exceptions
 import redis
-from kombu.utils.url import maybe_sanitize_url
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from ir.errors import BackendError, RunCancelled
-from worker import chunking, events, settings
+from worker import chunking, events, redact, settings
 from worker.aggregate import BatchResult, merge
 from worker.backend import BatchJob
 from worker.context import RunContext
@@ -94,6 +94,11 @@ class CeleryBackend:
                         done = self._emit_progress(node_id, RunState.unpack_outcomes(outcomes), seen, done, total)
                 if self.cancelled.is_set() or self.state.cancelled():
                     raise RunCancelled(f"run {self.run_id} cancelled during batch node '{node_id}'")
+                if not self.state.exists():  # Redis came back without persistence, or was flushed
+                    raise BackendError(
+                        f"run {self.run_id}: its state was lost from Redis during batch node '{node_id}' "
+                        "(restarted without persistence, or flushed); resubmit it"
+                    )
                 if not batches and result.failed():
                     raise BackendError(f"batch node '{node_id}': a chunk failed on a worker: {result.result}")
 
@@ -124,7 +129,17 @@ def broker_errors(url: str) -> Iterator[None]:
     try:
         yield
     except (redis.ConnectionError, redis.TimeoutError, kombu.exceptions.OperationalError, OSError) as exc:
-        raise BackendError(f"lost the connection to Redis at {maybe_sanitize_url(url)}: {exc}") from exc
+        message = auth_failure(url, exc) or f"lost the connection to Redis at {redact.mask_url(url)}: {exc}"
+        raise BackendError(redact.mask(message)) from exc
+
+
+def auth_failure(url: str, exc: BaseException) -> str | None:
+    """The "authentication failed" message when Redis refused the URL's credentials (also via kombu), else None."""
+    for each in (exc, exc.__cause__, exc.__context__):
+        if isinstance(each, redis.AuthenticationError) or str(each).startswith(("NOAUTH", "WRONGPASS")):
+            why = "wrong user or password" if urlsplit(url).password else "the server requires a password"
+            return f"authentication failed for Redis at {redact.mask_url(url)}: {why}"
+    return None
 
 
 def preflight(s: settings.Settings, timeout: float = PREFLIGHT_TIMEOUT) -> None:
@@ -142,6 +157,7 @@ def preflight(s: settings.Settings, timeout: float = PREFLIGHT_TIMEOUT) -> None:
         try:
             probe.ping()
         except (redis.RedisError, OSError) as exc:
-            raise BackendError(f"cannot reach Redis at {maybe_sanitize_url(url)} ({exc})") from exc
+            message = auth_failure(url, exc) or f"cannot reach Redis at {redact.mask_url(url)} ({exc})"
+            raise BackendError(redact.mask(message)) from exc
         finally:
             probe.close()
