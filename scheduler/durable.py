@@ -17,7 +17,7 @@ from scheduler.compiler import load
 from scheduler.engine import RunResult, new_run_id, source_of
 from scheduler.inputs import apply_inputs
 from scheduler.inputs_file import read_encoded
-from worker import chunking, events, settings
+from worker import chunking, events, settings, signing
 from worker.app import current_app
 from worker.cluster_runs import ClusterRuns
 from worker.flow import build_flow
@@ -59,6 +59,7 @@ def submit(
     store: dict[str, Any] = {}
     apply_inputs(wf, store, inputs, encoded=from_file)
     runs = _cluster()
+    signing.publishing_signer(current_app())  # a client without the key fails before it records anything
     run_id = run_id or new_run_id()
     record = RunRecord(run_id, wf.wire(), "celery", "queued", wf.start_id(), source=source_of(workflow))
     with broker_errors(settings.load().result_backend):
