@@ -278,6 +278,19 @@ def write_plot(results: Results, path: Path) -> None:
     plt.close(fig)
 
 
+#: The benchmarks with results files of their own, named here so this page leads to every measured number.
+OTHER_RESULTS = [
+    "## Other results",
+    "",
+    "- `CHECKPOINTS.md` (`python -m bench.checkpoints`): the cost of a checkpoint after a node, SQLite and Redis,",
+    "  beside an empty store and a 100 MB one, and of 10,000 small node executions with and without checkpoints.",
+    "- `DURABLE.md` (`python -m bench.durable`): durable runs: 1-item latency against local, first vs warm run,",
+    "  a 1,000,000-item batch through `submit` + `wait` (client, worker and Redis peak memory) and",
+    "  `results --node` streaming it to a file.",
+    "",
+]
+
+
 def write(results: Results, out: Path) -> tuple[Path, Path]:
     png = out / "throughput.png"
     write_plot(results, png)
@@ -381,4 +394,5 @@ def render(results: Results) -> list[str]:
     ]
     lines += profile_section(results)
     lines += ["", "The analysis of these numbers (which targets are missed and why) is in README.md, *Findings*.", ""]
+    lines += OTHER_RESULTS
     return lines
