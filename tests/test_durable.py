@@ -209,7 +209,8 @@ def test_duplicated_advance_for_the_same_step_is_fenced(celery_cluster: Cluster,
     duplicate = current_app().send_task("chordflow.advance", (run_id, 0))
     result = durable.wait(run_id, timeout=60)
     assert result.status == "success"
-    assert duplicate.get(timeout=60) == "fenced"  # it ran, found the step taken (or done) and did nothing
+    # Whichever of the two took the run's lease first ran it; the other found the step taken (or done).
+    assert duplicate.get(timeout=60) in ("fenced", "succeeded")
     assert lines(log) == ["n1", "n2"]
     assert ClusterRuns().trail(run_id) == ["n1", "n2"]
 
