@@ -6,6 +6,14 @@ with one-line messages that name the location; the CLI prints them without a tra
 
 from __future__ import annotations
 
+#: What `str.splitlines` breaks a line on, each mapped to its escape: a problem stays one line.
+_LINE_BREAKS = {ord(c): repr(c)[1:-1] for c in "\n\r\v\f\x1c\x1d\x1e\x85\u2028\u2029"}
+
+
+def one_line(text: str) -> str:
+    """`text` as one printable line: line breaks escaped, lone surrogates (unwritable as UTF-8) too."""
+    return text.translate(_LINE_BREAKS).encode("utf-8", "backslashreplace").decode("utf-8")
+
 
 class ChordflowError(Exception):
     """Base of chordflow's own errors."""
