@@ -9,10 +9,13 @@ from __future__ import annotations
 import difflib
 from collections.abc import Collection, Iterator
 
-from ir.errors import TemplateError
+from ir.errors import TemplateError, shown
 from ir.loops import endless_loops, loops_left_only_by_actions
 from ir.models import NodeSpec, Workflow
 from ir.templates import Reference, references
+
+#: Names longer than this get no "did you mean" (difflib's comparison is quadratic in the length).
+MAX_SUGGESTED = 200
 
 
 def _where(index: int, node: NodeSpec) -> str:
@@ -20,8 +23,15 @@ def _where(index: int, node: NodeSpec) -> str:
 
 
 def _did_you_mean(name: str, candidates: Collection[str]) -> str:
-    close = difflib.get_close_matches(name, list(candidates), n=1)
+    if len(name) > MAX_SUGGESTED:  # difflib compares in quadratic time
+        return ""
+    close = difflib.get_close_matches(name, [c for c in candidates if len(c) <= MAX_SUGGESTED], n=1)
     return f" (did you mean '{close[0]}'?)" if close else ""
+
+
+def _key(name: str) -> str:
+    """A param name inside a location: as written, or quoted and cut when long."""
+    return name if len(name) <= 40 else shown(name, 40)
 
 
 def duplicate_ids(wf: Workflow) -> Iterator[str]:
@@ -38,15 +48,31 @@ def edges_and_start(wf: Workflow) -> Iterator[str]:
     for i, edge in enumerate(wf.edges):
         for end, name in (("from", edge.from_), ("to", edge.to)):
             if name not in ids:
-                yield f"edges[{i}].{end}: unknown node {name!r}{_did_you_mean(name, ids)}"
+                yield f"edges[{i}].{end}: unknown node {shown(name)}{_did_you_mean(name, ids)}"
     if wf.start_node is not None and wf.start_node not in ids:
-        yield f"start_node: unknown node {wf.start_node!r}{_did_you_mean(wf.start_node, ids)}"
+        yield f"start_node: unknown node {shown(wf.start_node)}{_did_you_mean(wf.start_node, ids)}"
+
+
+def duplicate_actions(wf: Workflow) -> Iterator[str]:
+    """One edge per node and action: PocketFlow keeps only the last, so a second one is a mistake either way."""
+    first: dict[tuple[str, str], int] = {}
+    for i, edge in enumerate(wf.edges):
+        key = (edge.from_, edge.action)
+        if key not in first:
+            first[key] = i
+            continue
+        j = first[key]
+        yield (
+            f"edges[{i}]: node {shown(edge.from_)} already has an edge for action {shown(edge.action)} "
+            f"(edges[{j}] to {shown(wf.edges[j].to)}); this one goes to {shown(edge.to)}: "
+            "an action leads to one node"
+        )
 
 
 def node_types(wf: Workflow, known: Collection[str]) -> Iterator[str]:
     for i, node in enumerate(wf.nodes):
         if node.type not in known:
-            yield f"{_where(i, node)}.type: unknown node type {node.type!r}{_did_you_mean(node.type, known)}"
+            yield f"{_where(i, node)}.type: unknown node type {shown(node.type)}{_did_you_mean(node.type, known)}"
 
 
 def batch_aliases(wf: Workflow) -> Iterator[str]:
@@ -77,7 +103,7 @@ def _ancestors(wf: Workflow) -> dict[str, set[str]]:
 
 def _node_refs(node: NodeSpec) -> Iterator[tuple[str, Reference | TemplateError]]:
     """(where, reference) for each template of the node; a template that cannot be parsed comes as its error."""
-    values = [(f"params.{name}", value) for name, value in node.params.items()]
+    values = [(f"params.{_key(name)}", value) for name, value in node.params.items()]
     if node.batch and node.batch.items:
         values.append(("batch.items", node.batch.items))
     for where, value in values:
@@ -106,11 +132,11 @@ def template_references(wf: Workflow) -> Iterator[str]:
             location = f"{_where(i, node)}.{where}"
             if root in ids:
                 if root not in ancestors[node.id]:
-                    yield f"{location}: {ref.text} refers to node '{root}', which does not run before '{node.id}'"
+                    yield f"{location}: {ref.shown} refers to node '{root}', which does not run before '{node.id}'"
                 continue
             hint = _did_you_mean(root, ids | inputs)
             if wf.inputs is not None or hint:
-                yield f"{location}: {ref.text} refers to unknown node or input '{root}'{hint}"
+                yield f"{location}: {ref.shown} refers to unknown node or input {shown(root)}{hint}"
 
 
 def output_references(wf: Workflow) -> Iterator[str]:
@@ -124,14 +150,22 @@ def output_references(wf: Workflow) -> Iterator[str]:
             yield f"outputs.{name}.source: {exc}"
             continue
         if not found:
-            yield f"outputs.{name}.source: must be a template like '${{node.key}}', got {output.source!r}"
+            yield f"outputs.{name}.source: must be a template like '${{node.key}}', got {shown(output.source)}"
         for ref in found:
             if ref.root in ids or ref.root in inputs or ref.root.startswith("_"):
                 continue
             hint = _did_you_mean(ref.root, ids | inputs)
             if wf.inputs is not None or hint:  # without declared inputs, an unknown name may be a run input
-                yield f"outputs.{name}.source: {ref.text} refers to unknown node or input '{ref.root}'{hint}"
+                yield f"outputs.{name}.source: {ref.shown} refers to unknown node or input {shown(ref.root)}{hint}"
 
 
-ALL_CHECKS = (duplicate_ids, edges_and_start, batch_aliases, template_references, output_references, endless_loops)
+ALL_CHECKS = (
+    duplicate_ids,
+    edges_and_start,
+    duplicate_actions,
+    batch_aliases,
+    template_references,
+    output_references,
+    endless_loops,
+)
 ALL_WARNINGS = (loops_left_only_by_actions,)

@@ -6,6 +6,8 @@ with one-line messages that name the location; the CLI prints them without a tra
 
 from __future__ import annotations
 
+import reprlib
+
 #: What `str.splitlines` breaks a line on, each mapped to its escape: a problem stays one line.
 _LINE_BREAKS = {ord(c): repr(c)[1:-1] for c in "\n\r\v\f\x1c\x1d\x1e\x85\u2028\u2029"}
 
@@ -15,17 +17,50 @@ def one_line(text: str) -> str:
     return text.translate(_LINE_BREAKS).encode("utf-8", "backslashreplace").decode("utf-8")
 
 
+def _short_repr() -> reprlib.Repr:
+    short = reprlib.Repr()
+    short.maxlevel, short.maxdict, short.maxlist, short.maxtuple, short.maxset = 2, 4, 4, 4, 4
+    short.maxfrozenset = short.maxdeque = short.maxarray = 4
+    short.maxstring = short.maxother = short.maxlong = 60
+    return short
+
+
+_SHORT_REPR = _short_repr()
+
+
+def shown(value: object, limit: int = 60) -> str:
+    """A user's value inside a message: a repr (strings quoted and escaped) cut to about `limit` characters.
+
+    Never raises and never grows with the value: a huge int, a deep or long container stay short.
+    """
+    if isinstance(value, str):
+        text = repr(value)
+        return text if len(text) <= limit else text[: limit - 4] + "..." + text[0]
+    if type(value) is int and value.bit_length() > 4 * limit:  # repr() may refuse 4,300+ digits
+        return f"an integer of about {int(value.bit_length() * 0.30103)} digits"
+    try:
+        text = _SHORT_REPR.repr(value)
+    except Exception:  # a user object whose repr fails
+        text = f"<{type(value).__name__}>"
+    text = one_line(text)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
 class ChordflowError(Exception):
     """Base of chordflow's own errors."""
 
 
 class ValidationError(ChordflowError, ValueError):
-    """The workflow IR is invalid. Holds every problem found, each naming its location."""
+    """The workflow IR is invalid. Holds every problem found, each naming its location.
+
+    Each problem is one line, whatever text it quotes: the CLI prints one line per problem.
+    """
 
     def __init__(self, problems: list[str] | str, *, source: str | None = None):
-        self.problems = [problems] if isinstance(problems, str) else list(problems)
-        self.source = source
-        prefix = f"{source}: " if source else ""
+        problems = [problems] if isinstance(problems, str) else list(problems)
+        self.problems = [one_line(p) for p in problems if p] or ["invalid workflow"]
+        self.source = one_line(source) if source else None
+        prefix = f"{self.source}: " if self.source else ""
         if len(self.problems) == 1:
             message = prefix + self.problems[0]
         else:

@@ -2,32 +2,36 @@
 
 from __future__ import annotations
 
+import codecs
 import json
 import os
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
 import pydantic
 
 from ir import checks, limits
-from ir.errors import ValidationError
+from ir.errors import ValidationError, shown
 from ir.models import BAD_NAMES, Workflow
 from ir.names import is_name
 
 #: A source string longer than this is shown shortened in messages.
 MAX_SHOWN_SOURCE = 80
+#: A key longer than this is shown shortened in a location.
+MAX_SHOWN_KEY = 40
 
 
 def _read(source: Any) -> tuple[Any, str | None]:
     """Returns (raw data, a label naming where it came from). Every failure is one ValidationError."""
-    if isinstance(source, Workflow):
-        return source.wire(), None
-    if isinstance(source, Mapping):
-        limits.check_value(source, "workflow")
-        return dict(source), None
-    if isinstance(source, bytes):
-        source = _decode(source, "workflow JSON")
+    if isinstance(source, Workflow | Mapping):
+        _check_depth(source)  # before anything walks it: `wire()` and the checks recurse
+        raw = source.wire() if isinstance(source, Workflow) else dict(source)
+        return _listed(raw), None
+    if isinstance(source, bytes | bytearray | memoryview):  # bytes are the document itself, never a path
+        return _parse_json(_decode(bytes(source), "workflow JSON"), "workflow JSON"), None
+    if isinstance(source, str) and not source.strip():
+        raise ValidationError("the workflow source is empty text; pass a dict, JSON text or a path")
     if isinstance(source, str) and source.lstrip().startswith(("{", "[")):
         return _parse_json(source, "workflow JSON"), None
     if isinstance(source, str | os.PathLike):
@@ -35,11 +39,31 @@ def _read(source: Any) -> tuple[Any, str | None]:
     raise ValidationError(f"cannot load a workflow from {type(source).__name__}; pass a dict, JSON text or a path")
 
 
+def _check_depth(source: Mapping[str, Any] | Workflow) -> None:
+    found = limits.problem_in(source)
+    if found is not None:
+        path, problem = found
+        raise ValidationError(f"{_location(path, source)}: {problem}")
+
+
+def _listed(raw: dict[str, Any]) -> dict[str, Any]:
+    """`nodes`/`edges` given as another iterable (a generator, a deque) as lists, so the depth check saw them."""
+    for key in ("nodes", "edges"):
+        value = raw.get(key)
+        if isinstance(value, Iterable) and not isinstance(value, str | bytes | Mapping | list | tuple):
+            raw[key] = list(value)
+            _check_depth({key: raw[key]})
+    return raw
+
+
 def _read_file(source: str | os.PathLike[str]) -> tuple[Any, str]:
-    text = str(source)
+    try:
+        text = os.fsdecode(source)
+    except TypeError as exc:  # a PathLike whose __fspath__ returns neither str nor bytes
+        raise ValidationError(f"cannot read a workflow from {type(source).__name__}: {exc}") from None
     label = text if len(text) <= MAX_SHOWN_SOURCE and text.isprintable() else repr(text[:MAX_SHOWN_SOURCE])
     label += "..." if len(text) > MAX_SHOWN_SOURCE else ""
-    path = Path(source)
+    path = Path(text)
     try:
         found, is_dir = path.exists(), path.is_dir()
         data = path.read_bytes() if found and not is_dir else b""
@@ -59,14 +83,19 @@ def _read_file(source: str | os.PathLike[str]) -> tuple[Any, str]:
 
 
 def _decode(data: bytes, label: str) -> str:
+    body = data.removeprefix(codecs.BOM_UTF8)  # some editors start UTF-8 files with one
     try:
-        return data.decode("utf-8")
+        return body.decode("utf-8")
     except UnicodeDecodeError as exc:
-        raise ValidationError(f"{label}: not UTF-8 text (byte {exc.start}: {exc.reason})") from None
+        byte = exc.start + len(data) - len(body)
+        raise ValidationError(f"{label}: not UTF-8 text (byte {byte}: {exc.reason})") from None
 
 
 def _parse_json(text: str, label: str) -> Any:
-    limits.check_json_text(text, label)  # before json.loads, which recurses
+    deep_at = limits.json_too_deep_at(text)  # before json.loads, which recurses
+    if deep_at is not None:
+        line, column = limits.line_and_column(text, deep_at)
+        raise ValidationError(f"{label}: nested deeper than {limits.MAX_DEPTH} levels at line {line}, column {column}")
     try:
         return json.loads(text)
     except json.JSONDecodeError as exc:
@@ -83,18 +112,35 @@ def _bad_names(raw: dict[str, Any]) -> set[str]:
     return {name for name in names if isinstance(name, str) and name and not is_name(name)}
 
 
+def _node_id(raw: Any, index: int) -> str | None:
+    nodes = raw.get("nodes") if isinstance(raw, Mapping) else getattr(raw, "nodes", None)
+    node = nodes[index] if isinstance(nodes, list | tuple) and 0 <= index < len(nodes) else None
+    node_id = node.get("id") if isinstance(node, Mapping) else getattr(node, "id", None)
+    return node_id if isinstance(node_id, str) else None
+
+
+def _part(part: Any) -> str:
+    """One step of a location: `.name` for a string key, `[i]` for an index, `[repr]` for another key."""
+    if isinstance(part, str):
+        text = part if len(part) <= MAX_SHOWN_KEY else shown(part, MAX_SHOWN_KEY)
+        return text if part == "[key]" else "." + text
+    if isinstance(part, int) and not isinstance(part, bool):
+        return f"[{part}]"
+    try:
+        text = repr(part)
+    except Exception:  # a user's key whose repr fails still gets a location
+        text = type(part).__name__
+    return f"[{text[:MAX_SHOWN_KEY]}]"
+
+
 def _location(loc: tuple[Any, ...], raw: Any) -> str:
     text = ""
     for i, part in enumerate(loc):
-        if isinstance(part, int):
-            text += f"[{part}]"
-            if i == 1 and loc[0] == "nodes" and isinstance(raw, dict):
-                node = (raw.get("nodes") or [None] * (part + 1))[part]
-                if isinstance(node, dict) and isinstance(node.get("id"), str) and loc[2:3] != ("id",):
-                    text += f" (id {node['id']!r})"  # not when the id itself is the problem: its message names it
-        else:
-            text += ("." if text else "") + str(part)
-    return text or "workflow"
+        text += _part(part)
+        if i == 1 and loc[0] == "nodes" and isinstance(part, int) and loc[2:3] != ("id",):
+            node_id = _node_id(raw, part)  # not when the id itself is the problem: its message names it
+            text += f" (id {shown(node_id)})" if node_id is not None else ""
+    return text.removeprefix(".") or "workflow"
 
 
 def _pydantic_problems(exc: pydantic.ValidationError, raw: Any) -> list[str]:

@@ -19,7 +19,7 @@ MAX_SHOWN = 12
 
 
 def successors(wf: Workflow) -> dict[str, dict[str, str]]:
-    """node id -> {action: target} as compiled: a later edge with the same `from` and action wins."""
+    """node id -> {action: target} as compiled (`checks.duplicate_actions` rejects two edges for one action)."""
     succ: dict[str, dict[str, str]] = {node.id: {} for node in wf.nodes}
     for edge in wf.effective_edges():
         if edge.from_ in succ:

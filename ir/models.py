@@ -7,6 +7,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationInfo, field_validator
 
+from ir.errors import shown
 from ir.names import is_identifier, name_problem
 from ir.templates import is_single_template
 
@@ -57,21 +58,21 @@ class BatchSpec(_Model):
         if not isinstance(value, str) or not ITEMS_TEMPLATE_RE.match(value) or not is_single_template(value):
             if isinstance(value, str) and _refers_to(value, (info.context or {}).get(BAD_NAMES, ())):
                 return value  # the bad name is the problem, reported where it is defined
-            raise ValueError(f"batch.items must be a template reference, like '${{node.key}}', got {value!r}")
+            raise ValueError(f"batch.items must be a template reference, like '${{node.key}}', got {shown(value)}")
         return value
 
     @field_validator("as_", mode="before")
     @classmethod
     def _alias(cls, value: Any) -> str:
         if not is_identifier(value):
-            raise ValueError(f"batch.as must be a valid identifier, got {value!r}")
+            raise ValueError(f"batch.as must be a valid identifier, got {shown(value)}")
         return value
 
     @field_validator("error_handling", mode="before")
     @classmethod
     def _mode(cls, value: Any) -> str:
         if value not in ERROR_MODES:
-            raise ValueError(f"batch.error_handling must be 'fail_fast' or 'continue', got {value!r}")
+            raise ValueError(f"batch.error_handling must be 'fail_fast' or 'continue', got {shown(value)}")
         return value
 
     @property
@@ -151,9 +152,11 @@ class Workflow(_Model):
     @field_validator("ir_version", mode="before")
     @classmethod
     def _version(cls, value: Any) -> str:
+        known = ", ".join(IR_VERSIONS)
+        if not isinstance(value, str):
+            raise ValueError(f"must be a version string like '{IR_VERSIONS[0]}', got {type(value).__name__}")
         if value not in IR_VERSIONS:
-            shown = repr(value[:40]) if isinstance(value, str) else str(value)[:40]
-            raise ValueError(f"unknown version {shown} (this chordflow reads {', '.join(IR_VERSIONS)})")
+            raise ValueError(f"unknown version {shown(value, 40)} (this chordflow reads {known})")
         return value
 
     @field_validator("inputs", mode="before")

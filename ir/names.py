@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import re
 
+from ir.errors import shown
+
 #: A template path segment: a Unicode letter or '_', then word characters or '-'.
 SEGMENT = r"[^\W\d][\w-]*"
 _SEGMENT_RE = re.compile(SEGMENT)
@@ -36,5 +38,5 @@ def name_problem(what: str, value: object) -> str | None:
     if not isinstance(value, str):
         return f"{what} must be a string, got {type(value).__name__}"
     if not is_name(value):
-        return f"{what} {value!r} {NAME_RULE}"
+        return f"{what} {shown(value)} {NAME_RULE}"
     return None

@@ -34,6 +34,16 @@ class Reference:
     def root(self) -> str:
         return str(self.path[0])
 
+    @property
+    def shown(self) -> str:
+        """The text, cut short for a message."""
+        return shown_template(self.text)
+
+
+def shown_template(text: str) -> str:
+    """A template's text for a message: as written, or its start and `...}` when long."""
+    return text if len(text) <= 40 else text[:30] + "...}"
+
 
 def parse_path(expr: str) -> tuple[str | int, ...]:
     """`node.key[0]` -> ('node', 'key', 0); TemplateError for an index no list can have."""
@@ -49,8 +59,7 @@ def _reference(text: str, expr: str) -> Reference:
     try:
         return Reference(text, parse_path(expr))
     except TemplateError as exc:
-        shown = text if len(text) <= 40 else text[:30] + "...}"
-        raise TemplateError(f"{shown}: {exc}") from None
+        raise TemplateError(f"{shown_template(text)}: {exc}") from None
 
 
 def references(value: Any) -> list[Reference]:

@@ -164,13 +164,15 @@ def parse_inputs(pairs: tuple[str, ...], inputs_file: str | None, wf: ir.Workflo
             raise CliUsageError(f"--inputs-file {path}: file not found") from None
         except OSError as exc:
             raise CliUsageError(f"--inputs-file {path}: cannot read: {exc.strerror or exc}") from None
-        check_json_text(text, str(path))  # before json.loads, which would recurse
+        check_json_text(text, str(path), values_inside=True)  # before json.loads, which would recurse
         try:
             data = json.loads(text)
         except json.JSONDecodeError as exc:
             raise CliUsageError(
                 f"--inputs-file {path}: invalid JSON at line {exc.lineno}, column {exc.colno}: {exc.msg}"
             ) from None
+        except ValueError as exc:  # a number of thousands of digits
+            raise CliUsageError(f"--inputs-file {path}: {exc}") from None
         if not isinstance(data, dict):
             raise CliUsageError(f"--inputs-file {path}: expected a JSON object, got {type(data).__name__}")
         inputs.update(data)

@@ -73,7 +73,7 @@ def _transcode(f: Any, where: str) -> dict[str, bytes]:
 
     for _prefix, event, value in events:  # scalars are 'null', 'boolean', 'number' (int or float), 'string'
         if event in ("start_map", "start_array"):
-            if len(stack) >= MAX_DEPTH:
+            if len(stack) > MAX_DEPTH:  # the stack holds the top-level object too: each value may be MAX_DEPTH deep
                 raise too_deep(where)
             stack.append(_Container(event == "start_map"))
         elif event in ("end_map", "end_array"):
@@ -98,12 +98,15 @@ def _parsed_whole(path: Path, where: str) -> dict[str, bytes]:
     it is invalid (line and column), or its values are encoded from Python objects."""
     try:
         text = path.read_text(encoding="utf-8")
-        check_json_text(text, where)  # before json.loads, which would recurse
+    except UnicodeDecodeError as exc:
+        raise ValidationError(f"{where}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
+    check_json_text(text, where, values_inside=True)  # before json.loads, which would recurse
+    try:
         data = json.loads(text)
     except json.JSONDecodeError as exc:
         raise ValidationError(f"{where}: invalid JSON at line {exc.lineno}, column {exc.colno}: {exc.msg}") from None
-    except UnicodeDecodeError as exc:
-        raise ValidationError(f"{where}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
+    except ValueError as exc:  # a number of thousands of digits
+        raise ValidationError(f"{where}: {exc}") from None
     if not isinstance(data, dict):
         raise ValidationError(f"{where}: expected a JSON object, got {type(data).__name__}")
     return {key: snapshot.encode(value, label=f"{where}: {key}") for key, value in data.items()}

@@ -36,7 +36,7 @@ def test_each_top_level_value_decodes_to_what_json_loads_gives(tmp_path: Path, i
 
 
 def test_nesting_at_the_limit_passes_and_one_more_level_is_one_clear_error(tmp_path: Path) -> None:
-    inner = MAX_DEPTH - 1  # the top-level object is one level
+    inner = MAX_DEPTH  # each value may nest as deep as an --input value
     ok = read_encoded(write(tmp_path, '{"a": ' + "[" * inner + "]" * inner + "}"))
     assert list(ok) == ["a"]
     with pytest.raises(ValidationError, match=rf"inputs.json: nested deeper than {MAX_DEPTH} levels"):
@@ -51,6 +51,7 @@ def test_nesting_at_the_limit_passes_and_one_more_level_is_one_clear_error(tmp_p
         ('{"a": 1,\n "b": }', "invalid JSON at line 2, column 7: Expecting value"),
         ('{"a": 1} trailing', "invalid JSON at line 1, column 10: Extra data"),
         ("", "invalid JSON at line 1, column 1: Expecting value"),
+        ('{"n": ' + "9" * 5000 + "}", "Exceeds the limit (4300 digits)"),
         (b'{"a": "\xff"}', "not UTF-8 text"),
     ],
 )

@@ -75,10 +75,13 @@ def test_loop_that_needs_an_action_to_go_round_ends_on_default() -> None:
     assert wf.warnings == []
 
 
-def test_a_later_edge_with_the_same_action_replaces_the_earlier_one() -> None:
-    """As compiled (PocketFlow keeps one successor per action), b -> c replaces b -> a: no loop."""
-    wf = ir.load(workflow(*_nodes("a", "b", "c"), edges=[_edge("a", "b"), _edge("b", "a"), _edge("b", "c")]))
-    assert wf.warnings == []
+def test_two_edges_for_one_action_are_an_error_not_a_loop() -> None:
+    """PocketFlow keeps one successor per action: a second edge for the same action is refused, not silently kept."""
+    problems = _errors(workflow(*_nodes("a", "b", "c"), edges=[_edge("a", "b"), _edge("b", "a"), _edge("b", "c")]))
+    assert problems == [
+        "edges[2]: node 'b' already has an edge for action 'default' (edges[1] to 'a'); this one goes to 'c': "
+        "an action leads to one node"
+    ]
 
 
 def test_loop_is_reported_with_other_problems_and_not_for_chained_nodes() -> None:

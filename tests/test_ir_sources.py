@@ -8,6 +8,8 @@ from pathlib import Path
 import pytest
 
 import ir
+import scheduler
+from ir.limits import MAX_DEPTH, problem_in
 from tests.support import workflow
 from tests.test_cli import run_cli
 
@@ -27,14 +29,14 @@ def _nested(depth: int) -> dict:
 
 def test_workflow_nested_5000_deep_in_a_file(tmp_path: Path) -> None:
     path = tmp_path / "deep.json"
-    path.write_text('{"nodes": ' + "[" * 5000 + "]" * 5000 + "}")
-    assert _message(path) == f"{path}: nested deeper than 100 levels"
-    assert _message(path.read_text()) == "workflow JSON: nested deeper than 100 levels"
+    path.write_text('{"nodes":\n ' + "[" * 5000 + "]" * 5000 + "}")
+    assert _message(path) == f"{path}: nested deeper than 100 levels at line 2, column 101"
+    assert _message(path.read_text()) == "workflow JSON: nested deeper than 100 levels at line 2, column 101"
 
 
-def test_param_nested_800_deep_in_a_dict() -> None:
+def test_param_nested_800_deep_in_a_dict_names_the_param() -> None:
     wf = workflow({"id": "a", "type": "echo", "params": {"p": _nested(800)}})
-    assert _message(wf) == "workflow: nested deeper than 100 levels"
+    assert _message(wf) == "nodes[0] (id 'a').params.p: nested deeper than 100 levels"
     assert ir.load(workflow({"id": "a", "type": "echo", "params": {"p": _nested(90)}})).nodes[0].id == "a"
 
 
@@ -115,3 +117,155 @@ def test_cli_validate_long_argument_that_is_not_a_file() -> None:
     proc = run_cli("validate", "q" * 5000)
     assert proc.returncode == 2
     assert proc.stderr.count("\n") == 1 and proc.stderr.startswith("error: cannot read 'qqq")
+
+
+# -- the reproducers of issue 8 (item 7), each a ValidationError naming where ---------------------------------------
+
+
+def _deep_list(depth: int) -> list:
+    value: list = []
+    for _ in range(depth - 1):
+        value = [value]
+    return value
+
+
+@pytest.mark.parametrize(
+    ("batch", "where"),
+    [
+        ({"items": _nested(1000)}, "nodes[0] (id 'a').batch.items"),
+        ({"items": "${x}", "as": _deep_list(1000)}, "nodes[0] (id 'a').batch.as"),
+        ({"items": "${x}", "max_concurrent": _deep_list(2000)}, "nodes[0] (id 'a').batch.max_concurrent"),
+    ],
+)
+def test_batch_fields_nested_1000_deep(batch: dict, where: str) -> None:
+    assert _message(workflow({"id": "a", "type": "echo", "batch": batch})) == f"{where}: nested deeper than 100 levels"
+
+
+def test_a_dict_inside_itself_names_where() -> None:
+    params: dict = {"q": 1}
+    params["self"] = params
+    assert _message(workflow({"id": "a", "type": "echo", "params": {"p": params}})) == (
+        "nodes[0] (id 'a').params.p: a value contains itself"
+    )
+    metadata: list = []
+    metadata.append(metadata)
+    assert _message(workflow({"id": "a", "type": "echo"}, metadata={"m": metadata})) == (
+        "metadata.m[0]: a value contains itself"
+    )
+
+
+def test_a_workflow_object_built_without_load_is_checked_for_depth() -> None:
+    wf = ir.Workflow(nodes=[ir.NodeSpec(id="a", type="echo", params={"p": _nested(3000)})])
+    assert _message(wf) == "nodes[0] (id 'a').params.p: nested deeper than 100 levels"
+
+
+def test_nodes_given_as_a_generator_or_a_set_are_checked_like_a_list() -> None:
+    deep_node = {"id": "a", "type": "echo", "params": {"p": _nested(3000)}}
+    assert _message({"nodes": (n for n in [deep_node])}) == "nodes[0] (id 'a').params.p: nested deeper than 100 levels"
+    assert _message({"nodes": {1, 2}}).startswith("2 problems:\n  - nodes[0]: Input should be a valid dictionary")
+
+
+def test_deep_tuple_keys_are_checked_before_anything_prints_them() -> None:
+    key: tuple = ()
+    for _ in range(3000):
+        key = (key,)
+    assert _message(workflow({"id": "a", "type": "echo", "params": {key: 1}})).endswith("nested deeper than 100 levels")
+
+
+@pytest.mark.parametrize(
+    ("doc", "expected"),
+    [
+        (
+            {"nodes": [{"id": "a", "type": "echo"}], "outputs": {"o": {"source": "${a[" + "9" * 5000 + "]}"}}},
+            "outputs.o.source: ${a[99999999999999999999999999...}: list index with 5000 digits is too large",
+        ),
+        (
+            {"nodes": [{"id": "a", "type": "echo", "batch": {"items": "${a[" + "9" * 5000 + "]}"}}]},
+            "nodes[0] (id 'a').batch.items: ${a[99999999999999999999999999...}: "
+            "list index with 5000 digits is too large",
+        ),
+        (
+            {"ir_version": 7 * 10**4999, "nodes": [{"id": "a", "type": "echo"}]},
+            "ir_version: must be a version string like '0.1.0', got int",
+        ),
+        (
+            {"nodes": [{"id": "a", "type": "echo", "batch": {"items": 7 * 10**4999}}]},
+            "nodes[0] (id 'a').batch.items: batch.items must be a template reference, like '${node.key}', "
+            "got an integer of about 5000 digits",
+        ),
+    ],
+)
+def test_thousands_of_digits_anywhere(doc: dict, expected: str) -> None:
+    assert _message(doc) == expected
+
+
+def test_bytes_are_the_document_never_a_path(tmp_path: Path) -> None:
+    path = tmp_path / "wf.json"
+    path.write_text(json.dumps(workflow({"id": "a", "type": "echo"})))
+    assert _message(str(path).encode()) == "workflow JSON: invalid JSON at line 1, column 1: Expecting value"
+    assert ir.load(bytearray(path.read_bytes())).nodes[0].id == "a"
+
+
+def test_a_utf8_byte_order_mark_is_accepted(tmp_path: Path) -> None:
+    path = tmp_path / "wf.json"
+    path.write_bytes(b"\xef\xbb\xbf" + json.dumps(workflow({"id": "a", "type": "echo"})).encode())
+    assert ir.load(path).nodes[0].id == "a"
+    path.write_bytes(b'\xef\xbb\xbf{"nodes": "\xff"}')
+    assert _message(path) == f"{path}: not UTF-8 text (byte 14: invalid start byte)"
+
+
+def test_an_empty_string_is_not_taken_for_the_current_directory() -> None:
+    assert _message("") == "the workflow source is empty text; pass a dict, JSON text or a path"
+    assert _message("  \n") == "the workflow source is empty text; pass a dict, JSON text or a path"
+
+
+@pytest.mark.parametrize(
+    ("params", "expected"),
+    [
+        ({"a\nb": "${zz}"}, "nodes[0] (id 'a').params.a\\nb: ${zz} refers to unknown node or input 'zz'"),
+        ({"p": "${\n zz}"}, "nodes[0] (id 'a').params.p: ${\\n zz} refers to unknown node or input 'zz'"),
+        ({"p\u2028": "${zz}"}, "nodes[0] (id 'a').params.p\\u2028: ${zz} refers to unknown node or input 'zz'"),
+        (
+            {"p": "${" + "z" * 500 + "}"},
+            "nodes[0] (id 'a').params.p: ${zzzzzzzzzzzzzzzzzzzzzzzzzzzz...} refers to "
+            "unknown node or input 'zzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzz...'",
+        ),
+    ],
+)
+def test_every_problem_is_one_short_line_whatever_it_quotes(params: dict, expected: str) -> None:
+    message = _message(workflow({"id": "a", "type": "echo", "params": params}, inputs={}))
+    assert message == expected and message.splitlines() == [message]
+
+
+# -- the limit is the same at validation and at run time ------------------------------------------------------------
+
+
+def _at_depth(doc_depth: int) -> dict:
+    """A workflow whose deepest value sits `doc_depth` levels from the document's root."""
+    # workflow {} > nodes [] > node {} > params {} > the value: four levels above the value's own
+    return workflow(
+        {"id": "a", "type": "echo", "params": {"p": _nested(doc_depth - 4), "x": "${x}"}},
+        {"id": "b", "type": "echo", "params": {"copy": "${a.p}", "text": "p is ${a.p}"}},
+        {"id": "c", "type": "echo", "params": {"v": "${item}"}, "batch": {"items": "${x}"}},
+    )
+
+
+def test_a_workflow_nested_exactly_at_the_limit_validates_and_runs() -> None:
+    wf = _at_depth(MAX_DEPTH)
+    assert problem_in(wf) is None and problem_in({"one more": wf}) is not None  # exactly at the limit
+    assert ir.load(json.dumps(wf)).nodes[0].params["p"] == _nested(MAX_DEPTH - 4)
+    inputs = {"x": _deep_list(MAX_DEPTH)}  # an input may be as deep as the limit itself
+    result = scheduler.run(wf, inputs)
+    assert result.status == "success"
+    assert result.shared["b"]["copy"] == _nested(MAX_DEPTH - 4)
+    assert result.shared["c"]["results"] == [{"v": _deep_list(MAX_DEPTH - 1)}]
+
+
+def test_one_level_more_is_a_validation_error_naming_where() -> None:
+    wf = _at_depth(MAX_DEPTH + 1)
+    assert _message(wf) == "nodes[0] (id 'a').params.p: nested deeper than 100 levels"
+    text = json.dumps(wf)
+    column = text.index("{", text.index('"p"')) + len('{"x": ') * 96 + 1  # the 97th bracket of the value
+    assert _message(text) == f"workflow JSON: nested deeper than 100 levels at line 1, column {column}"
+    with pytest.raises(ir.ValidationError, match=r"^inputs\.x: nested deeper than 100 levels$"):
+        scheduler.run(_at_depth(MAX_DEPTH), {"x": _deep_list(MAX_DEPTH + 1)})

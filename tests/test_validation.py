@@ -70,6 +70,45 @@ def test_unknown_start_node():
     assert err.problems == ["start_node: unknown node 'aa' (did you mean 'a'?)"]
 
 
+def test_two_default_edges_from_one_node_name_the_node_the_action_and_both_targets():
+    wf = workflow(_echo("a"), _echo("b"), _echo("c"), edges=[{"from": "a", "to": "b"}, {"from": "a", "to": "c"}])
+    err = _problems(wf, via=ir.load)
+    assert err.problems == [
+        "edges[1]: node 'a' already has an edge for action 'default' (edges[0] to 'b'); this one goes to 'c': "
+        "an action leads to one node"
+    ]
+
+
+def test_two_edges_for_the_same_named_action_are_reported_with_the_other_problems():
+    edges = [
+        {"from": "a", "to": "b", "action": "retry"},
+        {"from": "a", "to": "c"},
+        {"from": "a", "to": "a", "action": "retry"},
+        {"from": "a", "to": "b", "action": "retry"},
+        {"from": "b", "to": "zz"},
+    ]
+    err = _problems(workflow(_echo("a"), _echo("b"), _echo("c"), edges=edges))
+    assert err.problems == [
+        "edges[4].to: unknown node 'zz'",
+        "edges[2]: node 'a' already has an edge for action 'retry' (edges[0] to 'b'); this one goes to 'a': "
+        "an action leads to one node",
+        "edges[3]: node 'a' already has an edge for action 'retry' (edges[0] to 'b'); this one goes to 'b': "
+        "an action leads to one node",
+    ]
+
+
+def test_one_edge_per_action_is_fine():
+    edges = [{"from": "a", "to": "b"}, {"from": "a", "to": "c", "action": "retry"}, {"from": "b", "to": "c"}]
+    assert ir.load(workflow(_echo("a"), _echo("b"), _echo("c"), edges=edges)).warnings == []
+
+
+def test_no_example_relies_on_two_edges_for_one_action():
+    examples = sorted((Path(__file__).parents[1] / "examples").glob("*.json"))
+    assert examples
+    for path in examples:
+        assert isinstance(ir.load(path), ir.Workflow), path
+
+
 def test_duplicate_ids():
     err = _problems(workflow(_echo("a"), _echo("b"), _echo("a")))
     assert err.problems == ["nodes[2] (id 'a'): duplicate node id (first used by nodes[0])"]
