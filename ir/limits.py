@@ -24,6 +24,7 @@ PATH_KEPT = 4
 #: A JSON string (closed or not) or a bracket: strings are skipped whole, brackets counted.
 _JSON_TOKEN_RE = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"?|[\[\]{}]', re.DOTALL)
 _CONTAINERS = (Mapping, list, tuple, set, frozenset, BaseModel)
+_SCALARS = frozenset({int, float, str, bytes, bool, type(None)})  # never containers: skipped without isinstance
 
 
 def too_deep(label: str) -> ValidationError:
@@ -91,9 +92,11 @@ def problem_in(value: Any) -> tuple[tuple[Any, ...], str] | None:
             return path, "a value contains itself"
         on_path.add(id(current))
         stack.append((current, depth, path, True))
-        for key, child in reversed(list(_children(current))):  # reversed: the first child is walked first
-            if isinstance(child, _CONTAINERS):
-                stack.append((child, depth + 1, (*path, key) if len(path) < PATH_KEPT else path, False))
+        # Only containers are kept (a list of a million numbers costs no million pairs); reversed, so the
+        # first child is walked first.
+        inner = [(k, c) for k, c in _children(current) if type(c) not in _SCALARS and isinstance(c, _CONTAINERS)]
+        for key, child in reversed(inner):
+            stack.append((child, depth + 1, (*path, key) if len(path) < PATH_KEPT else path, False))
     return None
 
 
