@@ -148,3 +148,29 @@ def test_twenty_threads_each_running_a_celery_batch_all_finish(celery_cluster: C
     for n in range(20):
         assert not isinstance(results[n], BaseException), results[n]
         assert [r["v"] for r in results[n].shared["b"]["results"]] == [n * 100 + i for i in range(5)]
+
+
+@pytest.mark.parametrize("hold", ["producers", "connections"])
+def test_a_send_that_finds_the_broker_pool_busy_fails_clearly_instead_of_hanging(
+    celery_cluster: Cluster, monkeypatch: pytest.MonkeyPatch, hold: str
+) -> None:
+    """Every wait on the broker pool is bounded (CHORDFLOW_POOL_TIMEOUT): with all of this process's producers,
+    or all of its connections, held elsewhere, a submit fails after the timeout with one clear error."""
+    from ir.errors import BackendError
+    from scheduler import durable
+    from worker.app import current_app
+
+    monkeypatch.setenv("CHORDFLOW_POOL_TIMEOUT", "1")
+    app = current_app()  # the app for these settings, with pools of its own
+    pool = app.producer_pool if hold == "producers" else app.pool
+    held = [pool.acquire(block=True) for _ in range(app.conf.broker_pool_limit)]
+    wf = {"nodes": [{"id": "e", "type": "echo", "params": {"v": 1}}]}
+    try:
+        started = time.monotonic()
+        with pytest.raises(BackendError, match=r"^Timed out waiting for a broker (producer|connection) after 1(\.0)?s"):
+            durable.submit(wf)
+        assert time.monotonic() - started < 30
+    finally:
+        for resource in held:
+            resource.release()
+    assert durable.wait(durable.submit(wf), timeout=60).status == "success"  # the pool serves again

@@ -66,9 +66,8 @@ def config(s: settings.Settings) -> dict:
         "worker_soft_shutdown_timeout": 30.0,
         "worker_enable_soft_shutdown_on_idle": True,
         "worker_hijack_root_logger": False,
-        # A send waits this long at most for a free producer of the pool (broker_pool_limit, 10), then fails
-        # with Celery's OperationalError ("All 10 producer slots are in use"). Not bounded: a free producer
-        # slot still waits for a pool connection in kombu's ProducerPool, which takes no timeout.
+        # A send waits this long at most for a free producer of the pool (broker_pool_limit, 10), and again
+        # for its connection (worker/broker_pool.py), then fails with one clear error instead of hanging.
         "broker_pool_acquire_timeout": s.pool_timeout,
         "broker_connection_retry_on_startup": True,
         # Redis outages: a worker reconnects to the broker forever (with backoff), never exits; a publish
@@ -120,7 +119,7 @@ class RunResultBackend(RedisBackend):
 class ChordflowCelery(Celery):
     """chordflow's Celery app: every message it sends is signed, every task on it runs signed messages only."""
 
-    amqp_cls = "worker.signing:SigningAMQP"
+    amqp_cls = "worker.broker_pool:ChordflowAMQP"
     task_cls = "worker.signing:SignedTask"
 
     def __init__(self, *args: Any, chordflow_settings: settings.Settings | None = None, **kwargs: Any):

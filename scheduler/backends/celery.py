@@ -129,8 +129,18 @@ def broker_errors(url: str) -> Iterator[None]:
     try:
         yield
     except (redis.ConnectionError, redis.TimeoutError, kombu.exceptions.OperationalError, OSError) as exc:
-        message = auth_failure(url, exc) or f"lost the connection to Redis at {redact.mask_url(url)}: {exc}"
+        message = (
+            auth_failure(url, exc)
+            or pool_exhausted(exc)
+            or f"lost the connection to Redis at {redact.mask_url(url)}: {exc}"
+        )
         raise BackendError(redact.mask(message)) from exc
+
+
+def pool_exhausted(exc: BaseException) -> str | None:
+    """Every connection (or producer) of this process's broker pool stayed busy: that, not a lost Redis."""
+    text = str(exc)
+    return text if text.startswith("Timed out waiting for a broker") else None
 
 
 def auth_failure(url: str, exc: BaseException) -> str | None:
