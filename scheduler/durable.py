@@ -64,7 +64,12 @@ def submit(
     record = RunRecord(run_id, wf.wire(), "celery", "queued", wf.start_id(), source=source_of(workflow))
     with broker_errors(settings.load().result_backend):
         runs.create(record, store, encoded={k: v for k, v in from_file.items() if k not in store})
-        current_app().send_task("chordflow.advance", (run_id, 0))
+        try:
+            current_app().send_task("chordflow.advance", (run_id, 0))
+        except Exception as exc:  # recorded but never enqueued: say so in the record, not "queued" forever
+            with contextlib.suppress(Exception):
+                runs.set_status(run_id, "failed", f"not enqueued: {exc}")
+            raise
     return run_id
 
 

@@ -168,7 +168,8 @@ def test_a_send_that_finds_the_broker_pool_busy_fails_clearly_instead_of_hanging
     try:
         started = time.monotonic()
         with pytest.raises(BackendError, match=r"^Timed out waiting for a broker (producer|connection) after 1(\.0)?s"):
-            durable.submit(wf)
+            durable.submit(wf, run_id=f"busy-{hold}")
+        assert durable.status(f"busy-{hold}")["status"] == "failed"  # recorded, never enqueued: not "queued"
         assert time.monotonic() - started < 30
     finally:
         for resource in held:
