@@ -21,7 +21,6 @@ import time
 import traceback
 import uuid
 from collections.abc import Callable, Iterator
-from pathlib import Path
 from typing import Any
 
 import click
@@ -43,7 +42,6 @@ from rich.text import Text
 
 import ir
 from ir.errors import BackendError, NodeTypeError, RemoteError, RunCancelled, StepLimitExceeded, ValidationError
-from ir.limits import check_json_text
 from worker.local_runs import LocalRuns
 
 DEBUG_KEY = "chordflow.debug"
@@ -154,28 +152,11 @@ def parse_inputs(pairs: tuple[str, ...], inputs_file: str | None, wf: ir.Workflo
     With `wf`, an `--input` key the workflow does not declare is an error (with a did-you-mean).
     """
     from scheduler.inputs import parse_input_value, unknown_input
+    from scheduler.inputs_file import read_whole
 
     inputs: dict[str, Any] = {}
     if inputs_file is not None:
-        path = Path(inputs_file)
-        try:
-            text = path.read_text(encoding="utf-8")
-        except FileNotFoundError:
-            raise CliUsageError(f"--inputs-file {path}: file not found") from None
-        except OSError as exc:
-            raise CliUsageError(f"--inputs-file {path}: cannot read: {exc.strerror or exc}") from None
-        check_json_text(text, str(path), values_inside=True)  # before json.loads, which would recurse
-        try:
-            data = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise CliUsageError(
-                f"--inputs-file {path}: invalid JSON at line {exc.lineno}, column {exc.colno}: {exc.msg}"
-            ) from None
-        except ValueError as exc:  # a number of thousands of digits
-            raise CliUsageError(f"--inputs-file {path}: {exc}") from None
-        if not isinstance(data, dict):
-            raise CliUsageError(f"--inputs-file {path}: expected a JSON object, got {type(data).__name__}")
-        inputs.update(data)
+        inputs.update(read_whole(inputs_file))
     unknown = []
     for pair in pairs:
         key, sep, value = pair.partition("=")

@@ -8,6 +8,7 @@ from typing import Any
 import ir
 from worker.flow import WorkflowFlow, build_flow
 from worker.nodes import registry
+from worker.spec_check import param_problems
 
 
 def load(workflow: Any) -> ir.Workflow:
@@ -20,18 +21,11 @@ def load(workflow: Any) -> ir.Workflow:
     if isinstance(workflow, ir.Workflow):
         return workflow
     wf = ir.load(workflow, node_types=registry.names())
-    problems = []
-    for i, spec in enumerate(wf.nodes):
-        where = f"nodes[{i}] (id '{spec.id}').params"
-        check = getattr(registry.get(spec.type), "check_params", None)
-        try:
-            found = check(spec.params) if check else None
-        except Exception as exc:  # a node type's check must not turn a user error into a traceback
-            found = f"cannot be checked ({type(exc).__name__}: {' '.join(str(exc).split())[:200]})"
-        if isinstance(found, dict):
-            problems.extend(f"{where}.{name}: {problem}" for name, problem in found.items())
-        elif found:
-            problems.append(f"{where}: {found}")
+    problems = [
+        problem
+        for i, spec in enumerate(wf.nodes)
+        for problem in param_problems(registry.get(spec.type), spec.params, f"nodes[{i}] (id '{spec.id}').params")
+    ]
     if problems:
         is_file = isinstance(workflow, Path) or (
             isinstance(workflow, str) and not workflow.lstrip().startswith(("{", "["))

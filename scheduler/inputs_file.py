@@ -1,5 +1,6 @@
-"""An `--inputs-file` read for a cluster run: each top-level value goes straight from JSON to the bytes the
-run's store keeps in Redis (the snapshot codec), without ever being built as Python objects.
+"""An `--inputs-file`, read once for every command: `read_whole` parses it (a local run needs the values), and
+for a cluster run `read_encoded` takes each top-level value straight from JSON to the bytes the run's store
+keeps in Redis (the snapshot codec), without ever building it as Python objects.
 
 A run submitted with a million items as an input then costs the submitting client the encoded bytes
 (a few MB), not the parsed list (tens of MB). The JSON is read as a stream of parser events (ijson's C
@@ -44,16 +45,16 @@ def read_encoded(path: str | Path, label: str = "--inputs-file") -> dict[str, by
     where = f"{label} {path}"
     try:
         with path.open("rb") as f:
-            return _transcode(f, where)
+            return _transcode(f, where, str(path))
     except FileNotFoundError:
         raise ValidationError(f"{where}: file not found") from None
     except ijson.JSONError:  # invalid JSON, or valid JSON the stream parser refuses (an int beyond 64 bits)
-        return _parsed_whole(path, where)
+        return {key: snapshot.encode(value, label=f"{where}: {key}") for key, value in read_whole(path, label).items()}
     except OSError as exc:
         raise ValidationError(f"{where}: cannot read: {exc.strerror or exc}") from None
 
 
-def _transcode(f: Any, where: str) -> dict[str, bytes]:
+def _transcode(f: Any, where: str, depth_label: str) -> dict[str, bytes]:
     packer = msgpack.Packer(use_bin_type=True)
     events = ijson.parse(f, use_float=True)
     first = next(events, None)
@@ -74,7 +75,7 @@ def _transcode(f: Any, where: str) -> dict[str, bytes]:
     for _prefix, event, value in events:  # scalars are 'null', 'boolean', 'number' (int or float), 'string'
         if event in ("start_map", "start_array"):
             if len(stack) > MAX_DEPTH:  # the stack holds the top-level object too: each value may be MAX_DEPTH deep
-                raise too_deep(where)
+                raise too_deep(depth_label)
             stack.append(_Container(event == "start_map"))
         elif event in ("end_map", "end_array"):
             finished = stack.pop()
@@ -93,14 +94,20 @@ def _transcode(f: Any, where: str) -> dict[str, bytes]:
 _KINDS = {"start_array": "list", "string": "str", "number": "number", "boolean": "bool", "null": "NoneType"}
 
 
-def _parsed_whole(path: Path, where: str) -> dict[str, bytes]:
-    """The slow path, for what the stream parser refused: `json` parses the file whole and reports where
-    it is invalid (line and column), or its values are encoded from Python objects."""
+def read_whole(path: str | Path, label: str = "--inputs-file") -> dict[str, Any]:
+    """The inputs file parsed whole: what a local run needs (the values themselves), and the slow path for
+    what the stream parser refuses. `json` reports where the text is invalid (line and column)."""
+    path = Path(path)
+    where = f"{label} {path}"
     try:
         text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ValidationError(f"{where}: file not found") from None
     except UnicodeDecodeError as exc:
         raise ValidationError(f"{where}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
-    check_json_text(text, where, values_inside=True)  # before json.loads, which would recurse
+    except OSError as exc:
+        raise ValidationError(f"{where}: cannot read: {exc.strerror or exc}") from None
+    check_json_text(text, str(path), values_inside=True)  # before json.loads, which would recurse
     try:
         data = json.loads(text)
     except json.JSONDecodeError as exc:
@@ -109,4 +116,4 @@ def _parsed_whole(path: Path, where: str) -> dict[str, bytes]:
         raise ValidationError(f"{where}: {exc}") from None
     if not isinstance(data, dict):
         raise ValidationError(f"{where}: expected a JSON object, got {type(data).__name__}")
-    return {key: snapshot.encode(value, label=f"{where}: {key}") for key, value in data.items()}
+    return data

@@ -40,22 +40,18 @@ def test_param_nested_800_deep_in_a_dict_names_the_param() -> None:
     assert ir.load(workflow({"id": "a", "type": "echo", "params": {"p": _nested(90)}})).nodes[0].id == "a"
 
 
-def test_empty_file(tmp_path: Path) -> None:
-    path = tmp_path / "empty.json"
-    path.write_text("  \n")
-    assert _message(path) == f"{path}: the file is empty, expected a workflow JSON object"
-
-
-def test_yaml_file(tmp_path: Path) -> None:
-    path = tmp_path / "wf.yaml"
-    path.write_text("nodes:\n  - id: a\n    type: echo\n")
-    assert _message(path) == f"{path}: workflows are JSON, not YAML"
-
-
-def test_json_array_file(tmp_path: Path) -> None:
-    path = tmp_path / "wf.json"
-    path.write_text("[1, 2]")
-    assert _message(path) == f"{path}: the workflow must be a JSON object, got list"
+@pytest.mark.parametrize(
+    ("name", "text", "problem"),
+    [
+        ("empty.json", "  \n", "the file is empty, expected a workflow JSON object"),
+        ("wf.yaml", "nodes:\n  - id: a\n    type: echo\n", "workflows are JSON, not YAML"),
+        ("wf.json", "[1, 2]", "the workflow must be a JSON object, got list"),
+    ],
+)
+def test_a_file_that_is_no_workflow_object_is_named(tmp_path: Path, name: str, text: str, problem: str) -> None:
+    path = tmp_path / name
+    path.write_text(text)
+    assert _message(path) == f"{path}: {problem}"
 
 
 def test_bytes_that_are_not_utf8(tmp_path: Path) -> None:

@@ -3,16 +3,16 @@
 from __future__ import annotations
 
 import json
-import socket
 import threading
 import urllib.parse
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from typing import Any
 
 import pytest
 
 import scheduler
+from tests.support import http_server
 from worker.nodes.http import HttpNode
 from worker.store import NamespacedStore
 
@@ -62,28 +62,17 @@ class Handler(BaseHTTPRequestHandler):
 @pytest.fixture(scope="module")
 def base_url() -> Iterator[str]:
     RELEASE.clear()
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    server.daemon_threads = True
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}"
-    finally:
-        RELEASE.set()
-        server.shutdown()
-        server.server_close()
-        thread.join()
+    with http_server.serving(Handler) as url:
+        try:
+            yield url
+        finally:
+            RELEASE.set()  # a handler still waiting returns before the server shuts down
 
 
 @pytest.fixture
 def refused_url() -> Iterator[str]:
-    """A bound port with no listener: connecting to it is refused, and no one else can take it."""
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    try:
-        yield f"http://127.0.0.1:{sock.getsockname()[1]}/x"
-    finally:
-        sock.close()
+    with http_server.refused_url() as url:
+        yield url
 
 
 def run_http(params: dict[str, Any]) -> tuple[str, dict[str, Any]]:

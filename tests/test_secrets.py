@@ -17,14 +17,12 @@ import io
 import json
 import logging
 import os
-import socket
 import subprocess
 import sys
-import threading
 import traceback
 import uuid
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +33,7 @@ import scheduler
 from ir.errors import BackendError, BatchItemFailed
 from scheduler.backends.celery import broker_errors, preflight
 from scheduler.localcluster import Cluster, RedisServer
+from tests.support import http_server
 from worker import redact, settings
 from worker.app import current_app
 from worker.local_runs import LocalRuns
@@ -62,27 +61,14 @@ class Handler(BaseHTTPRequestHandler):
 
 @pytest.fixture(scope="module")
 def base_url() -> Iterator[str]:
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    server.daemon_threads = True
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}"
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join()
+    with http_server.serving(Handler) as url:
+        yield url
 
 
 @pytest.fixture
 def refused_url() -> Iterator[str]:
-    """A bound port with no listener: connecting is refused (the error names the URL it tried)."""
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    try:
-        yield f"http://127.0.0.1:{sock.getsockname()[1]}/x"
-    finally:
-        sock.close()
+    with http_server.refused_url() as url:
+        yield url
 
 
 @pytest.fixture

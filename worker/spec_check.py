@@ -36,15 +36,23 @@ def checked_spec(wire: Any) -> NodeSpec:
             references(value)
         except TemplateError as exc:
             problems.append(f"params.{name}: {exc}")
-    check = getattr(cls, "check_params", None)
-    try:
-        found = check(spec.params) if check else None
-    except Exception as exc:  # as validation does: a failing check is a problem, not a traceback
-        found = f"cannot be checked ({type(exc).__name__}: {' '.join(str(exc).split())[:200]})"
-    if isinstance(found, dict):
-        problems.extend(f"params.{name}: {problem}" for name, problem in found.items())
-    elif found:
-        problems.append(f"params: {found}")
+    problems += param_problems(cls, spec.params, "params")
     if problems:
         raise ValidationError(problems, source=label)
     return spec
+
+
+def param_problems(cls: type, params: dict[str, Any], where: str) -> list[str]:
+    """What a node type's own `check_params(raw_params)` finds, each problem prefixed with `where`.
+
+    The check returns None, a problem with the params as a whole, or `{param name: problem}`; one that
+    raises is a problem too, never a traceback. Validation (`scheduler.compiler.load`) and workers both ask.
+    """
+    check = getattr(cls, "check_params", None)
+    try:
+        found = check(params) if check else None
+    except Exception as exc:
+        found = f"cannot be checked ({type(exc).__name__}: {' '.join(str(exc).split())[:200]})"
+    if isinstance(found, dict):
+        return [f"{where}.{name}: {problem}" for name, problem in found.items()]
+    return [f"{where}: {found}"] if found else []
