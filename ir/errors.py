@@ -107,3 +107,11 @@ class BackendError(ChordflowError, RuntimeError):
 
 class StepLimitExceeded(ChordflowError, RuntimeError):
     """A run executed more nodes than its step limit (`max_steps`): almost always a loop nothing ends."""
+
+
+class BatchThresholdExceeded(ChordflowError, RuntimeError):
+    """A `continue` batch had more failed items than its `tolerated_failure_percent` / `_count` allow."""
+
+
+class SubworkflowFailed(ChordflowError, RuntimeError):
+    """A `workflow` node's sub-workflow ended failed (an unhandled `error` action): the node raises this."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationInfo, field_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationInfo, field_validator, model_validator
 
 from ir.errors import shown
 from ir.names import is_identifier, name_problem
@@ -49,6 +49,12 @@ class BatchSpec(_Model):
     max_retries: int = Field(1, ge=1, description="Total attempts per item")
     retry_wait: float = Field(0, ge=0, description="Seconds between attempts")
     chunk_size: int | None = Field(None, ge=1, description="Items per distributed chunk (default: auto)")
+    tolerated_failure_percent: float | None = Field(
+        None, ge=0, le=100, description="continue only: the batch fails once more than this % of its items failed"
+    )
+    tolerated_failure_count: int | None = Field(
+        None, ge=0, description="continue only: the batch fails once more than this many items failed"
+    )
 
     @field_validator("items", mode="before")
     @classmethod
@@ -74,6 +80,36 @@ class BatchSpec(_Model):
         if value not in ERROR_MODES:
             raise ValueError(f"batch.error_handling must be 'fail_fast' or 'continue', got {shown(value)}")
         return value
+
+    @field_validator("tolerated_failure_percent", mode="before")
+    @classmethod
+    def _percent(cls, value: Any) -> Any:
+        number = isinstance(value, int | float) and not isinstance(value, bool)
+        if value is not None and not (number and 0 <= value <= 100):
+            raise ValueError(f"batch.tolerated_failure_percent must be a number from 0 to 100, got {shown(value)}")
+        return value
+
+    @field_validator("tolerated_failure_count", mode="before")
+    @classmethod
+    def _count(cls, value: Any) -> Any:
+        if value is not None and not (isinstance(value, int) and not isinstance(value, bool) and value >= 0):
+            raise ValueError(f"batch.tolerated_failure_count must be an integer >= 0, got {shown(value)}")
+        return value
+
+    @model_validator(mode="after")
+    def _thresholds_need_continue(self) -> BatchSpec:
+        if self.error_handling != "continue":
+            given = [
+                f"batch.{name}"
+                for name in ("tolerated_failure_percent", "tolerated_failure_count")
+                if getattr(self, name) is not None
+            ]
+            if given:
+                raise ValueError(
+                    f"{' and '.join(given)} requires error_handling 'continue' "
+                    f"(a fail_fast batch tolerates no failure), got {shown(self.error_handling)}"
+                )
+        return self
 
     @property
     def alias(self) -> str:

@@ -29,7 +29,7 @@ from scheduler.localcluster import Cluster, ManagedProcess
 from tests.support.cluster import PLUGINS
 from worker import settings, signing
 from worker.app import current_app
-from worker.tasks import _executor
+from worker.tasks import chunk_executor
 
 RUN_CHUNK = "chordflow.run_chunk"
 TIMEOUT = 60.0
@@ -206,7 +206,7 @@ def test_a_signed_chunk_with_a_spec_validation_refuses_fails_naming_the_node(
 )
 def test_the_executor_checks_a_spec_as_validation_does(wire: dict[str, Any], problem: str) -> None:
     with pytest.raises(ValidationError) as raised:
-        _executor(wire, {})
+        chunk_executor(wire, {})
     assert str(raised.value).startswith(f"node '{wire['id']}': ") and problem in str(raised.value)
 
 

@@ -34,24 +34,36 @@ class ChunkResult:
 
 @dataclass
 class BatchResult:
-    """What a batch hands back to `PflowBatchNode.post`: the aggregate, or the fail_fast failure."""
+    """What a batch hands back to `PflowBatchNode.post`: the aggregate, or the fail_fast failure, or —
+    a batch stopped before every item ran (a failure threshold) — `stopped`: [items that ran, failed]."""
 
     aggregate: dict[str, Any] | None
     appended: dict[str, list] = field(default_factory=dict)  # accumulator entries, in index order
     failure: ItemOutcome | None = None
+    stopped: list[int] | None = None
+
+    @property
+    def failed(self) -> int:
+        """Failed items among the outcomes (those that ran)."""
+        if self.stopped is not None:
+            return self.stopped[1]
+        return self.aggregate["error_count"] if self.aggregate else 0
 
     def to_wire(self) -> list[Any]:
         failure = self.failure.to_wire() if self.failure else None
-        return [self.aggregate, self.appended, failure]
+        return [self.aggregate, self.appended, failure, self.stopped]
 
     @classmethod
     def from_wire(cls, data: list[Any]) -> BatchResult:
-        aggregate, appended, failure = data
-        return cls(aggregate, appended, ItemOutcome.from_wire(failure) if failure else None)
+        aggregate, appended, failure, *stopped = data  # a result stored before `stopped` existed has 3 fields
+        return cls(aggregate, appended, ItemOutcome.from_wire(failure) if failure else None, *stopped)
 
 
 def merge(chunks: Iterable[ChunkResult], count: int, fail_fast: bool) -> BatchResult:
-    """Chunks (any order; a redelivered chunk's duplicate is dropped) -> the DESIGN section 3 aggregate."""
+    """Chunks (any order; a redelivered chunk's duplicate is dropped) -> the DESIGN section 3 aggregate.
+
+    Items without an outcome (a batch stopped by its failure threshold) give no aggregate but `stopped`:
+    whoever knows the threshold (`PflowBatchNode.post`) judges the outcomes that are there."""
     by_start: dict[int, ChunkResult] = {}
     for chunk in chunks:
         kept = by_start.get(chunk.start)
@@ -61,16 +73,14 @@ def merge(chunks: Iterable[ChunkResult], count: int, fail_fast: bool) -> BatchRe
     failures = [f for chunk in ordered for f in chunk.failures]
     if fail_fast and failures:
         return BatchResult(None, {}, min(failures, key=lambda f: f.index))
+    if not _complete(ordered, count):
+        return BatchResult(None, {}, stopped=[sum(len(chunk.results) for chunk in ordered), len(failures)])
     results: list[Any] = []
     appended: dict[str, list] = {}
     for chunk in ordered:
-        if chunk.start != len(results):
-            raise RuntimeError(f"batch incomplete: no outcome for items {len(results)}..{chunk.start - 1} of {count}")
         results.extend(chunk.results)
         for key, entries in chunk.appended.items():
             appended.setdefault(key, []).extend(entries)
-    if len(results) != count:
-        raise RuntimeError(f"batch incomplete: outcomes for {len(results)} of {count} items")
     errors = [_error_entry(f) for f in failures]
     aggregate = {
         "results": results,
@@ -80,6 +90,16 @@ def merge(chunks: Iterable[ChunkResult], count: int, fail_fast: bool) -> BatchRe
         "errors": errors or None,
     }
     return BatchResult(aggregate, appended)
+
+
+def _complete(ordered: list[ChunkResult], count: int) -> bool:
+    """Whether the chunks (by start) hold an outcome for every item 0..count-1, each once."""
+    position = 0
+    for chunk in ordered:
+        if chunk.start != position:
+            return False
+        position += len(chunk.results)
+    return position == count
 
 
 def _error_entry(failure: ItemOutcome) -> dict[str, Any]:

@@ -18,7 +18,7 @@ from ir.errors import RunCancelled
 from ir.models import BatchSpec, NodeSpec
 from worker.aggregate import BatchResult, ChunkResult, merge
 from worker.executor import ItemExecutor, run_in_process
-from worker.middleware import item_middleware
+from worker.middleware import item_middleware, tolerance_of
 
 
 @dataclass
@@ -89,7 +89,7 @@ class LocalBackend:
         done_before = sum(len(c.results) for c in job.done)
         hooks = item_middleware(
             job.node_id, len(job.items), job.batch.fail_fast, cancelled=self.cancelled, emit=self.emit,
-            done_before=done_before,
+            done_before=done_before, tolerance=tolerance_of(job.batch),
         )  # fmt: skip
         chunks = list(job.done)
         for start, end in job.missing():

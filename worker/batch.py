@@ -2,7 +2,8 @@
 
 prep resolves the items into a BatchJob (spec, items, the store they copy from); _exec hands the job to
 the run's backend (in-process loop or Celery chord), where the ItemExecutor applies the per-item rules;
-post writes the aggregate — the only write to the original store. No per-item state lives here.
+post judges the merged outcomes (fail_fast, failure thresholds) and writes the aggregate — the only write
+to the original store. No per-item state lives here.
 """
 
 from __future__ import annotations
@@ -11,13 +12,14 @@ from typing import Any
 
 from pocketflow import BatchNode
 
-from ir.errors import BatchItemFailed, BatchItemsError
+from ir.errors import BatchItemFailed, BatchItemsError, BatchThresholdExceeded
 from ir.models import BatchSpec, NodeSpec
 from ir.templates import compile_value
 from worker import context
 from worker.aggregate import BatchResult, merge_accumulators
 from worker.backend import BatchJob
 from worker.cloning import clone_node
+from worker.middleware import tolerance_of
 from worker.outcome import ItemOutcome
 
 
@@ -51,9 +53,11 @@ class PflowBatchNode(BatchNode):
         return backend.run_batch(job)
 
     def post(self, shared: Any, prep_res: BatchJob, exec_res: BatchResult) -> str:
-        """The only write to the original store: the aggregate (never on a fail_fast failure)."""
+        """The only write to the original store: the aggregate (never on a fail_fast failure, nor on
+        more failures than tolerated)."""
         if exec_res.failure is not None:
             raise_item_failure(self.node_id, exec_res.failure)
+        judge_failures(self.node_id, self.batch, exec_res, len(prep_res.items))
         merge_accumulators(shared, exec_res.appended)
         shared[self.node_id] = exec_res.aggregate
         return "default"
@@ -64,3 +68,14 @@ def raise_item_failure(node_id: str, outcome: ItemOutcome) -> None:
     if outcome.exception is not None:
         raise outcome.exception
     raise BatchItemFailed(f"batch node '{node_id}' item {outcome.index} failed: {outcome.error}")
+
+
+def judge_failures(node_id: str, batch: BatchSpec, result: BatchResult, count: int) -> None:
+    """The failure threshold's verdict on the merged outcomes (the authoritative count, whatever stopped
+    the batch early): more failed items than tolerated fail the node."""
+    tolerance = tolerance_of(batch)
+    verdict = tolerance.verdict(result.failed, count, noun="items") if tolerance.set else None
+    if verdict is not None:
+        raise BatchThresholdExceeded(f"batch node '{node_id}': {verdict}")
+    if result.stopped is not None:  # only a threshold stops a continue batch that was not cancelled
+        raise RuntimeError(f"batch node '{node_id}' incomplete: outcomes for {result.stopped[0]} of {count} items")

@@ -1,9 +1,16 @@
 """The ItemMiddleware hung on the per-item loop, and `item_middleware`, the one place a stack is built.
 
-In-process: StopSignals (cancel, fail_fast) and ProgressEvents. On a worker: StopCheck, ConcurrencyPermit
-and ProgressPublisher, each talking to Redis at most every `interval` seconds or once per N items, never
-once per item. `batch` is the batch key (`<node id>#<step>`): a node that runs twice in one run (a loop)
-gets a fresh abort flag, progress and permits each time.
+In-process: StopSignals (cancel, fail_fast, failure threshold) and ProgressEvents. On a worker: StopCheck,
+ConcurrencyPermit and ProgressPublisher, each talking to Redis at most every `interval` seconds or once per
+N items, never once per item. `batch` is the batch key (`<node id>#<step>`): a node that runs twice in one
+run (a loop) gets a fresh abort flag, progress, failure count and permits each time.
+
+A failure threshold (`batch.tolerated_failure_percent` / `_count`) stops a batch once its failed items
+exceed it. In-process, StopSignals counts them. On workers, ProgressPublisher adds each chunk's failure
+count to the batch's in Redis in its batched writes, and the Lua script sets the batch's abort flag once
+the sum passes the threshold; StopCheck, which polls that flag anyway, then stops every chunk (a chunk
+whose own failures pass it stops at once). The verdict itself is taken on the merged outcomes
+(`worker.batch.judge_failures`).
 """
 
 from __future__ import annotations
@@ -14,10 +21,15 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
+from ir.models import BatchSpec
 from worker import events
 from worker.executor import ItemMiddleware
 from worker.outcome import ItemOutcome
 from worker.runstate import RunState
+from worker.thresholds import Tolerance
+
+#: A batch without a failure threshold.
+NO_THRESHOLD = Tolerance()
 
 
 def item_middleware(
@@ -31,36 +43,73 @@ def item_middleware(
     batch: str = "",
     max_concurrent: int | None = None,
     done_before: int = 0,
+    tolerance: Tolerance = NO_THRESHOLD,
+    chunk: int = 0,
 ) -> list[ItemMiddleware]:
-    """The hooks around a batch's items, stops first: in-process (no `state`) or on a worker (`state`)."""
+    """The hooks around a batch's items, stops first: in-process (no `state`; `total`: the batch's items)
+    or on a worker (`state`; `chunk`: the start of this chunk, `total`: its items)."""
     if state is None:
-        hooks: list[ItemMiddleware] = [StopSignals(cancelled or threading.Event(), fail_fast)]
+        hooks: list[ItemMiddleware] = [StopSignals(cancelled or threading.Event(), fail_fast, tolerance, total)]
         if emit is not None:
             hooks.append(ProgressEvents(emit, node_id, total, done_before))
         return hooks
-    hooks = [StopCheck(state, batch, fail_fast)]
+    tolerated = None
+    if tolerance.set:  # only a percentage needs the batch's total: one read per chunk
+        tolerated = tolerated_failures(tolerance, state.batch_total(batch) if tolerance.percent is not None else 0)
+    hooks = [StopCheck(state, batch, fail_fast, tolerated)]
     if max_concurrent:
         hooks.append(ConcurrencyPermit(state, batch, max_concurrent))
-    hooks.append(ProgressPublisher(state, batch))
+    hooks.append(ProgressPublisher(state, batch, chunk, tolerated))
     return hooks
 
 
-class StopSignals(ItemMiddleware):
-    """In-process stops: the run was cancelled (Ctrl-C, a closed stream), or — fail_fast — an item failed.
+def tolerance_of(batch: BatchSpec) -> Tolerance:
+    """The failure threshold of a batch block (`NO_THRESHOLD` when it sets none)."""
+    return Tolerance(batch.tolerated_failure_percent, batch.tolerated_failure_count)
 
-    One hook for both keeps the per-item cost of the default (fail_fast) batch to two cheap calls.
+
+def tolerated_failures(tolerance: Tolerance, total: int) -> int:
+    """The most failed items of a batch of `total` that `tolerance` accepts: the number the Lua script
+    compares a batch's failure count with, found with the rule itself (`Tolerance.exceeded`)."""
+    most = tolerance.count if tolerance.count is not None else total
+    if tolerance.percent is not None:
+        most = min(most, int(tolerance.percent * total / 100) + 1)
+    while most > 0 and tolerance.exceeded(most, total):
+        most -= 1
+    while not tolerance.exceeded(most + 1, total):  # float rounding: at most a step or two
+        most += 1
+    return most
+
+
+class StopSignals(ItemMiddleware):
+    """In-process stops: the run was cancelled (Ctrl-C, a closed stream), or an item failed — fail_fast —
+    or the batch's failed items exceed its failure threshold (of `total` items).
+
+    One hook for all keeps the per-item cost of the default (fail_fast) batch to two cheap calls.
     """
 
-    def __init__(self, cancelled: threading.Event, fail_fast: bool):
-        self.cancelled, self.fail_fast = cancelled, fail_fast
-        self.failed = False  # a plain flag: set once, read by every thread of the batch
+    def __init__(
+        self, cancelled: threading.Event, fail_fast: bool, tolerance: Tolerance = NO_THRESHOLD, total: int = 0
+    ):
+        self.cancelled, self.fail_fast, self.total = cancelled, fail_fast, total
+        self.tolerance = tolerance if tolerance.set else None
+        self.stopped = False  # a plain flag: set once, read by every thread of the batch
+        self.failed = 0  # with a threshold: failed items so far (threads count under the lock)
+        self.lock = threading.Lock()
 
     def before_item(self, index: int) -> bool:
-        return not (self.failed or self.cancelled.is_set())
+        return not (self.stopped or self.cancelled.is_set())
 
     def after_item(self, outcome: ItemOutcome) -> None:
-        if self.fail_fast and outcome.error is not None:
-            self.failed = True
+        if outcome.error is None:
+            return
+        if self.fail_fast:
+            self.stopped = True
+        elif self.tolerance is not None:
+            with self.lock:
+                self.failed += 1
+                if self.tolerance.exceeded(self.failed, self.total):
+                    self.stopped = True
 
 
 class ProgressEvents(ItemMiddleware):
@@ -79,10 +128,16 @@ class ProgressEvents(ItemMiddleware):
 
 
 class StopCheck(ItemMiddleware):
-    """Stops a chunk when the run is cancelled or (fail_fast) another item of the batch failed."""
+    """Stops a chunk when the run is cancelled or its batch aborted: by a failed item under fail_fast, or
+    by failures past the threshold (`tolerated` failed items at most; the flag is set in Redis by
+    ProgressPublisher's script, or here when this chunk's own failures pass it)."""
 
-    def __init__(self, state: RunState, batch: str, fail_fast: bool, interval: float = 0.1):
+    def __init__(
+        self, state: RunState, batch: str, fail_fast: bool, tolerated: int | None = None, interval: float = 0.1
+    ):
         self.state, self.batch, self.fail_fast, self.interval = state, batch, fail_fast, interval
+        self.tolerated = tolerated
+        self.failed = 0
         self.stopped = False
         self.next_check = 0.0
 
@@ -96,27 +151,48 @@ class StopCheck(ItemMiddleware):
         return not self.stopped
 
     def after_item(self, outcome: ItemOutcome) -> None:
-        if self.fail_fast and outcome.error is not None:
+        if outcome.error is None:
+            return
+        self.failed += 1
+        if self.fail_fast or (self.tolerated is not None and self.failed > self.tolerated):
             self.stopped = True
             self.state.abort(self.batch)
 
 
 class ProgressPublisher(ItemMiddleware):
-    """Buffers (index, ok) pairs and appends them to the run's stream in batches."""
+    """Buffers (index, ok) pairs and appends them to the run's stream in batches.
 
-    def __init__(self, state: RunState, batch: str, interval: float = 0.25, max_buffer: int = 2000):
+    With a failure threshold (`tolerated` not None) the same write reports this chunk's failure count
+    (`chunk`: its start), and the script stops the batch once the batch's count passes `tolerated`.
+    """
+
+    def __init__(
+        self,
+        state: RunState,
+        batch: str,
+        chunk: int = 0,
+        tolerated: int | None = None,
+        interval: float = 0.25,
+        max_buffer: int = 2000,
+    ):
         self.state, self.batch, self.interval, self.max_buffer = state, batch, interval, max_buffer
+        self.chunk, self.tolerated = chunk, tolerated
+        self.failed = 0
         self.buffer: list[tuple[int, bool]] = []
         self.next_flush = time.monotonic() + interval
 
     def after_item(self, outcome: ItemOutcome) -> None:
-        self.buffer.append((outcome.index, outcome.error is None))
+        ok = outcome.error is None
+        self.buffer.append((outcome.index, ok))
+        if not ok:
+            self.failed += 1
         if len(self.buffer) >= self.max_buffer or time.monotonic() >= self.next_flush:
             self.flush()
 
     def flush(self) -> None:
         if self.buffer:
-            self.state.publish(self.batch, self.buffer)
+            failures = None if self.tolerated is None else (self.chunk, self.failed, self.tolerated)
+            self.state.publish(self.batch, self.buffer, failures)
             self.buffer = []
         self.next_flush = time.monotonic() + self.interval
 

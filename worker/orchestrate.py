@@ -125,8 +125,8 @@ def advance(self: Any, run_id: str, step: int) -> str:
         runs.set_status(run_id, "cancelled", "run cancelled", ctx.last_node)
         return "cancelled"
     except Exception as exc:
+        runs.set_exception(run_id, exc)  # first: `wait` re-raises it as soon as it sees the status
         runs.set_status(run_id, "failed", redact.mask(f"{type(exc).__name__}: {exc}"), ctx.last_node)
-        runs.set_exception(run_id, exc)
         log.info("run %s failed at node %s: %s", run_id, ctx.last_node, exc)
         return "failed"
     finally:

@@ -86,9 +86,9 @@ class RunState:
         return bool(self.redis.set(self.key(f"dispatched:{batch}"), 1, nx=True, ex=self.ttl))
 
     def clear_stops(self) -> None:
-        """Before a resume: no cancel flag, abort flag, dispatch mark or stored fail_fast result stays."""
+        """Before a resume: no cancel flag, abort flag, dispatch mark, failure count or stored result stays."""
         stale = [self.key("cancel")]
-        for pattern in ("abort:*", "dispatched:*", "result:*"):
+        for pattern in ("abort:*", "dispatched:*", "result:*", "failed:*"):
             stale.extend(self.redis.scan_iter(match=self.key(pattern), count=1000))
         self.redis.delete(*stale)
 
@@ -103,8 +103,16 @@ class RunState:
         return bool(self.redis.exists(self.key("cancel"), self.key(f"abort:{batch}")))
 
     # -- progress ---------------------------------------------------------------------------
-    def publish(self, batch: str, outcomes: list[tuple[int, bool]]) -> None:
-        self._publish(keys=[self.key("events")], args=[batch, msgpack.packb(outcomes), self.ttl])
+    def publish(
+        self, batch: str, outcomes: list[tuple[int, bool]], failures: tuple[int, int, int] | None = None
+    ) -> None:
+        """Append outcomes to the run's stream. `failures` (chunk start, the chunk's failed items so far,
+        the most the batch tolerates): also count them, and abort the batch once it has more."""
+        keys, args = [self.key("events")], [batch, msgpack.packb(outcomes), self.ttl]
+        if failures is not None:
+            keys += [self.key(f"failed:{batch}"), self.key(f"abort:{batch}")]
+            args += list(failures)
+        self._publish(keys=keys, args=args)
 
     def read_progress(self, last_id: str, block_ms: int) -> tuple[str, list[tuple[str, bytes | None]]]:
         """Entries after `last_id` (waits up to block_ms): (new last id, [(batch, packed outcomes)]).

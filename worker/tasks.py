@@ -19,7 +19,7 @@ from worker.app import current_app, task
 from worker.build import item_chain
 from worker.cluster_runs import ClusterRuns
 from worker.executor import ItemExecutor, run_items
-from worker.middleware import item_middleware
+from worker.middleware import item_middleware, tolerance_of
 from worker.runstate import RunState
 from worker.snapshot_cache import SnapshotCache
 from worker.spec_check import checked_spec
@@ -35,7 +35,7 @@ def _remember(cache: OrderedDict, key: str, value: Any) -> Any:
     return value
 
 
-def _executor(wire: dict[str, Any], shared: dict[str, Any]) -> ItemExecutor:
+def chunk_executor(wire: dict[str, Any], shared: dict[str, Any]) -> ItemExecutor:
     """An executor over a per-item chain compiled once per spec on this process (cloned per chunk).
 
     The spec is checked as validation checks it before it is built (a bad one is an error naming the node)."""
@@ -72,13 +72,14 @@ def run_chunk(self: Any, job: dict[str, Any]) -> bytes:
         batch = job["batch"]
         if state.should_stop(batch):
             return snapshot.encode(ChunkResult(job["start"], [], [], {}).to_wire())
-        executor = _executor(job["node"], _snapshot(job["snap"], state))
+        executor = chunk_executor(job["node"], _snapshot(job["snap"], state))
         spec = executor.spec.batch
         assert spec is not None
         items = snapshot.decode(job["items"])
         hooks = item_middleware(
-            executor.node_id, len(items), spec.fail_fast, state=state, batch=batch, max_concurrent=spec.max_concurrent
-        )
+            executor.node_id, len(items), spec.fail_fast, state=state, batch=batch, chunk=job["start"],
+            max_concurrent=spec.max_concurrent, tolerance=tolerance_of(spec),
+        )  # fmt: skip
         chunk = run_items(executor, items, job["start"], hooks)
         return snapshot.encode(chunk.to_wire(), label=f"batch '{executor.node_id}' results")
 
@@ -91,6 +92,8 @@ def aggregate(chunk_results: list[bytes], job: dict[str, Any]) -> str:
 
     A cluster run's chunk outcomes are kept per batch: `results --node` streams them, a batch cut short
     (cancelled) resumes with only the items that have no outcome, and one resumed merges them with its new chunks.
+    A batch stopped by its failure threshold has items without an outcome too: merge reports it (`stopped`)
+    and the batch node fails with the threshold's verdict.
     """
     run_id, batch = job["run"], job["batch"]
     state = RunState(run_id)

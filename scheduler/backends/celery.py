@@ -63,12 +63,14 @@ class CeleryBackend:
             result = dispatch_batch(job, self.run_id)
         batch = job.key
         try:
-            blob = self._wait(result, batch, node_id, len(items))
+            merged = stored_batch_result(self._wait(result, batch, node_id, len(items)))
+            if merged.stopped is not None and self.state.cancelled():  # `chordflow cancel` stopped the chunks
+                raise RunCancelled(f"run {self.run_id} cancelled during batch node '{node_id}'")
         except (KeyboardInterrupt, RunCancelled):
             self.cancel()
             raise
         self.state.describe(status="done")
-        return stored_batch_result(blob)
+        return merged
 
     # -- waiting -----------------------------------------------------------------------------------
     def _wait(self, result: Any, batch: str, node_id: str, total: int) -> bytes:
