@@ -1,0 +1,440 @@
+"""The records of a dataset job (`--items FILE`): the workflow runs once per record.
+
+jsonl: one JSON value per line. csv: a header row, then one dict of strings per row. json: one top-level
+array, parsed as a stream (ijson). Blank lines are not records; a UTF-8 byte order mark is allowed.
+
+Each format is a generator reading its file lazily, so a file of millions of records costs the memory of
+one record and a small buffer, never of the file. A record that cannot be read is a `BadRecord` in its
+place: `read_records` raises it as a ValidationError, or with `skip_bad` passes it on, so every later record
+keeps its index (its position in the file).
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import operator
+import os
+import re
+import stat
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from itertools import accumulate, chain, count, islice
+from pathlib import Path, PurePath
+from typing import Any
+
+import ijson
+
+from ir.errors import ValidationError, shown
+from ir.limits import MAX_DEPTH, json_too_deep_at
+
+#: The record formats, as `--format` names them.
+FORMATS = ("jsonl", "csv", "json")
+#: A file's format when `--format` is not given, by its extension (any case).
+SUFFIXES = {".jsonl": "jsonl", ".ndjson": "jsonl", ".csv": "csv", ".json": "json"}
+#: How many bytes the json reader hands its parser at a time.
+CHUNK_BYTES = 64 * 1024
+
+_BOM = b"\xef\xbb\xbf"
+_JSON_SPACE = b" \t\r\n"
+#: What a json file holds when its first character is not `[`.
+_KINDS = {ord("{"): "object", ord('"'): "string", ord("t"): "boolean", ord("f"): "boolean", ord("n"): "null"}
+_KINDS.update(dict.fromkeys(b"-0123456789", "number"))
+#: A byte of a csv line that is not UTF-8, as `errors="surrogateescape"` decodes it.
+_UNDECODED = re.compile("[\udc80-\udcff]")
+
+
+@dataclass(frozen=True, slots=True)
+class BadRecord:
+    """A record that could not be read, yielded in its place by `read_records(..., skip_bad=True)`."""
+
+    line: int  #: 1-based line of the file where the record starts
+    error: str  #: one line naming the file and the line, as the ValidationError would say
+
+
+def record_format(path: str | os.PathLike[str], fmt: str | None = None) -> str:
+    """'jsonl' | 'csv' | 'json': `fmt` when given (checked), else told by the file's extension."""
+    if fmt is not None:
+        if fmt.lower() not in FORMATS:
+            raise ValidationError(f"--format {shown(fmt)}: unknown record format (use jsonl, csv or json)")
+        return fmt.lower()
+    label = os.fspath(path)
+    suffix = PurePath(label).suffix.lower()
+    if suffix not in SUFFIXES:
+        raise ValidationError(
+            f"{label}: cannot tell the record format from the file name; pass --format jsonl, csv or json"
+        )
+    return SUFFIXES[suffix]
+
+
+def read_records(
+    source: str | os.PathLike[str] | Iterable[Any], fmt: str | None = None, *, skip_bad: bool = False
+) -> Iterator[Any]:
+    """The records of `source` in file order, read lazily.
+
+    `source` is a path, or any iterable of records (the Python API: yielded as they are, `fmt` ignored).
+    The format and whether the file can be opened are checked at once; a bad record raises ValidationError
+    (one line naming the file and the line) when it is reached, unless `skip_bad`: then a BadRecord takes
+    its place. A json file stops at its first problem whatever `skip_bad` says: after a syntax error a
+    stream parser cannot find where the next record starts.
+    """
+    if not isinstance(source, str | os.PathLike):
+        return iter(source)
+    label = os.fspath(source)
+    read = _READERS[record_format(source, fmt)]
+    path = Path(source)
+    try:
+        with path.open("rb"):
+            pass
+    except OSError as exc:
+        raise _unreadable(label, exc) from None
+    return _checked(read(path, label), label, skip_bad)
+
+
+def windows(records: Iterable[Any], size: int) -> Iterator[list[Any]]:
+    """Consecutive lists of at most `size` records (only the last may be shorter)."""
+    if size < 1:
+        raise ValueError(f"window size must be at least 1, got {size}")
+    records = iter(records)
+    while window := list(islice(records, size)):
+        yield window
+
+
+def _checked(records: Iterator[Any], label: str, skip_bad: bool) -> Iterator[Any]:
+    """`records` with each BadRecord raised (or passed on when `skip_bad`), and a failing read one clear error."""
+    try:
+        for record in records:
+            if type(record) is BadRecord and not skip_bad:
+                raise ValidationError(record.error)
+            yield record
+    except OSError as exc:
+        raise _unreadable(label, exc) from None
+
+
+def _unreadable(label: str, exc: OSError) -> ValidationError:
+    if isinstance(exc, FileNotFoundError):
+        return ValidationError(f"{label}: file not found")
+    if isinstance(exc, IsADirectoryError):
+        return ValidationError(f"{label}: is a directory, not a file")
+    return ValidationError(f"{label}: cannot read: {exc.strerror or exc}")
+
+
+# --- jsonl: one JSON value per line ---------------------------------------------------------------------
+
+
+def _jsonl(path: Path, label: str) -> Iterator[Any]:
+    with path.open("rb") as f:  # bytes: only b"\n" ends a line (a str would also break on \u2028)
+        for number, raw in enumerate(f, 1):
+            if number == 1 and raw.startswith(_BOM):
+                raw = raw[len(_BOM) :]
+            if not raw.isspace():
+                yield _json_line(raw, number, label)
+
+
+def _json_line(raw: bytes, number: int, label: str) -> Any:
+    where = f"{label} line {number}"
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        column = len(raw[: exc.start].decode("utf-8", "replace")) + 1
+        return BadRecord(number, f"{where}: not UTF-8 (byte 0x{raw[exc.start]:02x} at column {column})")
+    # json.loads recurses: a deep record is refused first (counting brackets is cheap, scanning is not)
+    if text.count("[") + text.count("{") > MAX_DEPTH and json_too_deep_at(text) is not None:
+        return BadRecord(number, f"{where}: nested deeper than {MAX_DEPTH} levels")
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:  # its own column would count past the line's end as a line 2
+        column = min(exc.pos, len(text.rstrip("\r\n"))) + 1
+        return BadRecord(number, f"{where}: not JSON ({exc.msg}, column {column})")
+    except ValueError as exc:  # a number of thousands of digits
+        return BadRecord(number, f"{where}: not JSON ({str(exc).split(';')[0]})")
+
+
+# --- csv: a header row, then one record per row -----------------------------------------------------------
+
+
+class _Lines:
+    """The lines of a csv file as the csv module reads them, noting the first byte that is not UTF-8."""
+
+    __slots__ = ("bad", "lines", "number")
+
+    def __init__(self, lines: Iterable[str]):
+        self.lines, self.number, self.bad = iter(lines), 0, None
+
+    def __iter__(self) -> _Lines:
+        return self
+
+    def __next__(self) -> str:
+        line = next(self.lines)
+        self.number += 1
+        if self.bad is None and not line.isascii() and (byte := _UNDECODED.search(line)):
+            code, column = ord(byte.group()) - 0xDC00, byte.start() + 1
+            self.bad = f"line {self.number}: not UTF-8 (byte 0x{code:02x} at column {column})"
+        return line
+
+
+def _csv(path: Path, label: str) -> Iterator[Any]:
+    # newline="": the csv module sees a quoted field's line breaks as they are (it ends records itself)
+    with path.open(encoding="utf-8-sig", errors="surrogateescape", newline="") as f:
+        lines = _Lines(f)
+        rows = csv.reader(lines, strict=True)  # strict: a stray or unclosed quote is an error, not data
+        header: list[str] | None = None
+        while True:
+            start = rows.line_num + 1  # the line where the next record starts
+            try:
+                row = next(rows)
+            except StopIteration:
+                return
+            except csv.Error as exc:
+                row, lines.bad = [], f"line {start}: not CSV ({exc})"
+            problem, lines.bad = lines.bad, None
+            if problem is not None:
+                if header is None:
+                    raise ValidationError(f"{label} {problem}")
+                yield BadRecord(start, f"{label} {problem}")
+            elif not row:  # a blank line
+                continue
+            elif header is None:
+                header = _header(row, f"{label} line {start}")
+            elif len(row) != len(header):
+                fields = "1 field" if len(row) == 1 else f"{len(row)} fields"
+                yield BadRecord(start, f"{label} line {start}: {fields}, the header has {len(header)}")
+            else:
+                yield dict(zip(header, row, strict=True))
+
+
+def _header(row: list[str], where: str) -> list[str]:
+    """The field names, each non-empty and used once; else a ValidationError naming the column."""
+    seen: dict[str, int] = {}
+    for column, name in enumerate(row, 1):
+        if not name.strip():
+            raise ValidationError(f"{where}, column {column}: empty header name")
+        if name in seen:
+            raise ValidationError(f"{where}, column {column}: header name {shown(name)} repeats column {seen[name]}")
+        seen[name] = column
+    return row
+
+
+# --- json: one top-level array ----------------------------------------------------------------------------
+
+
+class _IntegerBeyond64Bits(Exception):
+    """The C parser met an integer it cannot hold: the pure-Python parser takes over."""
+
+
+_C_PARSER = ijson  # ijson's default backend: its C one (yajl2_c) when built
+_PY_PARSER = ijson.get_backend("python")
+_PARSE_ERRORS = (ijson.JSONError, UnicodeDecodeError)  # the Python parser decodes UTF-8 itself
+
+
+def _json(path: Path, label: str) -> Iterator[Any]:
+    """The array's items, parsed as a stream by ijson's C parser.
+
+    That parser refuses integers beyond 64 bits: at the first one the file is read again by ijson's
+    pure-Python parser (about 15x slower), skipping the records already given.
+    """
+    given = 0
+    try:
+        for record in _json_array(path, label, _C_PARSER):
+            yield record
+            given += 1
+        return
+    except _IntegerBeyond64Bits as exc:
+        if not _rereadable(path):  # a pipe: what was read is gone
+            raise ValidationError(str(exc)) from None
+    yield from islice(_json_array(path, label, _PY_PARSER), given, None)
+
+
+def _json_array(path: Path, label: str, parser: Any) -> Iterator[Any]:
+    with path.open("rb") as f:
+        source = _JsonSource(_chunks(f), label)
+        try:
+            yield from parser.items(source, "item", use_float=True)
+        except _PARSE_ERRORS as exc:
+            raise _json_error(exc, path, label, parser, source) from None
+
+
+def _chunks(f: Any) -> Iterator[bytes]:
+    """The bytes of a file, CHUNK_BYTES at a time, without a UTF-8 byte order mark."""
+    chunk = f.read(CHUNK_BYTES)
+    if chunk.startswith(_BOM):
+        chunk = chunk[len(_BOM) :] or f.read(CHUNK_BYTES)
+    while chunk:
+        yield chunk
+        chunk = f.read(CHUNK_BYTES)
+
+
+class _JsonSource:
+    """Chunks of a json file as a file its parser reads: the top level checked to be an array, each chunk's
+    nesting checked before the parser sees it, and where the last chunk read starts (parsers say not)."""
+
+    __slots__ = ("at_end", "chunks", "label", "last", "nesting", "position", "read_count", "started")
+
+    def __init__(self, chunks: Iterator[bytes], label: str):
+        self.chunks, self.label = chunks, label
+        self.position, self.last = _Position(), b""
+        self.read_count, self.at_end, self.started = 0, False, False  # non-empty chunks read; the end read
+        self.nesting = _Nesting(MAX_DEPTH + 1)  # the array itself is one level
+
+    def read(self, size: int) -> bytes:
+        if size == 0:  # ijson asks whether the file gives bytes or text
+            return b""
+        self.position.advance(self.last)
+        self.last = chunk = next(self.chunks, b"")
+        if not self.started and (text := chunk.lstrip(_JSON_SPACE)):
+            self.started = True
+            if text[0] in _KINDS:
+                raise ValidationError(f"{self.label}: expected a JSON array of records, got {_KINDS[text[0]]}")
+        if not chunk:
+            if not self.started:
+                raise ValidationError(f"{self.label}: expected a JSON array of records, got an empty file")
+            self.at_end = True
+            return chunk
+        deep = self.nesting.feed(chunk)
+        if deep is not None:
+            self.position.advance(chunk[:deep])
+            raise ValidationError(f"{self.label} {self.position}: a record nested deeper than {MAX_DEPTH} levels")
+        self.read_count += 1
+        return chunk
+
+
+def _json_error(exc: Exception, path: Path, label: str, parser: Any, source: _JsonSource) -> Exception:
+    """What the parser's failure becomes: a ValidationError naming the line, or _IntegerBeyond64Bits."""
+    if isinstance(exc, UnicodeDecodeError):
+        reason = "not UTF-8"
+    else:
+        message = exc.args[0] if exc.args else ""
+        message = message.decode("utf-8", "replace") if isinstance(message, bytes) else str(message)
+        reason = re.sub(r"^(parse|lexical) error: |\.$| at \d+$", "", message.strip().split("\n")[0].strip())
+    if source.at_end:
+        return ValidationError(f"{label}: invalid JSON: the file ends inside the array")
+    where = f"after {source.position}"
+    if parser is _C_PARSER and reason == "integer overflow":
+        return _IntegerBeyond64Bits(f"{label} {where}: an integer beyond 64 bits, in a file that cannot be read twice")
+    if _rereadable(path):
+        where = _locate(path, label, parser, source.read_count - 1) or where
+    return ValidationError(f"{label} {where}: invalid JSON ({reason})")
+
+
+def _locate(path: Path, label: str, parser: Any, failing: int) -> str | None:
+    """`line L, column C` where `parser` fails: the file is parsed again, chunk `failing` handed over one
+    byte at a time."""
+    with path.open("rb") as f:
+        chunks = _chunks(f)
+        before = islice(chunks, failing)
+        bytewise = (chunk[i : i + 1] for chunk in islice(chunks, 1) for i in range(len(chunk)))
+        source = _JsonSource(chain(before, bytewise), label)
+        try:
+            for _event in parser.basic_parse(source, use_float=True):
+                pass
+        except _PARSE_ERRORS:
+            return None if source.at_end else str(source.position)
+    return None
+
+
+def _rereadable(path: Path) -> bool:
+    """Whether the file can be read again from its start (a regular file, not a pipe)."""
+    try:
+        return stat.S_ISREG(path.stat().st_mode)
+    except OSError:
+        return False
+
+
+#: Every byte but UTF-8 continuation bytes (0x80-0xBF): deleting them leaves the continuation bytes.
+_NOT_CONTINUATION = bytes(range(0x80)) + bytes(range(0xC0, 0x100))
+
+
+def _characters(data: bytes) -> int:
+    """How many characters UTF-8 `data` holds: its bytes but the continuation ones."""
+    return len(data) - len(data.translate(None, _NOT_CONTINUATION))
+
+
+class _Position:
+    """The line and column of the next byte of a UTF-8 stream, moved on chunk by chunk."""
+
+    __slots__ = ("column", "line")
+
+    def __init__(self) -> None:
+        self.line, self.column = 1, 1
+
+    def advance(self, data: bytes) -> None:
+        last = data.rfind(b"\n")
+        if last < 0:
+            self.column += _characters(data)
+        else:
+            self.line += data.count(b"\n")
+            self.column = 1 + _characters(data[last + 1 :])
+
+    def __str__(self) -> str:
+        return f"line {self.line}, column {self.column}"
+
+
+#: Every byte but the quote and the brackets.
+_NOT_MARKS = bytes(b for b in range(256) if b not in b'"[]{}')
+#: An opening bracket -> 2, a closing one -> 0: after i brackets the depth has moved by (their sum - i).
+_STEPS = bytes.maketrans(b"[{]}", b"\x02\x02\x00\x00")
+
+
+class _Nesting:
+    """How deeply a stream of JSON text nests, followed chunk by chunk with bytes operations (no parsing).
+
+    The json reader checks each chunk before its parser sees it: ijson's C parser spends memory growing
+    with the square of the depth (a 100 KB file of brackets would take gigabytes), and a record deeper
+    than MAX_DEPTH is refused anyway.
+    """
+
+    __slots__ = ("depth", "escaped", "in_string", "limit")
+
+    def __init__(self, limit: int):
+        self.limit, self.depth, self.in_string, self.escaped = limit, 0, False, False
+
+    def feed(self, chunk: bytes) -> int | None:
+        """The offset in `chunk` of the first bracket deeper than the limit, or None (the chunk is passed)."""
+        before = self.depth, self.in_string, self.escaped
+        brackets = self._brackets(chunk)
+        if not brackets:
+            return None
+        deepest = max(map(operator.sub, accumulate(brackets.translate(_STEPS)), count(1 - self.depth)))
+        if deepest > self.limit:
+            self.depth, self.in_string, self.escaped = before
+            return self._deeper_at(chunk)
+        self.depth += 2 * (brackets.count(b"[") + brackets.count(b"{")) - len(brackets)
+        return None
+
+    def _brackets(self, chunk: bytes) -> bytes:
+        """The brackets of `chunk` outside strings, in order; the state moves past `chunk`."""
+        if self.escaped:  # the chunk starts with the character a backslash escapes
+            chunk, self.escaped = chunk[1:], False
+        if b"\\" in chunk:  # escapes go: an escaped backslash first, so `\\"` keeps its quote
+            chunk = chunk.replace(b"\\\\", b"").replace(b'\\"', b"")
+            if chunk.endswith(b"\\"):
+                chunk, self.escaped = chunk[:-1], True
+        # two quotes side by side enclose nothing (an empty string, or nothing between two strings)
+        marks = chunk.translate(None, _NOT_MARKS).replace(b'""', b"")
+        if b'"' not in marks:
+            return b"" if self.in_string else marks
+        parts = marks.split(b'"')  # outside, inside, outside... a string; or the other way round
+        brackets = b"".join(parts[1::2] if self.in_string else parts[::2])
+        if len(parts) % 2 == 0:
+            self.in_string = not self.in_string
+        return brackets
+
+    def _deeper_at(self, chunk: bytes) -> int | None:
+        """The slow, exact walk of a chunk that goes too deep: where it does."""
+        for offset, byte in enumerate(chunk):
+            if self.escaped:
+                self.escaped = False
+            elif self.in_string:
+                self.escaped, self.in_string = byte == 0x5C, byte != 0x22
+            elif byte == 0x22:
+                self.in_string = True
+            elif byte in b"[{":
+                self.depth += 1
+                if self.depth > self.limit:
+                    return offset
+            elif byte in b"]}":
+                self.depth -= 1
+        return None
+
+
+_READERS = {"jsonl": _jsonl, "csv": _csv, "json": _json}
