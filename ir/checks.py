@@ -12,6 +12,7 @@ from collections.abc import Collection, Iterator
 from ir.errors import TemplateError, shown
 from ir.loops import endless_loops, loops_left_only_by_actions
 from ir.models import NodeSpec, Workflow
+from ir.subworkflows import is_sub_param
 from ir.templates import Reference, references
 
 #: Names longer than this get no "did you mean" (difflib's comparison is quadratic in the length).
@@ -102,8 +103,10 @@ def _ancestors(wf: Workflow) -> dict[str, set[str]]:
 
 
 def _node_refs(node: NodeSpec) -> Iterator[tuple[str, Reference | TemplateError]]:
-    """(where, reference) for each template of the node; a template that cannot be parsed comes as its error."""
-    values = [(f"params.{_key(name)}", value) for name, value in node.params.items()]
+    """(where, reference) for each template of the node; a template that cannot be parsed comes as its error.
+
+    A sub-workflow's templates are its own (checked when it is loaded), not the node's."""
+    values = [(f"params.{_key(name)}", value) for name, value in node.params.items() if not is_sub_param(node, name)]
     if node.batch and node.batch.items:
         values.append(("batch.items", node.batch.items))
     for where, value in values:

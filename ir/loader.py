@@ -11,7 +11,7 @@ from typing import Any
 
 import pydantic
 
-from ir import checks, limits
+from ir import checks, limits, subworkflows
 from ir.errors import ValidationError, shown
 from ir.models import BAD_NAMES, Workflow
 from ir.names import is_name
@@ -22,20 +22,23 @@ MAX_SHOWN_SOURCE = 80
 MAX_SHOWN_KEY = 40
 
 
-def _read(source: Any) -> tuple[Any, str | None]:
-    """Returns (raw data, a label naming where it came from). Every failure is one ValidationError."""
+def _read(source: Any) -> tuple[Any, str | None, Path | None]:
+    """Returns (raw data, a label naming where it came from, the file it was read from).
+
+    Every failure is one ValidationError."""
     if isinstance(source, Workflow | Mapping):
         _check_depth(source)  # before anything walks it: `wire()` and the checks recurse
         raw = source.wire() if isinstance(source, Workflow) else dict(source)
-        return _listed(raw), None
+        return _listed(raw), None, None
     if isinstance(source, bytes | bytearray | memoryview):  # bytes are the document itself, never a path
-        return _parse_json(_decode(bytes(source), "workflow JSON"), "workflow JSON"), None
+        return _parse_json(_decode(bytes(source), "workflow JSON"), "workflow JSON"), None, None
     if isinstance(source, str) and not source.strip():
         raise ValidationError("the workflow source is empty text; pass a dict, JSON text or a path")
     if isinstance(source, str) and source.lstrip().startswith(("{", "[")):
-        return _parse_json(source, "workflow JSON"), None
+        return _parse_json(source, "workflow JSON"), None, None
     if isinstance(source, str | os.PathLike):
-        return _read_file(source)
+        raw, label = _read_file(source)
+        return raw, label, Path(os.fsdecode(source))
     raise ValidationError(f"cannot load a workflow from {type(source).__name__}; pass a dict, JSON text or a path")
 
 
@@ -156,23 +159,53 @@ def _pydantic_problems(exc: pydantic.ValidationError, raw: Any) -> list[str]:
 
 
 def load(source: Any, *, node_types: Collection[str] | None = None) -> Workflow:
-    """Parse and statically check a workflow.
+    """Parse and statically check a workflow, and include its sub-workflows (ir/subworkflows.py).
 
     `source` is a dict, JSON text, a path or a Workflow. With `node_types`, unknown node types are
-    reported too (the scheduler passes the registry's names; `ir` itself knows no node types).
-    What is suspicious but valid is returned in `workflow.warnings` (never serialized).
+    reported too (the scheduler passes the registry's names; `ir` itself knows no node types but
+    `workflow`). What is suspicious but valid is returned in `workflow.warnings` (never serialized).
     """
-    raw, label = _read(source)
+    raw, label, path = _read(source)
+    doc = subworkflows.Document.top(label, path)
+    workflow = _document(raw, doc, node_types)
+    if workflow is not None:
+        _check_included_depth(workflow, doc)
+    problems = doc.loading.problems
+    if any(elsewhere for elsewhere, _ in problems):  # each problem names its file
+        raise ValidationError([text if elsewhere or not label else f"{label}: {text}" for elsewhere, text in problems])
+    if problems:
+        raise ValidationError([text for _, text in problems], source=label)
+    assert workflow is not None
+    return workflow
+
+
+def _document(raw: Any, doc: subworkflows.Document, node_types: Collection[str] | None) -> Workflow | None:
+    """One workflow document (the top one or a sub-workflow): its problems go to `doc`; None when it has any."""
+    before = len(doc.loading.problems)
     if not isinstance(raw, dict):
-        raise ValidationError(f"the workflow must be a JSON object, got {type(raw).__name__}", source=label)
+        doc.problem(f"the workflow must be a JSON object, got {type(raw).__name__}")
+        return None
     try:
         workflow = Workflow.model_validate(raw, context={BAD_NAMES: _bad_names(raw)})
     except pydantic.ValidationError as exc:
-        raise ValidationError(_pydantic_problems(exc, raw), source=label) from None
-    problems = [p for check in checks.ALL_CHECKS for p in check(workflow)]
+        for problem in _pydantic_problems(exc, raw):
+            doc.problem(problem)
+        return None
+    for problem in (p for check in checks.ALL_CHECKS for p in check(workflow)):
+        doc.problem(problem)
     if node_types is not None:
-        problems.extend(checks.node_types(workflow, node_types))
-    if problems:
-        raise ValidationError(problems, source=label)
-    workflow.warnings.extend(w for check in checks.ALL_WARNINGS for w in check(workflow))
+        for problem in checks.node_types(workflow, node_types):
+            doc.problem(problem)
+    subworkflows.include(workflow, doc, node_types, load=_document, read=_read_file)
+    if len(doc.loading.problems) > before:
+        return None
+    workflow.warnings.extend(doc.name(w) for check in checks.ALL_WARNINGS for w in check(workflow))
     return workflow
+
+
+def _check_included_depth(workflow: Workflow, doc: subworkflows.Document) -> None:
+    """A workflow with its sub-workflows included must still load again from its IR (a run record, a worker)."""
+    if any(node.type == subworkflows.NODE_TYPE for node in workflow.nodes):
+        found = limits.problem_in(workflow.wire())
+        if found is not None:
+            doc.problem(f"{_location(found[0], workflow)}: {found[1]} once its sub-workflows are included")

@@ -171,8 +171,17 @@ def compile_value(value: Any) -> _Resolver:
     return _Resolver("const", value)
 
 
+def is_workflow_document(value: Any) -> bool:
+    """Whether a param value is a whole workflow's IR (a `workflow` node's sub-workflow, as `ir.load` leaves it):
+    its templates are that workflow's own, resolved against its store when it runs, never against the store of
+    the node holding it."""
+    return isinstance(value, Mapping) and "ir_version" in value and isinstance(value.get("nodes"), list)
+
+
 class CompiledParams:
-    """A node's params compiled once. Resolving copies nothing when no param has a template."""
+    """A node's params compiled once. Resolving copies nothing when no param has a template.
+
+    A param that is a workflow document (`is_workflow_document`) is a constant."""
 
     __slots__ = ("_constant", "_dynamic", "node_id")
 
@@ -181,7 +190,7 @@ class CompiledParams:
         self._constant: dict[str, Any] = {}
         self._dynamic: dict[str, _Resolver] = {}
         for name, value in params.items():
-            resolver = compile_value(value)
+            resolver = _Resolver("const", value) if is_workflow_document(value) else compile_value(value)
             if resolver.kind == "const":
                 self._constant[name] = value
             else:

@@ -3,6 +3,6 @@
 from worker.nodes.registry import all_types, get, load_plugins, names, register
 
 # Importing the built-in modules registers their types.
-from worker.nodes import echo, files, http, llm, python_call, shell  # noqa: F401  isort: skip
+from worker.nodes import echo, files, http, llm, plan, python_call, shell, subworkflow  # noqa: F401  isort: skip
 
 __all__ = ["all_types", "get", "load_plugins", "names", "register"]

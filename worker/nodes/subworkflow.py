@@ -1,0 +1,182 @@
+"""`workflow`: a node that runs another workflow (a sub-workflow) on a fresh store of its own.
+
+`ir.load` has included the sub-workflow already (ir/subworkflows.py): `params.workflow` is its validated IR,
+so the node needs no file and runs wherever the node runs. Its flow is compiled once per content in a
+process; every execution — so every item of a batch over the node — gets its own store and its own node
+instances. The sub-workflow runs in the process that executes the node, with the stepper, without a run
+record, its batch nodes in-process (on the cluster too: a chunk task or an `advance` running the node does
+not fan out again); the parent run's cancel flag stops it between its nodes.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections import OrderedDict
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from pocketflow import Node
+
+import ir
+from ir import subworkflows
+from ir.errors import SubworkflowFailed, ValidationError
+from ir.inputs import apply_inputs
+from worker import context
+from worker.context import RunContext
+from worker.nodes import registry
+from worker.store import is_dunder
+
+#: Validated sub-workflows kept per process (by content), and flows per thread.
+CACHE_SIZE = 32
+_workflows: OrderedDict[str, ir.Workflow] = OrderedDict()
+_flows_lock = threading.Lock()
+_local = threading.local()
+#: worker.flow.WorkflowFlow: not imported here (worker.flow imports the registry, which imports this module).
+Flow = Any
+
+
+@dataclass(frozen=True)
+class Call:
+    """One execution of the node: what prep resolved, for exec and post (nothing is kept on the node)."""
+
+    node_id: str
+    workflow: Any  # the sub-workflow's IR (a path only when the spec did not come through `ir.load`)
+    inputs: dict[str, Any]
+    source: str | None  # the sub-workflow's file (None: inline), for messages
+    accumulators: tuple[str, ...]  # the parent's root dunder lists: the sub-run's appends reach them
+
+    @property
+    def what(self) -> str:
+        return f"workflow node '{self.node_id}'" + (f" (sub-workflow {self.source})" if self.source else "")
+
+
+@registry.register(subworkflows.NODE_TYPE)
+class WorkflowNode(Node):
+    """Runs the sub-workflow on a store seeded with `inputs` (checked like a run's inputs), then writes its
+    declared outputs into the node's namespace — or, when it declares none, its nodes' final namespaces."""
+
+    PARAMS = {
+        "workflow": "(required) the sub-workflow: a path to its JSON file (relative to this workflow's file) "
+        "or a workflow object; its templates are its own",
+        "inputs": "the sub-workflow's inputs: an object of values and templates, or one template resolving to one",
+        "source": "set when the workflow is loaded: the file the sub-workflow came from (named in messages)",
+    }
+
+    @staticmethod
+    def check_params(params: dict[str, Any]) -> str | None:
+        """The sub-workflow validated again with this process's node types, and its nodes' own param checks
+        (`check_params`, recursively): what validation and workers check for a node of the parent."""
+        from worker.spec_check import param_problems  # it imports the registry, which imports this module
+
+        source = params.get(subworkflows.SOURCE)
+        named = f"{source}: " if isinstance(source, str) and source else "sub-workflow: "
+        try:
+            sub = ir.load(params.get(subworkflows.WORKFLOW), node_types=registry.names())
+        except ValidationError as exc:
+            return named + "; ".join(exc.problems)
+        problems = [
+            problem
+            for i, spec in enumerate(sub.nodes)
+            for problem in param_problems(registry.get(spec.type), spec.params, f"nodes[{i}] (id '{spec.id}').params")
+        ]
+        return named + "; ".join(problems) if problems else None
+
+    def prep(self, shared: Any) -> Call:
+        node_id = getattr(shared, "node_id", subworkflows.NODE_TYPE)
+        inputs = self.params.get(subworkflows.INPUTS)
+        if inputs is None:
+            inputs = {}
+        if not isinstance(inputs, Mapping):
+            raise ValueError(
+                f"workflow node '{node_id}': param 'inputs' must be an object of inputs, got {type(inputs).__name__}"
+            )
+        source = self.params.get(subworkflows.SOURCE)
+        root = getattr(shared, "root", shared)
+        accumulators = tuple(key for key, value in root.items() if is_dunder(key) and isinstance(value, list))
+        workflow = self.params.get(subworkflows.WORKFLOW)
+        return Call(node_id, workflow, dict(inputs), source if isinstance(source, str) else None, accumulators)
+
+    def exec(self, call: Call) -> tuple[dict[str, Any], dict[str, list]]:
+        flow = _flow(call.workflow)
+        store: dict[str, Any] = {key: [] for key in call.accumulators}
+        try:
+            apply_inputs(flow.workflow, store, call.inputs, how=f"give it in params.inputs of node '{call.node_id}'")
+        except ValidationError as exc:
+            raise ValueError(f"{call.what}: {exc}") from None
+        status, error, outputs = _run(flow, store, call)
+        if status != "success":
+            raise SubworkflowFailed(f"{call.what} failed: {error}")
+        if flow.workflow.outputs is None:
+            outputs = {
+                key: value
+                for key, value in store.items()
+                if key in flow.nodes and not is_dunder(key) and isinstance(value, dict)
+            }
+        return outputs, {key: store[key] for key in call.accumulators if store.get(key)}
+
+    def post(self, shared: Any, prep_res: Call, exec_res: tuple[dict[str, Any], dict[str, list]]) -> str:
+        outputs, appended = exec_res
+        for key, value in outputs.items():
+            shared[key] = value
+        root = getattr(shared, "root", shared)
+        for key, entries in appended.items():
+            root[key].extend(entries)
+        return "default"
+
+
+def _run(flow: Flow, store: dict[str, Any], call: Call) -> tuple[str, str | None, dict[str, Any]]:
+    """Drive the sub-workflow to its end in this process, in a run context of its own (events dropped, batches
+    in-process, no run record) that shares the parent run's cancel flag; the parent's context is left as it was."""
+    from worker.stepper import Cursor, drive, ending
+
+    ctx = RunContext(cancelled=context.current().cancelled)
+    with context.using(ctx):
+        try:
+            cursor = drive(flow, Cursor(flow.start_id), store, ctx)
+        except Exception as exc:
+            node = f" node '{ctx.last_node}'" if ctx.last_node else ""
+            exc.add_note(f"raised in{node} of {call.what}")
+            raise
+    return ending(flow, cursor, store, ctx.last_node)
+
+
+def _flow(workflow: Any) -> Flow:
+    """The sub-workflow's flow, with node instances of this thread's own.
+
+    Executions in one thread follow one another (a sub-workflow never contains itself), so a thread reuses its
+    instances; concurrent items (threads, worker processes) never share them. The IR is validated once per
+    content in a process; a thread finds its flow by the identity of the (constant) `workflow` param first.
+    """
+    flows: OrderedDict[int, tuple[Any, Flow]] = _local.__dict__.setdefault("flows", OrderedDict())
+    entry = flows.get(id(workflow))
+    if entry is not None and entry[0] is workflow:
+        return entry[1]
+    from worker.flow import build_flow
+
+    flow = build_flow(_validated(workflow))
+    flows[id(workflow)] = (workflow, flow)  # holding `workflow` keeps its id from being reused
+    while len(flows) > CACHE_SIZE:
+        flows.popitem(last=False)
+    return flow
+
+
+def _validated(workflow: Any) -> ir.Workflow:
+    """The sub-workflow's validated IR, loaded once per content in this process."""
+    try:
+        key: str | None = json.dumps(workflow, sort_keys=True, default=repr)
+    except (TypeError, ValueError):  # keys that do not sort: loaded every time
+        key = None
+    with _flows_lock:
+        loaded = _workflows.get(key) if key is not None else None
+        if loaded is not None:
+            _workflows.move_to_end(key)
+            return loaded
+    loaded = ir.load(workflow, node_types=registry.names())
+    if key is not None:
+        with _flows_lock:
+            _workflows[key] = loaded
+            while len(_workflows) > CACHE_SIZE:
+                _workflows.popitem(last=False)
+    return loaded
