@@ -6,8 +6,20 @@ from ir.errors import RemoteError, RunCancelled
 from scheduler.compiler import compile
 from scheduler.engine import RunResult, resume, run, stream
 
-__all__ = ["RemoteError", "RunCancelled", "RunResult", "compile", "resume", "run", "status", "stream", "submit", "wait"]
-_DURABLE = ("submit", "status", "wait")
+__all__ = [
+    "RemoteError",
+    "RunCancelled",
+    "RunResult",
+    "compile",
+    "redrive",
+    "resume",
+    "run",
+    "status",
+    "stream",
+    "submit",
+    "wait",
+]
+_DURABLE = ("submit", "status", "wait", "redrive")
 
 
 def __getattr__(name: str) -> Any:

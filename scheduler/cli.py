@@ -42,7 +42,9 @@ from rich.text import Text
 
 import ir
 from ir.errors import BackendError, NodeTypeError, RemoteError, RunCancelled, StepLimitExceeded, ValidationError
+from scheduler import cli_plans
 from worker.local_runs import LocalRuns
+from worker.runs import FINAL
 
 DEBUG_KEY = "chordflow.debug"
 FAILED_NODE_KEY = "chordflow.failed_node"
@@ -114,6 +116,9 @@ class ChordflowGroup(click.Group):
             return super().invoke(ctx)
         except (click.exceptions.Exit, click.ClickException, click.Abort):
             raise
+        except BrokenPipeError:  # `chordflow results RUN | head`: the reader has what it wanted
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            raise click.exceptions.Exit(EXIT_OK) from None
         except (Exception, KeyboardInterrupt) as exc:
             code = report_error(exc, debug=bool(ctx.meta.get(DEBUG_KEY)), node=ctx.meta.get(FAILED_NODE_KEY))
             raise click.exceptions.Exit(code) from None
@@ -369,10 +374,47 @@ def print_summary(console: Console, wf: ir.Workflow, result: Any) -> None:
             console.print(Text(f"  {name} = {_render(value, 200)}"))
 
 
+def dataset_options(command: Callable[..., Any]) -> Callable[..., Any]:
+    """`--items FILE` and its options: a dataset job, the workflow once per record (scheduler/datasets.py)."""
+    options = [
+        click.option("--items", type=str, metavar="FILE", help="Run the workflow once per record of FILE."),
+        click.option("--as", "as_", default="record", show_default=True, metavar="NAME",
+                     help="The input each record is given as ('-': the record's fields are the inputs)."),
+        click.option("--format", "fmt", type=click.Choice(["jsonl", "csv", "json"]), default=None,
+                     help="The records file's format (default: from its extension)."),
+        click.option("--skip-bad-records", is_flag=True, help="A malformed record fails alone instead of the job."),
+        click.option("--tolerated-failure-percent", type=float, default=None, metavar="P",
+                     help="The job succeeds while at most P% of its records fail."),
+        click.option("--tolerated-failure-count", type=int, default=None, metavar="K",
+                     help="The job succeeds while at most K records fail."),
+        click.option("--chunk-size", type=int, default=None, metavar="N", help="Records per chunk (default 500)."),
+    ]  # fmt: skip
+    for option in reversed(options):
+        command = option(command)
+    return command
+
+
+def _dataset_job(items: str | None, job: dict[str, Any]) -> dict[str, Any] | None:
+    """The `scheduler.run` / `submit` keywords of a dataset job, or None (then no dataset option may be set)."""
+    if items is not None:
+        return {
+            "items": items,
+            "as_": job["as_"],
+            "format": job["fmt"],
+            **{k: v for k, v in job.items() if k not in ("as_", "fmt")},
+        }
+    given = [k for k, v in job.items() if v not in (None, False) and not (k == "as_" and v == "record")]
+    if given:
+        flag = "--" + given[0].rstrip("_").replace("_", "-").replace("fmt", "format")
+        raise CliUsageError(f"{flag} needs --items FILE (a dataset job)")
+    return None
+
+
 @cli.command()
 @click.argument("workflow", metavar="WF.json")
 @click.option("--input", "-i", "pairs", multiple=True, metavar="KEY=VALUE", help="An input (JSON or text).")
 @click.option("--inputs-file", type=str, metavar="F.json", help="A JSON object of inputs.")
+@dataset_options
 @click.option("--backend", type=click.Choice(["local", "celery"]), default="local", show_default=True)
 @click.option("--output", type=click.Choice(["text", "json"]), default="text", show_default=True)
 @click.option("--detach", is_flag=True, help="With --backend celery: print the run id and return at once.")
@@ -387,8 +429,13 @@ def run(
     output: str,
     detach: bool,
     debug: bool,
+    items: str | None,
+    **job: Any,
 ) -> None:
-    """Run a workflow and print a summary (with --output json: one JSON object, the run report, always)."""
+    """Run a workflow and print a summary (with --output json: one JSON object, the run report, always).
+
+    With --items FILE: a dataset job, the workflow once per record; exit 1 when more records failed than
+    tolerated (any, without a threshold); `chordflow results RUN` streams each record's result."""
     if debug:
         ctx.meta[DEBUG_KEY] = True
     import scheduler
@@ -396,13 +443,18 @@ def run(
 
     store: dict[str, Any] = {}  # passed as `shared`, so still readable when the run raises
     run_id = uuid.uuid4().hex[:12]
+    dataset = _dataset_job(items, job)
 
     def start(**hooks: Any) -> Any:
         wf = load(workflow)
+        if dataset is not None and backend == "local":
+            inputs = parse_inputs(pairs, inputs_file, None)
+            return wf, scheduler.run(wf, inputs, backend=backend, run_id=run_id, **hooks, **dataset)
         if backend == "local":
             inputs = parse_inputs(pairs, inputs_file, wf)
             return wf, scheduler.run(wf, inputs, shared=store, backend=backend, run_id=run_id, **hooks)
-        submitted = {"inputs": parse_inputs(pairs, None, wf), "inputs_file": inputs_file}
+        inputs = parse_inputs(pairs, None, None if dataset else wf)
+        submitted = {"inputs": inputs, "inputs_file": inputs_file, **(dataset or {})}
         return wf, _submit_and_wait(ctx, wf, submitted, run_id, store, detach, output, hooks["on_event"])
 
     _follow(ctx, output, run_id, store, start)
@@ -501,13 +553,20 @@ def _follow(ctx: click.Context, output: str, run_id: str, store: dict[str, Any],
 @click.argument("workflow", metavar="WF.json")
 @click.option("--input", "-i", "pairs", multiple=True, metavar="KEY=VALUE", help="An input (JSON or text).")
 @click.option("--inputs-file", type=str, metavar="F.json", help="A JSON object of inputs.")
-def submit(workflow: str, pairs: tuple[str, ...], inputs_file: str | None) -> None:
-    """Validate a workflow, record the run in Redis and enqueue it; print the run id. Workers do the rest."""
+@dataset_options
+def submit(workflow: str, pairs: tuple[str, ...], inputs_file: str | None, items: str | None, **job: Any) -> None:
+    """Validate a workflow, record the run in Redis and enqueue it; print the run id. Workers do the rest.
+
+    With --items FILE: a dataset job; returns once every record is stored in Redis."""
     from scheduler import durable
     from scheduler.compiler import load
 
     wf = load(workflow)
-    run_id = durable.submit(workflow, parse_inputs(pairs, None, wf), inputs_file=inputs_file)
+    dataset = _dataset_job(items, job) or {}
+    if dataset and inputs_file is not None:
+        raise CliUsageError("--inputs-file: with --items, give the inputs common to every record with --input")
+    inputs = parse_inputs(pairs, None, None if dataset else wf)
+    run_id = durable.submit(workflow, inputs, inputs_file=inputs_file, **dataset)
     click.echo(run_id)
     if not durable.workers_registered():
         click.echo(
@@ -572,19 +631,63 @@ def resume(ctx: click.Context, run_id: str, output: str) -> None:
 
 @cli.command()
 @click.argument("run_id")
+@click.option("--output", type=click.Choice(["text", "json"]), default="text", show_default=True)
+@click.option("--detach", is_flag=True, help="A cluster job: print the run id and return at once.")
+@click.pass_context
+def redrive(ctx: click.Context, run_id: str, output: str, detach: bool) -> None:
+    """Run a finished dataset job's failed records (and those never run) again, under the same run id.
+
+    Every record that succeeded is kept and not run again; `results` then shows the new outcomes. As often
+    as needed. A local job runs here; a cluster job goes to the workers and is followed like `wait`."""
+    from scheduler import datasets, durable
+
+    record, _ = durable.find_run(run_id)
+    store: dict[str, Any] = {}
+    if record.backend == "local":
+        _follow(
+            ctx, output, run_id, store, lambda **hooks: (ir.load(record.workflow), datasets.redrive(run_id, **hooks))
+        )
+        return
+    records = datasets.redrive(run_id)
+    if output != "json":
+        _stderr().print(Text(f"run {run_id}: {records} records to run again"))
+    if detach:
+        click.echo(run_id)
+        return
+
+    def start(on_event: Any = None, **_: Any) -> Any:
+        return ir.load(record.workflow), _follow_cluster_run(ctx, run_id, store, None, on_event)
+
+    _follow(ctx, output, run_id, store, start)
+
+
+@cli.command()
+@click.argument("run_id")
 @click.option("--store", "whole_store", is_flag=True, help="Print the run's final store instead of its outputs.")
 @click.option("--node", default=None, help="A batch node: one JSON line per item, in input order.")
-@click.option("--format", "fmt", type=click.Choice(["jsonl", "json"]), default="jsonl", show_default=True)
-@click.option("--errors", "errors_only", is_flag=True, help="With --node: the failed items only.")
+@click.option("--format", "fmt", type=click.Choice(["jsonl", "json", "csv"]), default="jsonl", show_default=True)
+@click.option("--errors", "errors_only", is_flag=True, help="With --node or a dataset job: the failed items only.")
+@click.option("--done", "done_only", is_flag=True, help="A dataset job still running: what has finished so far.")
 @click.option("--out", type=click.Path(dir_okay=False, writable=True), default=None, help="Write to this file.")
-def results(run_id: str, whole_store: bool, node: str | None, fmt: str, errors_only: bool, out: str | None) -> None:
-    """A run's declared outputs as one JSON object (--store: the store; --node N: a batch's items)."""
-    from scheduler import durable
+def results(
+    run_id: str, whole_store: bool, node: str | None, fmt: str, errors_only: bool, done_only: bool, out: str | None
+) -> None:
+    """A run's declared outputs as one JSON object (--store: the store; --node N: a batch's items).
+
+    A dataset job (--items): one `{"index", "result", "error"}` line per record in input order; while it
+    runs, each line is written as its record finishes (--done: only what has finished, then exit)."""
+    from scheduler import datasets, durable
     from worker.flow import build_flow
     from worker.stepper import Cursor, ending
 
     record, runs = durable.find_run(run_id)
+    if record.dataset is not None and node is None and not whole_store:
+        rows = datasets.rows(record, done_only=done_only, is_final=lambda: durable.find_run(run_id)[0].status in FINAL)
+        _write_rows(rows, fmt, errors_only, out, list(record.workflow.get("outputs") or {}))
+        return
     if node is None:
+        if fmt == "csv":
+            raise CliUsageError("--format csv: only for rows (--node N, or a dataset job's records)")
         store = runs.load_store(run_id)
         if whole_store:
             value = store
@@ -599,17 +702,50 @@ def results(run_id: str, whole_store: bool, node: str | None, fmt: str, errors_o
         rows = runs.batch_rows(run_id, node)
     except LookupError:
         raise CliUsageError(f"--node {node}: run {run_id} has no batch results for node '{node}'") from None
-    with open(out, "w", encoding="utf-8") if out else contextlib.nullcontext(sys.stdout) as sink:
-        if errors_only:
-            rows = (row for row in rows if row["error"] is not None)
-        if fmt == "json":  # one JSON array, still written row by row
+    _write_rows(rows, fmt, errors_only, out)
+
+
+def _write_rows(
+    rows: Iterator[dict[str, Any]], fmt: str, errors_only: bool, out: str | None, columns: list[str] | None = None
+) -> None:
+    """Rows `{"index", "result", "error"}` as JSON lines, one JSON array or CSV, written one by one.
+
+    CSV is for flat results: a column per result key (`columns`, else the first dict result's keys),
+    nested values as JSON text."""
+    if errors_only:
+        rows = (row for row in rows if row["error"] is not None)
+    with open(out, "w", encoding="utf-8", newline="") if out else contextlib.nullcontext(sys.stdout) as sink:
+        if fmt == "csv":
+            _write_csv(rows, sink, list(columns or []))
+        elif fmt == "json":  # one JSON array, still written row by row
             sink.write("[")
             for i, row in enumerate(rows):
                 sink.write(("," if i else "") + to_json(row))
             sink.write("]\n")
-            return
+        else:
+            for row in rows:
+                sink.write(to_json(row) + "\n")
+
+
+def _write_csv(rows: Iterator[dict[str, Any]], sink: Any, columns: list[str]) -> None:
+    import csv
+    import itertools
+
+    held: list[dict[str, Any]] = []
+    if not columns:  # the first dict result names the columns (the rows before it wait, a few at most)
         for row in rows:
-            sink.write(to_json(row) + "\n")
+            held.append(row)
+            if isinstance(row["result"], dict):
+                columns = [str(k) for k in row["result"]]
+                break
+    writer = csv.writer(sink)
+    writer.writerow(["index", *(columns or ["result"]), "error"])
+    for row in itertools.chain(held, rows):
+        result = row["result"]
+        values = [result.get(c) for c in columns] if isinstance(result, dict) else [result] * bool(not columns)
+        values += [None] * (len(columns or ["result"]) - len(values))
+        cells = [v if isinstance(v, str) else "" if v is None else to_json(v) for v in values]
+        writer.writerow([row["index"], *cells, row["error"] or ""])
 
 
 @cli.command()
@@ -628,6 +764,11 @@ def status(run_id: str, as_json: bool) -> None:
     console.print(Text(f"  steps: {info['steps']}  node: {info['node'] or '-'}"))
     for node, counts in info["batches"].items():
         console.print(Text(f"  {node}: {counts['done']}/{counts['total']} items, {counts['failed']} failed"))
+    if "records" in info:
+        r = info["records"]
+        total = r["total"] if r["total"] is not None else f"{r['read']}+ (reading)"
+        eta = f", ETA {r['eta_s']:.0f}s" if r["eta_s"] is not None and info["status"] == "running" else ""
+        console.print(Text(f"  records: {r['done']}/{total} done, {r['failed']} failed, {r['rate']:.1f}/s{eta}"))
     if info["error"]:
         console.print(Text(f"  error: {info['error']}"))
 
@@ -766,6 +907,10 @@ def flower(port: int, address: str, unauthenticated: bool) -> None:
     if auth:
         argv.append(f"--basic-auth={auth}")
     current_app().start(argv=argv)
+
+
+cli.add_command(cli_plans.run_plan)
+cli.add_command(cli_plans.plan_to_ir)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from ir.errors import BackendError, ValidationError
+from scheduler import datasets
 from scheduler.backends.celery import broker_errors, preflight
 from scheduler.compiler import load
 from scheduler.engine import RunResult, new_run_id, source_of
@@ -28,6 +29,8 @@ from worker.runstate import RunState
 from worker.stepper import Cursor, ending
 
 POLL_MS = 200
+#: How often `wait` checks whether a dataset job ended with nobody left to say so (its reader died).
+SETTLE_SECONDS = 2
 #: RunRecord status -> RunResult status (the `scheduler.run` contract).
 RESULT_STATUS = {"succeeded": "success", "failed": "failed", "cancelled": "cancelled"}
 
@@ -48,12 +51,20 @@ def submit(
     *,
     run_id: str | None = None,
     inputs_file: str | Path | None = None,
+    items: datasets.Items | None = None,
+    as_: str = datasets.RECORD,
+    **dataset_options: Any,
 ) -> str:
     """Validate, record the run in Redis, enqueue its first step; returns the run id at once.
 
     `inputs_file`: a JSON object of inputs, under `inputs` (which win where both name a key), read
     straight into the run's stored bytes: a large input is never built as objects in this process.
+    `items`: a dataset job, the workflow once per record of this file (or iterable): scheduler/datasets.py,
+    with its options (`format`, `skip_bad_records`, `tolerated_failure_percent`, `tolerated_failure_count`,
+    `chunk_size`); returns once every record is stored in Redis.
     """
+    if items is not None:
+        return datasets.submit(workflow, inputs, items, as_=as_, run_id=run_id, **datasets.options(dataset_options))
     wf = load(workflow)
     from_file = read_encoded(inputs_file) if inputs_file is not None else {}
     store: dict[str, Any] = {}
@@ -71,6 +82,11 @@ def submit(
                 runs.set_status(run_id, "failed", f"not enqueued: {exc}")
             raise
     return run_id
+
+
+def redrive(run_id: str) -> RunResult | int:
+    """Run a finished dataset job's failed (and never run) records again; see scheduler/datasets.py."""
+    return datasets.redrive(run_id)
 
 
 def workers_registered() -> int:
@@ -95,7 +111,12 @@ def find_run(run_id: str) -> tuple[RunRecord, Any]:
 
 
 def status(run_id: str) -> dict[str, Any]:
-    return find_run(run_id)[0].status_dict()
+    """The `chordflow status --json` object; a dataset job's has `records` (total, done, failed, rate, eta_s)."""
+    record = find_run(run_id)[0]
+    info = record.status_dict()
+    if record.dataset is not None:
+        info["records"] = datasets.progress(record)
+    return info
 
 
 def wait(
@@ -109,6 +130,7 @@ def wait(
         return _wait_local(record, runs, deadline, timeout)
     state = RunState(run_id)
     position, done, seen = "0-0", {}, {}
+    settle_at = time.monotonic() + SETTLE_SECONDS
     while True:
         with broker_errors(settings.load().result_backend):
             record = runs.get(run_id)
@@ -119,6 +141,9 @@ def wait(
                 )
             if record.status in FINAL:
                 return _result(record, runs)
+            if record.dataset is not None and time.monotonic() > settle_at:
+                datasets.settle(record)
+                settle_at = time.monotonic() + SETTLE_SECONDS
             position, entries = state.read_progress(position, POLL_MS)
             totals = {batch: state.batch_total(batch) for batch, packed in entries if packed and on_event}
         for batch, packed in entries:
@@ -146,6 +171,8 @@ def _wait_local(record: RunRecord, runs: LocalRuns, deadline: float | None, time
 
 
 def _result(record: RunRecord, runs: Any) -> RunResult:
+    if record.dataset is not None:
+        return datasets.result_of(record)
     store = runs.load_store(record.run_id)
     status = RESULT_STATUS[record.status]
     if status == "cancelled":
@@ -176,6 +203,9 @@ def cancel_run(run_id: str) -> int:
         raise ValidationError(f"run {run_id} already ended: {record.status}")
     state = RunState(run_id)
     state.cancel()
+    if record.dataset is not None:
+        datasets.settle(record)
+        return 0
     chunks = [] if isinstance(runs, ClusterRuns) else state.chunk_ids()
     if chunks:
         current_app().control.revoke(chunks)

@@ -52,13 +52,25 @@ def run(
     run_id: str | None = None,
     cancelled: threading.Event | None = None,
     on_node_start: Callable[[str], None] | None = None,
+    items: Any = None,
     **options: Any,
 ) -> RunResult:
     """Run a workflow to completion. `shared`, when given, is mutated in place.
 
     A fail_fast batch failure (or any node exception without an `error` edge) propagates as the
     original exception; an unhandled `error` action ends the run with status "failed".
+    `items`: a dataset job, the workflow once per record (scheduler/datasets.py; `as_`, `format`... in
+    `options`); its RunResult's outputs are the record counts, `results` streams the rest.
     """
+    if items is not None:
+        from scheduler import datasets, durable  # both import this module
+
+        opts = datasets.options(options)
+        if backend == "local":
+            return datasets.run_local(
+                workflow, inputs, items, run_id=run_id, on_event=on_event, cancelled=cancelled, **opts
+            )
+        return durable.wait(durable.submit(workflow, inputs, items=items, run_id=run_id, **options), on_event=on_event)
     started = time.perf_counter()
     wf = load(workflow)
     store = shared if shared is not None else {}

@@ -60,3 +60,19 @@ def test_continue_errors_json() -> None:
         "names": ["Ada", "Alan", "Edsger", "Donald"],
         "mean_age": round((36 + 41 + 72 + 86) / 4, 2),
     }
+
+
+def test_dataset_job_example_replies_to_every_review_in_file_order() -> None:
+    proc = run_cli(
+        "run", "examples/datasets/review_replies.json", "--items", "examples/datasets/reviews.jsonl", "--as", "review",
+        "--output", "json",
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads(proc.stdout)
+    assert report["outputs"] == {"total": 6, "done": 6, "failed": 0}
+    rows = run_cli("results", report["run_id"], "--format", "csv")
+    assert rows.returncode == 0, rows.stderr
+    lines = rows.stdout.splitlines()
+    assert lines[0] == "index,id,sentiment,reply,error"
+    assert lines[1] == "0,1,positive,Glad to hear it: 'This is wonderful!',"
+    assert [line.split(",")[2] for line in lines[1:]] == ["positive", "negative", "neutral"] * 2

@@ -146,7 +146,10 @@ _lock = threading.RLock()
 def create_app(s: settings.Settings) -> ChordflowCelery:
     """A Celery app configured once from `s`, with every task defined so far (and later) registered on it."""
     new = ChordflowCelery(
-        "chordflow", include=["worker.tasks", "worker.orchestrate"], set_as_current=False, chordflow_settings=s
+        "chordflow",
+        include=["worker.tasks", "worker.orchestrate", "worker.cluster_datasets"],
+        set_as_current=False,
+        chordflow_settings=s,
     )
     new.conf.update(config(s))
     with _lock:

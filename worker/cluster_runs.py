@@ -46,6 +46,7 @@ class ClusterRuns:
             "run_id": record.run_id, "workflow": json.dumps(record.workflow), "backend": record.backend,
             "status": record.status, "node": record.node or "", "step": record.step, "error": "",
             "created": now, "updated": now, "source": record.source or "", "batches": "{}",
+            "dataset": json.dumps(record.dataset) if record.dataset else "",
         }  # fmt: skip
         pipe = self.redis.pipeline()
         values = {**(encoded or {}), **{k: snapshot.encode(v, label=k) for k, v in store.items()}}
@@ -167,4 +168,5 @@ def _record(raw: dict[bytes, bytes]) -> RunRecord:
     return RunRecord(
         f["run_id"], json.loads(f["workflow"]), f["backend"], f["status"], f["node"] or None, int(f["step"]),
         f["error"] or None, float(f["created"]), float(f["updated"]), f["source"] or None, json.loads(f["batches"]),
+        json.loads(f["dataset"]) if f.get("dataset") else None,
     )  # fmt: skip

@@ -25,12 +25,12 @@ from worker.batch_rows import Row, rows_of_aggregate, rows_of_chunks
 from worker.runs import RunRecord
 from worker.stepper import Step
 
-COLUMNS = "run_id, workflow, backend, status, node, step, error, created, updated, source, batches"
+COLUMNS = "run_id, workflow, backend, status, node, step, error, created, updated, source, batches, dataset"
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS runs (
   run_id TEXT PRIMARY KEY, workflow TEXT NOT NULL, backend TEXT NOT NULL, status TEXT NOT NULL,
   node TEXT, step INTEGER NOT NULL, error TEXT, created REAL NOT NULL, updated REAL NOT NULL,
-  source TEXT, batches TEXT NOT NULL DEFAULT '{}');
+  source TEXT, batches TEXT NOT NULL DEFAULT '{}', dataset TEXT);
 CREATE INDEX IF NOT EXISTS runs_by_created ON runs (created);
 CREATE TABLE IF NOT EXISTS store (run_id TEXT, key TEXT, value BLOB, type TEXT, PRIMARY KEY (run_id, key));
 CREATE TABLE IF NOT EXISTS trail (run_id TEXT, step INTEGER, node TEXT, PRIMARY KEY (run_id, step));
@@ -61,6 +61,8 @@ class LocalRuns:
         self.db.execute("PRAGMA journal_mode=WAL")
         self.db.execute("PRAGMA synchronous=NORMAL")
         self.db.executescript(SCHEMA)
+        if "dataset" not in {row[1] for row in self.db.execute("PRAGMA table_info(runs)")}:  # a file from before
+            self.db.execute("ALTER TABLE runs ADD COLUMN dataset TEXT")
 
     @classmethod
     def default(cls) -> LocalRuns:
@@ -77,9 +79,10 @@ class LocalRuns:
         with self.lock:
             self.db.execute("BEGIN")
             self.db.execute(
-                "INSERT INTO runs VALUES (?,?,?,?,?,?,?,?,?,?,?)",
+                f"INSERT INTO runs ({COLUMNS}) VALUES (?,?,?,?,?,?,?,?,?,?,?,?)",
                 (record.run_id, json.dumps(record.workflow), record.backend, record.status, record.node,
-                 record.step, record.error, now, now, record.source, "{}"),
+                 record.step, record.error, now, now, record.source, "{}",
+                 json.dumps(record.dataset) if record.dataset else None),
             )  # fmt: skip
             self._write_keys(record.run_id, dict(store), [])
             self.db.execute("COMMIT")
@@ -93,9 +96,7 @@ class LocalRuns:
         return _record(row) if row else None
 
     def recent(self, status: str | None = None, limit: int = 20) -> list[RunRecord]:
-        query = (
-            "SELECT run_id, workflow, backend, status, node, step, error, created, updated, source, batches FROM runs"
-        )
+        query = f"SELECT {COLUMNS} FROM runs"
         args: tuple[Any, ...] = ()
         if status:
             query, args = query + " WHERE status = ?", (status,)
@@ -192,7 +193,8 @@ class LocalRuns:
 
 
 def _record(row: tuple[Any, ...]) -> RunRecord:
-    run_id, workflow, backend, status, node, step, error, created, updated, source, batches = row
+    run_id, workflow, backend, status, node, step, error, created, updated, source, batches, dataset = row
     return RunRecord(
-        run_id, json.loads(workflow), backend, status, node, step, error, created, updated, source, json.loads(batches)
-    )
+        run_id, json.loads(workflow), backend, status, node, step, error, created, updated, source,
+        json.loads(batches), json.loads(dataset) if dataset else None,
+    )  # fmt: skip

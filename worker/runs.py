@@ -25,6 +25,7 @@ class RunRecord:
     updated: float = 0.0
     source: str | None = None  # the workflow file it came from, if any
     batches: dict[str, dict[str, int]] = field(default_factory=dict)  # node -> {total, done, failed}
+    dataset: dict[str, Any] | None = None  # a dataset job (worker/datasets.py Dataset), else None
 
     @property
     def name(self) -> str:
@@ -43,6 +44,7 @@ class RunRecord:
             "updated": self.updated,
             "workflow": self.name,
             "backend": self.backend,
+            "dataset": self.dataset,
         }
 
 

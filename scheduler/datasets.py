@@ -1,0 +1,329 @@
+"""Dataset jobs from the client's side: read the records file in windows and run or submit the job,
+`redrive` its failed records, stream its `results`, report its `status` (issue 9; worker/datasets.py).
+
+Locally the windows run in this process as they are read; on the cluster each window is stored in Redis
+as a chunk and the workers take it from there (worker/cluster_datasets.py), a bounded number of chunks
+in flight. Either way no process holds all records or all results.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator
+from pathlib import Path
+from typing import Any
+
+from ir.errors import ValidationError
+from ir.limits import check_value
+from ir.names import is_identifier
+from scheduler.backends.celery import broker_errors
+from scheduler.compiler import load
+from scheduler.engine import RunResult, new_run_id, source_of
+from scheduler.inputs import unknown_input
+from scheduler.records import BadRecord, read_records, record_format, windows
+from worker import datasets, settings, signing
+from worker.app import current_app
+from worker.build import item_chain
+from worker.cluster_datasets import ClusterDataset, finish_run, go_on, send
+from worker.cluster_runs import ClusterRuns
+from worker.datasets import RECORD, RECORDS, Dataset, run_chunk, verdict
+from worker.executor import ItemExecutor
+from worker.local_datasets import LocalDataset
+from worker.local_runs import LocalRuns
+from worker.middleware import item_middleware
+from worker.runs import FINAL, RunRecord
+from worker.runstate import RunState
+
+Items = str | Path | Iterable[Any]
+
+
+def options(options: dict[str, Any]) -> dict[str, Any]:
+    """`format=` (the Python name) is `fmt` inside; anything unknown is a TypeError as for any function."""
+    known = {"as_", "format", "skip_bad_records", "tolerated_failure_percent", "tolerated_failure_count", "chunk_size"}
+    unknown = sorted(set(options) - known)
+    if unknown:
+        raise TypeError(f"unexpected keyword arguments: {', '.join(unknown)}")
+    options = dict(options)
+    if "format" in options:
+        options["fmt"] = options.pop("format")
+    return options
+
+
+def prepare(
+    workflow: Any,
+    inputs: dict[str, Any] | None,
+    items: Items,
+    *,
+    as_: str = RECORD,
+    fmt: str | None = None,
+    tolerated_failure_percent: float | None = None,
+    tolerated_failure_count: int | None = None,
+    chunk_size: int | None = None,
+) -> tuple[Any, Dataset, dict[str, Any]]:
+    """(workflow, Dataset, the store of inputs common to every record), all checked before anything runs."""
+    wf = load(workflow)
+    problems = []
+    common = dict(inputs or {})
+    if as_ != "-" and not is_identifier(as_):
+        problems.append(f"--as: must be an input name or '-' (the record's fields are the inputs), got '{as_}'")
+    elif as_ != "-" and (problem := unknown_input(wf, as_)):
+        problems.append(f"--as: {problem}")
+    if as_ == "-" and common:
+        problems.append("--input: with --as - every input comes from the record's fields")
+    if as_ in common:
+        problems.append(f"--input {as_}: '{as_}' is given by each record (--as {as_})")
+    problems += [f"inputs: {p}" for name in common if (p := unknown_input(wf, name))]
+    for name, value in common.items():
+        with contextlib.suppress(ValidationError):
+            check_value(value, f"inputs.{name}")
+            continue
+        problems.append(f"inputs.{name}: too deep to store")
+    if tolerated_failure_percent is not None and not 0 <= tolerated_failure_percent <= 100:
+        problems.append(f"--tolerated-failure-percent: must be between 0 and 100, got {tolerated_failure_percent:g}")
+    if tolerated_failure_count is not None and tolerated_failure_count < 0:
+        problems.append(f"--tolerated-failure-count: must be 0 or more, got {tolerated_failure_count}")
+    if chunk_size is not None and chunk_size < 1:
+        problems.append(f"--chunk-size: must be 1 or more, got {chunk_size}")
+    if isinstance(items, str | Path):
+        try:
+            record_format(items, fmt)
+        except ValidationError as exc:
+            problems.extend(exc.problems)
+    if problems:
+        raise ValidationError(problems)
+    source = str(items) if isinstance(items, str | Path) else None
+    dataset = Dataset(
+        as_, chunk_size or datasets.DEFAULT_CHUNK_SIZE, tolerated_failure_percent, tolerated_failure_count,
+        source, list(common),
+    )  # fmt: skip
+    return wf, dataset, common
+
+
+def record_windows(items: Items, fmt: str | None, skip_bad: bool, size: int) -> Iterator[tuple[list, dict[int, str]]]:
+    """The records in windows of `size`: (records with None where one was bad, {offset: why it was bad})."""
+    for window in windows(read_records(items, fmt, skip_bad=skip_bad), size):
+        bad = {i: r.error for i, r in enumerate(window) if isinstance(r, BadRecord)}
+        yield ([None if i in bad else r for i, r in enumerate(window)] if bad else window), bad
+
+
+# -- the cluster ---------------------------------------------------------------------------------------
+def submit(
+    workflow: Any,
+    inputs: dict[str, Any] | None,
+    items: Items,
+    *,
+    as_: str = RECORD,
+    fmt: str | None = None,
+    skip_bad_records: bool = False,
+    run_id: str | None = None,
+    **options: Any,
+) -> str:
+    """Record the job in Redis, then read the records and store them chunk by chunk, sending chunks as the
+    window allows; returns once the whole file is in Redis (the workers go on without this process).
+
+    A bad record (without `skip_bad_records`) stops the job: it ends failed naming the file and line, and
+    the error is raised here too."""
+    wf, dataset, common = prepare(workflow, inputs, items, as_=as_, fmt=fmt, **options)
+    s = settings.load()
+    with broker_errors(s.result_backend):
+        runs = ClusterRuns()
+        signing.publishing_signer(current_app())
+        run_id = run_id or new_run_id()
+        record = RunRecord(run_id, wf.wire(), "celery", "queued", None, source=source_of(workflow))
+        record.dataset = dataset.to_json()
+        runs.create(record, common)
+        ds, state = ClusterDataset(run_id), RunState(run_id)
+        ds.start(dataset.chunk_size)
+        read = 0
+        try:
+            for n, (records, bad) in enumerate(record_windows(items, fmt, skip_bad_records, dataset.chunk_size)):
+                read += len(records)
+                _, claimed = ds.add(n, records, bad, read)
+                state.set_batch_total(RECORDS, read)
+                send(run_id, claimed)
+            go_on(run_id, *ds.read_done(read))
+        except BaseException as exc:  # a bad record, Ctrl-C, a lost Redis: the job cannot complete
+            with contextlib.suppress(Exception):
+                state.cancel()
+                if isinstance(exc, KeyboardInterrupt):
+                    runs.set_status(run_id, "cancelled", "run cancelled")
+                else:
+                    runs.set_status(run_id, "failed", f"reading the records stopped: {exc}")
+            raise
+    return run_id
+
+
+def redrive(run_id: str, **hooks: Any) -> RunResult | int:
+    """Run a finished job's failed records (and those never run) again, under the same run id; every
+    success is kept and not run again. A local job runs here (returns its RunResult); a cluster job is
+    handed to the workers (returns how many records will run)."""
+    local = LocalRuns.default()
+    record = local.get(run_id)
+    if record is not None:
+        _check_redrivable(record)
+        return _redrive_local(record, local, **hooks)
+    with broker_errors(settings.load().result_backend):
+        runs = ClusterRuns()
+        record = runs.get(run_id)
+        if record is None:
+            raise ValidationError(f"unknown run '{run_id}' (not in {local.path} nor in Redis)")
+        _check_redrivable(record)
+        ds = ClusterDataset(run_id)
+        if ds.counts()["total"] is None:
+            raise ValidationError(f"run {run_id}: its records file was never read to the end; submit it again")
+        RunState(run_id).clear_stops()
+        records = ds.redrive()
+        runs.set_status(run_id, "queued")
+        go_on(run_id, *ds.check())
+        return records
+
+
+def _check_redrivable(record: RunRecord) -> None:
+    if record.dataset is None:
+        raise ValidationError(f"run {record.run_id} is not a dataset job (--items); use `chordflow resume`")
+    if record.status not in FINAL:
+        raise ValidationError(f"run {record.run_id} is {record.status}; only a finished run can be redriven")
+
+
+# -- the embedded default -----------------------------------------------------------------------------
+def run_local(
+    workflow: Any,
+    inputs: dict[str, Any] | None,
+    items: Items,
+    *,
+    as_: str = RECORD,
+    fmt: str | None = None,
+    skip_bad_records: bool = False,
+    run_id: str | None = None,
+    on_event: Callable[[dict[str, Any]], None] | None = None,
+    cancelled: threading.Event | None = None,
+    **options: Any,
+) -> RunResult:
+    """Run the job in this process as the file is read, a window at a time; returns when it ended."""
+    started = time.perf_counter()
+    wf, dataset, common = prepare(workflow, inputs, items, as_=as_, fmt=fmt, **options)
+    runs = LocalRuns.default()
+    record = RunRecord(run_id or new_run_id(), wf.wire(), "local", "running", None, source=source_of(workflow))
+    record.dataset = dataset.to_json()
+    runs.create(record, common)
+    ds = LocalDataset(record.run_id, runs)
+    ds.start(dataset.chunk_size)
+    job = _LocalJob(record, dataset, common, ds, on_event, cancelled)
+    read = 0
+    try:
+        for n, (records, bad) in enumerate(record_windows(items, fmt, skip_bad_records, dataset.chunk_size)):
+            read += len(records)
+            ds.add(n, records, bad, read)
+            if not job.stopped():
+                job.run(n, records, bad, None, read)
+        ds.read_done(read)
+    except BaseException as exc:
+        why = "cancelled" if isinstance(exc, KeyboardInterrupt) else "failed"
+        runs.set_status(record.run_id, why, "run cancelled" if why == "cancelled" else f"{type(exc).__name__}: {exc}")
+        raise
+    return job.end(started)
+
+
+def _redrive_local(record: RunRecord, runs: LocalRuns, **hooks: Any) -> RunResult:
+    started = time.perf_counter()
+    dataset = Dataset.from_json(record.dataset or {})
+    ds = LocalDataset(record.run_id, runs)
+    ds.stop(None)
+    runs.set_status(record.run_id, "running")
+    job = _LocalJob(record, dataset, runs.load_store(record.run_id), ds, hooks.get("on_event"), hooks.get("cancelled"))
+    try:
+        for n in ds.needing_work():
+            if job.stopped():
+                break
+            records, bad = ds.records(n)
+            job.run(n, records, bad, ds.outcomes([n])[0], ds.counts()["read"])
+    except KeyboardInterrupt:
+        runs.set_status(record.run_id, "cancelled", "run cancelled")
+        raise
+    return job.end(started)
+
+
+class _LocalJob:
+    """A local job's records running in this process: chunk by chunk, stopping on cancel or threshold."""
+
+    def __init__(
+        self,
+        record: RunRecord,
+        dataset: Dataset,
+        common: dict[str, Any],
+        ds: LocalDataset,
+        on_event: Callable[[dict[str, Any]], None] | None,
+        cancelled: threading.Event | None,
+    ):
+        self.record, self.dataset, self.ds, self.on_event = record, dataset, ds, on_event
+        self.cancelled = cancelled or threading.Event()
+        spec = dataset.record_spec(record.workflow)
+        self.executor = ItemExecutor(spec, item_chain(spec), common)
+
+    def stopped(self) -> bool:
+        if self.cancelled.is_set():
+            return True
+        counts = self.ds.counts()
+        if self.dataset.tolerance.set and self.dataset.tolerance.exceeded(counts["failed"], counts["total"]):
+            self.ds.stop("threshold")
+            return True
+        return False
+
+    def run(self, n: int, records: list[Any], bad: dict[int, str], done: Any, read: int) -> None:
+        size = self.dataset.chunk_size
+        before = self.ds.counts()["done"]
+
+        def hooks(count: int) -> Any:
+            return item_middleware(
+                RECORDS, read, False, cancelled=self.cancelled, emit=self.on_event, done_before=before
+            )
+
+        chunk = run_chunk(self.executor, records, bad, n * size, done, hooks)
+        self.ds.finish(n, chunk, len(records))
+
+    def end(self, started: float) -> RunResult:
+        counts = self.ds.counts()
+        status, error = verdict(self.dataset, counts, self.cancelled.is_set())
+        LocalRuns.default().set_status(self.record.run_id, status, error)
+        return _result(self.record.run_id, status, error, counts, time.perf_counter() - started)
+
+
+def _result(run_id: str, status: str, error: str | None, counts: dict[str, Any], duration: float) -> RunResult:
+    """A job's RunResult: no store of its own; its outputs are the record counts (`results` has the rest)."""
+    outputs = {k: counts[k] for k in ("total", "done", "failed")}
+    return RunResult({}, {"succeeded": "success"}.get(status, status), error, outputs, run_id, duration)
+
+
+# -- reading a job, either backend ----------------------------------------------------------------------
+def store_of(record: RunRecord) -> LocalDataset | ClusterDataset:
+    return LocalDataset(record.run_id) if record.backend == "local" else ClusterDataset(record.run_id)
+
+
+def rows(record: RunRecord, *, done_only: bool = False, is_final: Callable[[], bool]) -> Iterator[dict[str, Any]]:
+    """`results` of a job: `{"index", "result", "error"}` per record in input order (see worker/datasets.rows)."""
+    ds = store_of(record)
+    return datasets.rows(ds, ds.chunk_size(), ended=is_final, done_only=done_only)
+
+
+def progress(record: RunRecord) -> dict[str, Any]:
+    """The `records` object of `status`: total, read, done, failed, rate (records/s), eta_s."""
+    now = record.updated if record.status in FINAL else time.time()
+    return datasets.progress(store_of(record).counts(), record.created, now)
+
+
+def result_of(record: RunRecord) -> RunResult:
+    """A finished job's RunResult (for `wait`)."""
+    counts = store_of(record).counts()
+    return _result(record.run_id, record.status, record.error, counts, record.updated - record.created)
+
+
+def settle(record: RunRecord) -> None:
+    """End a job that has ended with no chunk left to say so: cancelled with nothing in flight, or whose
+    reader died (its lease ran out) after its last chunk ran. `cancel` and `wait` call it."""
+    state, claimed = ClusterDataset(record.run_id).check()
+    if state == "end":
+        finish_run(record.run_id)
+    elif claimed:
+        send(record.run_id, claimed)
