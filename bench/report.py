@@ -287,6 +287,9 @@ OTHER_RESULTS = [
     "- `DURABLE.md` (`python -m bench.durable`): durable runs: 1-item latency against local, first vs warm run,",
     "  a 1,000,000-item batch through `submit` + `wait` (client, worker and Redis peak memory) and",
     "  `results --node` streaming it to a file.",
+    "- `DATASETS.md` (`python -m bench.datasets`): dataset jobs (`submit --items`) of 1,000,000 and 100,000",
+    "  records: wall time, client/worker/Redis memory, first result, `results --out`, against a hand-written",
+    "  Celery `group` and the local backend.",
     "",
 ]
 
