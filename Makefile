@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 RUN_STAMP := $(VENV)/.installed-run
 DEV_STAMP := $(VENV)/.installed-dev
 
-.PHONY: install run test lint bench flower worker clean fuzz
+.PHONY: install run test lint bench flower worker clean fuzz browser
 
 install: $(DEV_STAMP)
 
@@ -23,8 +23,16 @@ $(DEV_STAMP): $(RUN_STAMP) pyproject.toml
 run: $(RUN_STAMP)
 	$(BIN)/chordflow run examples/word_counts.json --input folder=examples/texts
 
-test: install
+test: install browser
 	$(BIN)/python -m pytest -q
+
+# The dashboard's browser test (tests/test_dashboard.py) drives Debian's chromium through chromedriver:
+# installed here when missing (as root, else through sudo). `make run` never needs it.
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+browser:
+	@test -x /usr/bin/chromium -a -x /usr/bin/chromedriver || { \
+		$(SUDO) apt-get update -q && \
+		$(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium chromium-driver; }
 
 # The IR fuzz property (tests/test_ir_fuzz.py) with many more documents than `make test` runs (5,000).
 FUZZ_EXAMPLES ?= 200000

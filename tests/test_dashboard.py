@@ -1,0 +1,273 @@
+"""`chordflow dashboard` (issue 12): the runs view, in a real headless Chromium against a live cluster.
+
+The page is driven by selenium through Debian's chromium + chromedriver (`make test` installs them when
+missing). The dashboard runs as its own process (`python -m scheduler.cli dashboard`), on the suite's
+cluster (tests/support/cluster.py: a real redis-server and two workers). Waits are on page content
+(WebDriverWait) and on the processes' own output, never sleeps.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import scheduler
+from scheduler.dashboard import USERS_VARIABLE
+from scheduler.localcluster import Cluster, ManagedProcess, free_port
+
+CHROMIUM, CHROMEDRIVER = "/usr/bin/chromium", "/usr/bin/chromedriver"
+USER, PASSWORD = "ops", "s3cret-dashboard"
+READY = "Uvicorn running on"
+
+
+@contextlib.contextmanager
+def dashboard(workdir: Path, env: dict[str, str], *args: str) -> Iterator[str]:
+    """`chordflow dashboard` as a process on a free port; yields its base URL once it listens."""
+    port = free_port()
+    argv = [sys.executable, "-m", "scheduler.cli", "dashboard", "--port", str(port), *args]
+    server = ManagedProcess(argv, workdir / f"dashboard-{port}.log", READY, env=env)
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.kill(signal.SIGTERM)
+
+
+def request(url: str, *, auth: tuple[str, str] | None = None, method: str = "GET", **headers: str) -> tuple[int, Any]:
+    """(status, headers) of one request; the body is not read (an event stream never ends)."""
+    if auth:
+        headers["Authorization"] = "Basic " + base64.b64encode(":".join(auth).encode()).decode()
+    try:
+        with urllib.request.urlopen(urllib.request.Request(url, method=method, headers=headers), timeout=30) as r:
+            return r.status, r.headers
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.headers
+
+
+def _env(**more: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k != USERS_VARIABLE}
+    return {**env, **more}
+
+
+# -- auth, without a browser ----------------------------------------------------------------------------
+
+
+def test_dashboard_refuses_to_start_without_basic_auth() -> None:
+    argv = [sys.executable, "-m", "scheduler.cli", "dashboard", "--port", str(free_port())]
+    missing = subprocess.run(argv, env=_env(), capture_output=True, text=True, timeout=60)
+    assert missing.returncode == 2
+    assert missing.stderr.splitlines() == [
+        f"error: set {USERS_VARIABLE} to user:password (or pass --unauthenticated) to start the dashboard"
+    ]
+    malformed = subprocess.run(argv, env=_env(**{USERS_VARIABLE: "nopassword"}), capture_output=True, text=True)
+    assert malformed.returncode == 2
+    assert malformed.stderr.splitlines() == [f"error: {USERS_VARIABLE} must be user:password[,user2:password2]"]
+
+
+def test_dashboard_answers_401_without_credentials(tmp_path: Path) -> None:
+    with dashboard(tmp_path, _env(**{USERS_VARIABLE: f"someone:else,{USER}:{PASSWORD}"})) as base:
+        for path in ("/", "/api/runs", "/api/runs/events", "/api/runs/r1/failed"):
+            status, headers = request(base + path)
+            assert status == 401, path
+            assert headers["WWW-Authenticate"] == 'Basic realm="chordflow"'
+        assert request(base + "/", auth=(USER, "wrong"))[0] == 401
+        assert request(base + "/api/runs/r1/cancel", method="POST", **{"X-Chordflow-Action": "1"})[0] == 401
+        status, headers = request(base + "/", auth=(USER, PASSWORD))
+        assert status == 200 and headers["Content-Type"].startswith("text/html")
+        # An action without the page's header (a form of another site) is refused before anything runs.
+        assert request(base + "/api/runs/r1/cancel", auth=(USER, PASSWORD), method="POST")[0] == 403
+
+
+def test_dashboard_unauthenticated_is_an_explicit_choice(tmp_path: Path) -> None:
+    with dashboard(tmp_path, _env(), "--unauthenticated") as base:
+        assert request(base + "/")[0] == 200
+
+
+# -- the page in Chromium, on a live cluster --------------------------------------------------------------
+
+
+@pytest.fixture
+def browser() -> Iterator[Any]:
+    if not (Path(CHROMIUM).exists() and Path(CHROMEDRIVER).exists()):
+        pytest.fail(f"{CHROMIUM} and {CHROMEDRIVER} are needed: `make browser` installs Debian's chromium packages")
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    options = webdriver.ChromeOptions()
+    options.binary_location = CHROMIUM
+    for arg in (
+        "--headless=new",
+        "--no-sandbox",
+        "--disable-dev-shm-usage",
+        "--disable-gpu",
+        "--window-size=1400,1000",
+    ):
+        options.add_argument(arg)
+    driver = webdriver.Chrome(options=options, service=Service(executable_path=CHROMEDRIVER))
+    try:
+        # The credentials a user types in the browser's prompt: sent with every request of the page.
+        token = base64.b64encode(f"{USER}:{PASSWORD}".encode()).decode()
+        driver.execute_cdp_cmd("Network.enable", {})
+        driver.execute_cdp_cmd("Network.setExtraHTTPHeaders", {"headers": {"Authorization": f"Basic {token}"}})
+        yield driver
+    finally:
+        driver.quit()
+
+
+def _done(driver: Any, node: str) -> int:
+    cells = driver.find_elements("css selector", f'#nodes tr[data-node="{node}"] td.progress')
+    value = cells[0].get_attribute("data-done") if cells else None
+    return int(value) if value else -1
+
+
+def test_page_shows_live_progress_failed_items_and_cancels_a_run(
+    celery_cluster: Cluster, browser: Any, tmp_path: Path
+) -> None:
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support import expected_conditions as ec
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    workflow = {
+        "name": "dashboard-check",
+        "nodes": [
+            {"id": "check", "type": "test-fail", "params": {"value": "${item}", "fail_on": 3},
+             "batch": {"items": "${few}", "error_handling": "continue"}},
+            {"id": "slow", "type": "test-slow", "params": {"seconds": 0.05},
+             "batch": {"items": "${many}", "chunk_size": 10}},
+        ],
+        "edges": [{"from": "check", "to": "slow"}],
+    }  # fmt: skip
+    run_id = scheduler.submit(workflow, {"few": list(range(6)), "many": list(range(4000))})
+    wait = WebDriverWait(browser, 60)
+    with dashboard(tmp_path, {**celery_cluster.env, USERS_VARIABLE: f"{USER}:{PASSWORD}"}) as base:
+        browser.get(base + "/")
+        row = wait.until(ec.presence_of_element_located((By.CSS_SELECTOR, f'#runs tr[data-run="{run_id}"]')))
+        assert "dashboard-check" in row.text
+        browser.execute_script("window.loadedOnce = true;")  # gone if anything reloaded the page
+        row.click()
+        wait.until(ec.text_to_be_present_in_element((By.ID, "run-id"), run_id))
+
+        # Progress moves on the page while the batch runs (server-sent events, no reload).
+        first = wait.until(lambda d: (n := _done(d, "slow")) > 0 and n)
+        wait.until(lambda d: _done(d, "slow") > first)
+        assert browser.find_element(By.ID, "run-status").text == "running"
+        total = browser.find_element(By.CSS_SELECTOR, '#nodes tr[data-node="slow"] td.progress')
+        assert total.get_attribute("data-total") == "4000"
+
+        # The failed item of the finished `check` batch, with its error, in the failed items table.
+        failed = wait.until(ec.presence_of_element_located((By.CSS_SELECTOR, '#failed tr[data-index="3"]')))
+        assert "boom 3" in failed.text
+        assert len(browser.find_elements(By.CSS_SELECTOR, "#failed tbody tr")) == 1
+
+        # Cancel: the button asks first, then the run ends `cancelled` — on the page and in the run store.
+        browser.find_element(By.ID, "cancel").click()
+        wait.until(ec.alert_is_present()).accept()
+        wait.until(ec.text_to_be_present_in_element((By.ID, "run-status"), "cancelled"))
+        assert scheduler.status(run_id)["status"] == "cancelled"
+        assert _done(browser, "slow") < 4000
+        assert browser.find_element(By.ID, "cancel").get_attribute("disabled") == "true"
+        assert browser.execute_script("return window.loadedOnce === true;")
+
+
+def test_failed_items_are_paged_in_index_order(celery_cluster: Cluster, tmp_path: Path) -> None:
+    """Pages of a batch's failed items (skip/limit over the stored outcomes), read through the API."""
+    workflow = {
+        "nodes": [{"id": "odd", "type": "echo", "params": {"value": "${item}"},
+                   "batch": {"items": "${items}", "error_handling": "continue", "chunk_size": 7}}]
+    }  # fmt: skip
+    values = [f"Error: item {i}" if i % 2 else f"ok {i}" for i in range(60)]
+    run_id = scheduler.submit(workflow, {"items": values})
+    scheduler.wait(run_id, timeout=120)
+    env = {**celery_cluster.env, USERS_VARIABLE: f"{USER}:{PASSWORD}"}
+    with dashboard(tmp_path, env) as base:
+        pages, skip = [], 0
+        while True:
+            page = _get_json(f"{base}/api/runs/{run_id}/failed?node=odd&skip={skip}&limit=12")
+            pages.append([item["index"] for item in page["items"]])
+            if not page["more"]:
+                break
+            skip += 12
+    assert pages == [list(range(1 + 24 * p, min(60, 24 * (p + 1)), 2)) for p in range(3)]
+
+
+def _post(url: str) -> tuple[int, Any]:
+    token = base64.b64encode(f"{USER}:{PASSWORD}".encode()).decode()
+    headers = {"Authorization": f"Basic {token}", "X-Chordflow-Action": "1"}
+    try:
+        with urllib.request.urlopen(urllib.request.Request(url, method="POST", headers=headers)) as r:
+            return r.status, json.load(r)
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.load(exc)
+
+
+def test_resume_and_redrive_buttons_hand_runs_back_to_the_workers(celery_cluster: Cluster, tmp_path: Path) -> None:
+    """The buttons' endpoints: a failed run resumed, a failed dataset job's records redriven and listed."""
+    fix, log = tmp_path / "fixed", tmp_path / "log"
+    step = {"id": "work", "type": "test-side-effect", "params": {"log": str(log), "label": "x", "requires": str(fix)}}
+    failed_run = scheduler.submit({"nodes": [step]})
+    job = {
+        "inputs": {"record": {}},
+        "nodes": [{**step, "params": {**step["params"], "label": "${record.n}"}}],
+        "outputs": {"label": {"source": "${work.label}"}},
+    }
+    failed_job = scheduler.submit(job, items=[{"n": n} for n in range(12)], chunk_size=5)
+    for run_id in (failed_run, failed_job):
+        with contextlib.suppress(Exception):  # the run's own FileNotFoundError, raised again by wait
+            scheduler.wait(run_id, timeout=120)
+        assert scheduler.status(run_id)["status"] == "failed"
+    with dashboard(tmp_path, {**celery_cluster.env, USERS_VARIABLE: f"{USER}:{PASSWORD}"}) as base:
+        page = _get_json(f"{base}/api/runs/{failed_job}/failed?skip=10&limit=5")
+        assert [item["index"] for item in page["items"]] == [10, 11] and not page["more"]
+        assert page["items"][0]["error"] == f"missing {fix}"
+        assert _post(f"{base}/api/runs/{failed_run}/redrive") == (
+            409, {"error": f"run {failed_run} is not a dataset job (--items); use `chordflow resume`"}
+        )  # fmt: skip
+        fix.touch()
+        assert _post(f"{base}/api/runs/{failed_run}/resume") == (
+            200,
+            {"message": f"run {failed_run} resumed on the cluster"},
+        )
+        assert _post(f"{base}/api/runs/{failed_job}/redrive") == (
+            200,
+            {"message": f"run {failed_job}: 12 records to run again"},
+        )
+        assert scheduler.wait(failed_run, timeout=120).status == "success"
+        assert scheduler.wait(failed_job, timeout=120).status == "success"
+        assert _post(f"{base}/api/runs/{failed_run}/cancel") == (
+            409,
+            {"error": f"run {failed_run} already ended: succeeded"},
+        )
+
+
+def _get_json(url: str) -> Any:
+    token = base64.b64encode(f"{USER}:{PASSWORD}".encode()).decode()
+    with urllib.request.urlopen(urllib.request.Request(url, headers={"Authorization": f"Basic {token}"})) as r:
+        return json.load(r)
+
+
+def test_make_test_installs_the_browser_and_make_run_does_not(tmp_path: Path) -> None:
+    """`make test` installs chromium + chromedriver when missing (Debian packages); `make run` never does."""
+    if shutil.which("make") is None:
+        pytest.skip("needs make")
+    env = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MAKELEVEL", "MFLAGS")}
+
+    def dry_run(target: str) -> str:
+        argv = ["make", "--no-print-directory", "-n", target, f"VENV={tmp_path / 'venv'}"]
+        root = Path(__file__).parent.parent
+        return subprocess.run(argv, cwd=root, env=env, capture_output=True, text=True, check=True).stdout
+
+    assert "apt-get install -y -q chromium chromium-driver" in dry_run("test")
+    assert f"test -x {CHROMIUM} -a -x {CHROMEDRIVER}" in dry_run("test")
+    assert "apt-get" not in dry_run("run")

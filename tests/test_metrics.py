@@ -1,0 +1,243 @@
+"""Prometheus metrics (issue 12, item 1): `chordflow metrics` reads the cluster at scrape time, `chordflow worker
+--metrics-port` serves what its pool processes did. Scraped over HTTP from real processes — a redis-server, a
+prefork worker with two pool processes, the metrics server — and parsed with prometheus_client's parser.
+
+Runs are held by a gate (a file the item waits for), so what a scrape sees while a run is going is known exactly.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+from prometheus_client.parser import text_string_to_metric_families
+
+import scheduler
+from scheduler import durable
+from scheduler.localcluster import Cluster, ManagedProcess, free_port
+from tests.support.cluster import PLUGINS
+from tests.test_cli import ROOT, run_cli
+
+IDLE_QUEUE = "metrics-idle"  # no worker consumes it: what is sent there waits
+
+
+@dataclass
+class Ops:
+    cluster: Cluster
+    metrics_port: int  # `chordflow metrics`
+    worker_port: int  # `chordflow worker -P prefork -c 2 --metrics-port`
+
+
+@pytest.fixture(scope="module")
+def ops(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Ops]:
+    """A cluster of its own (its registry and queues are known exactly): one prefork worker with two pool
+    processes serving its metrics, and `chordflow metrics` measuring the default queue and IDLE_QUEUE."""
+    workdir = tmp_path_factory.mktemp("metrics")
+    cluster = Cluster(workdir, plugins=PLUGINS)
+    previous = cluster.apply_env()
+    try:
+        worker_port, metrics_port = free_port(), free_port()
+        cluster.start_worker(
+            "m1", via="chordflow", pool="prefork", concurrency=2, args=("--metrics-port", str(worker_port))
+        )
+        argv = [sys.executable, "-m", "scheduler.cli", "metrics", "--port", str(metrics_port)]
+        argv += ["-Q", "chordflow", "-Q", IDLE_QUEUE]
+        server = ManagedProcess(argv, workdir / "metrics.log", "serving metrics on", env=cluster.env)
+        cluster.workers["metrics"] = server  # stopped with the cluster
+        yield Ops(cluster, metrics_port, worker_port)
+    finally:
+        cluster.restore_env(previous)
+        cluster.stop()
+
+
+Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
+
+
+def scrape(port: int) -> Samples:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=30) as reply:
+        text = reply.read().decode()
+    return {
+        (sample.name, tuple(sorted(sample.labels.items()))): sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+    }
+
+
+def value(samples: Samples, name: str, **labels: str) -> float | None:
+    return samples.get((name, tuple(sorted(labels.items()))))
+
+
+def scrape_until(port: int, condition: Callable[[Samples], bool], what: str, timeout: float = 60) -> Samples:
+    """Scrape until `condition` holds for what is scraped (polling a condition, with a deadline); returns it."""
+    deadline = time.monotonic() + timeout
+    while not condition(samples := scrape(port)):
+        assert time.monotonic() < deadline, f"timed out after {timeout}s waiting for {what}"
+        time.sleep(0.1)
+    return samples
+
+
+def gated_batch(tmp_path: Path, name: str) -> tuple[dict[str, Any], dict[str, Any], Path]:
+    """Six items, one per chunk: item 0 waits for the gate (holding one pool process), item 5 fails."""
+    gate = tmp_path / "gate"
+    items = [
+        {"i": i, "gate": str(gate) if i == 0 else "", "requires": str(tmp_path / "never") if i == 5 else ""}
+        for i in range(6)
+    ]
+    params = {
+        "log": str(tmp_path / "log"),
+        "label": "${item.i}",
+        "gate": "${item.gate}",
+        "requires": "${item.requires}",
+    }
+    node = {"id": "b", "type": "test-side-effect", "params": params,
+            "batch": {"items": "${items}", "error_handling": "continue", "chunk_size": 1}}  # fmt: skip
+    return {"name": name, "nodes": [node]}, {"items": items}, gate
+
+
+def test_a_scrape_shows_a_running_batch_and_the_worker_counts_every_pool_process(ops: Ops, tmp_path: Path) -> None:
+    before = scrape(ops.metrics_port)
+    assert value(before, "chordflow_up") == 1
+    assert value(before, "chordflow_workers") == 1
+    assert value(before, "chordflow_worker_processes") == 2  # the prefork worker's pool, from the registry
+
+    wf, inputs, gate = gated_batch(tmp_path, "metrics-gated")
+    run_id = scheduler.submit(wf, inputs)
+    # One pool process holds item 0 at its gate; the other runs items 1-5, so they have outcomes.
+    going = scrape_until(
+        ops.metrics_port,
+        lambda s: (
+            value(s, "chordflow_run_items_done", run=run_id, workflow="metrics-gated") == 5
+            and value(s, "chordflow_chunks_in_flight") == 1
+        ),
+        "items 1-5 to have outcomes while item 0 waits",
+    )
+    assert value(going, "chordflow_runs", status="running", workflow="metrics-gated") == 1
+    assert value(going, "chordflow_runs", status="succeeded", workflow="metrics-gated") == 0
+    assert value(going, "chordflow_run_items", run=run_id, workflow="metrics-gated") == 6
+    assert value(going, "chordflow_run_items_failed", run=run_id, workflow="metrics-gated") == 1
+    assert value(going, "chordflow_batch_progress_ratio", run=run_id, node="b") == pytest.approx(5 / 6)
+    assert value(going, "chordflow_queue_messages", queue="chordflow") == 0
+
+    # The worker's own counts so far: the chunks of the pool process that was free.
+    worker = scrape_until(
+        ops.worker_port,
+        lambda s: value(s, "chordflow_chunk_duration_seconds_count", node="b") == 5,
+        "the worker to count 5 chunks",
+    )
+    assert value(worker, "chordflow_items_processed_total", node="b", outcome="ok") == 4
+    assert value(worker, "chordflow_items_processed_total", node="b", outcome="failed") == 1
+
+    gate.write_text("open")
+    assert scheduler.wait(run_id, timeout=60).status == "success"
+    after = scrape_until(
+        ops.metrics_port, lambda s: value(s, "chordflow_chunks_in_flight") == 0, "every message to be acknowledged"
+    )
+    assert value(after, "chordflow_runs", status="running", workflow="metrics-gated") == 0
+    assert value(after, "chordflow_runs", status="succeeded", workflow="metrics-gated") == 1
+    assert value(after, "chordflow_run_items_done", run=run_id, workflow="metrics-gated") is None  # running runs only
+
+    # Item 0 ran in the other pool process: its counts are added to the first one's (multiprocess mode).
+    worker = scrape_until(
+        ops.worker_port,
+        lambda s: value(s, "chordflow_chunk_duration_seconds_count", node="b") == 6,
+        "the worker to count the 6th chunk",
+    )
+    assert value(worker, "chordflow_items_processed_total", node="b", outcome="ok") == 5
+    assert value(worker, "chordflow_items_processed_total", node="b", outcome="failed") == 1
+    assert value(worker, "chordflow_task_wait_seconds_count", task="chordflow.run_chunk") == 6
+    assert value(worker, "chordflow_advance_duration_seconds_count") == 2  # dispatch the batch; end the run
+
+
+def test_a_queue_nobody_consumes_shows_its_depth_and_the_age_of_its_next_message(ops: Ops, tmp_path: Path) -> None:
+    wf = tmp_path / "wf.json"
+    wf.write_text(json.dumps({"name": "metrics-idle", "nodes": [{"id": "a", "type": "echo", "params": {"v": 1}}]}))
+    sent = time.time()
+    submitted = run_cli("submit", wf, env={**ops.cluster.env, "CHORDFLOW_QUEUE": IDLE_QUEUE})
+    assert submitted.returncode == 0, submitted.stderr
+    run_id = submitted.stdout.split()[-1]
+    try:
+        first = scrape(ops.metrics_port)
+        assert value(first, "chordflow_queue_messages", queue=IDLE_QUEUE) == 1  # its first advance, waiting
+        assert value(first, "chordflow_runs", status="queued", workflow="metrics-idle") == 1
+        age = value(first, "chordflow_queue_oldest_message_age_seconds", queue=IDLE_QUEUE)
+        assert age is not None and 0 <= age <= time.time() - sent
+        later = scrape_until(
+            ops.metrics_port,
+            lambda s: (value(s, "chordflow_queue_oldest_message_age_seconds", queue=IDLE_QUEUE) or 0) >= age + 0.5,
+            "the waiting message to grow older",
+        )
+        assert value(later, "chordflow_queue_messages", queue=IDLE_QUEUE) == 1
+        assert value(later, "chordflow_queue_oldest_message_age_seconds", queue="chordflow") == 0  # empty
+    finally:
+        redis.Redis.from_url(ops.cluster.redis.url).delete(IDLE_QUEUE)
+        durable.cancel_run(run_id)
+
+
+def test_a_dataset_job_reports_its_records(ops: Ops, tmp_path: Path) -> None:
+    gate = tmp_path / "gate"
+    wf = {
+        "name": "metrics-records",
+        "inputs": {"record": {"description": "one record"}},
+        "nodes": [{"id": "s", "type": "test-side-effect",
+                   "params": {"log": str(tmp_path / "log"), "label": "${record.id}", "gate": "${record.gate}"}}],
+    }  # fmt: skip
+    records = [{"id": i, "gate": str(gate) if i == 0 else ""} for i in range(4)]
+    run_id = scheduler.submit(wf, items=records, chunk_size=1)
+    going = scrape_until(
+        ops.metrics_port,
+        lambda s: value(s, "chordflow_run_items_done", run=run_id, workflow="metrics-records") == 3,
+        "records 1-3 to finish while record 0 waits",
+    )
+    assert value(going, "chordflow_run_items", run=run_id, workflow="metrics-records") == 4
+    assert value(going, "chordflow_batch_progress_ratio", run=run_id, node="records") == pytest.approx(0.75)
+    gate.write_text("open")
+    assert scheduler.wait(run_id, timeout=60).status == "success"
+    worker = scrape_until(
+        ops.worker_port,
+        lambda s: value(s, "chordflow_items_processed_total", node="records", outcome="ok") == 4,
+        "the worker to count the 4 records",
+    )
+    assert value(worker, "chordflow_chunk_duration_seconds_count", node="records") == 4
+
+
+def ops_env() -> dict[str, str]:
+    return {**os.environ, "PYTHONPATH": str(ROOT)}
+
+
+def test_metrics_say_redis_is_down_instead_of_failing_the_scrape(tmp_path: Path) -> None:
+    port, nowhere = free_port(), f"redis://127.0.0.1:{free_port()}/0"
+    argv = [sys.executable, "-m", "scheduler.cli", "metrics", "--port", str(port)]
+    env = {**ops_env(), "CHORDFLOW_BROKER_URL": nowhere, "CHORDFLOW_RESULT_BACKEND": nowhere}
+    server = ManagedProcess(argv, tmp_path / "metrics.log", "serving metrics on", env=env)
+    try:
+        samples = scrape(port)
+    finally:
+        server.kill()
+    assert samples == {("chordflow_up", ()): 0}
+
+
+def test_a_port_in_use_is_one_line_and_exit_2(tmp_path: Path) -> None:
+    port = free_port()
+    argv = [sys.executable, "-m", "scheduler.cli", "metrics", "--port", str(port)]
+    first = ManagedProcess(argv, tmp_path / "first.log", "serving metrics on", env=ops_env())
+    try:
+        second = subprocess.run(argv, cwd=ROOT, env=ops_env(), capture_output=True, text=True, timeout=60)
+    finally:
+        first.kill()
+    assert second.returncode == 2
+    assert second.stderr.strip().splitlines() == [
+        f"error: cannot serve metrics on 127.0.0.1:{port}: Address already in use"
+    ]
+    bad = run_cli("worker", "--metrics-port", "nine", env={**ops_env(), "CHORDFLOW_INSECURE": "1"})
+    assert bad.returncode == 2
+    assert bad.stderr.strip() == "error: --metrics-port: expected PORT or ADDRESS:PORT, got 'nine'"

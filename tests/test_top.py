@@ -1,0 +1,75 @@
+"""`chordflow top` (issue 12, item 3): a live view of the cluster's runs and workers, driven through a
+pseudo-terminal against the suite's cluster while a run is held by a gate; `q` quits and the terminal's mode
+comes back."""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import pty
+import re
+import select
+import struct
+import subprocess
+import sys
+import termios
+import time
+from pathlib import Path
+
+import scheduler
+from scheduler.localcluster import Cluster
+from tests.test_cli import ROOT, run_cli
+from tests.test_cli_terminal import ANSI
+from tests.test_metrics import gated_batch
+
+
+def read_until(master: int, pattern: re.Pattern[str], timeout: float = 60) -> str:
+    """What the terminal got (escape sequences removed) once `pattern` is in it; fails after `timeout` seconds."""
+    captured, deadline = b"", time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        ready, _, _ = select.select([master], [], [], 0.5)
+        if ready:
+            captured += os.read(master, 65536)
+            screen = ANSI.sub("", captured.decode("utf-8", "replace"))
+            if pattern.search(screen):
+                return screen
+    raise AssertionError(f"no {pattern.pattern!r} on the screen:\n{ANSI.sub('', captured.decode('utf-8', 'replace'))}")
+
+
+def test_top_shows_a_running_runs_progress_and_quits_on_q(celery_cluster: Cluster, tmp_path: Path) -> None:
+    wf, inputs, gate = gated_batch(tmp_path, "top-gated")
+    run_id = scheduler.submit(wf, inputs)
+    master, slave = pty.openpty()
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 160, 0, 0))  # rows, columns
+    cooked = termios.tcgetattr(slave)
+    env = {**celery_cluster.env, "TERM": "xterm", "COLUMNS": "160", "LINES": "40"}
+    top = subprocess.Popen(
+        [sys.executable, "-m", "scheduler.cli", "top"], cwd=ROOT, env=env, stdin=slave, stdout=slave, stderr=slave
+    )
+    try:
+        # Item 0 waits at its gate on one worker; the other worker ran items 1-5 (item 5 failed).
+        screen = read_until(master, re.compile(rf"{run_id}.*top-gated.*running.* b .*5/6 83%.* 1 "))
+        assert "workers (2)" in screen and "chunks in flight 1" in screen
+        assert termios.tcgetattr(slave)[3] & (termios.ICANON | termios.ECHO) == 0  # cbreak, no echo
+        os.write(master, b"q")
+        assert top.wait(timeout=30) == 0
+        assert termios.tcgetattr(slave)[3] == cooked[3]  # the terminal's mode is back
+    finally:
+        if top.poll() is None:
+            top.kill()
+        os.close(master)
+        os.close(slave)
+        gate.write_text("open")
+    assert scheduler.wait(run_id, timeout=60).status == "success"
+
+
+def test_top_without_a_terminal_prints_one_view(celery_cluster: Cluster, tmp_path: Path) -> None:
+    wf, inputs, gate = gated_batch(tmp_path, "top-once")
+    run_id = scheduler.submit(wf, inputs)
+    try:
+        shown = run_cli("top", env={**celery_cluster.env, "COLUMNS": "160"})
+    finally:
+        gate.write_text("open")
+    assert shown.returncode == 0, shown.stderr
+    assert run_id in shown.stdout and "top-once" in shown.stdout
+    assert scheduler.wait(run_id, timeout=60).status == "success"
