@@ -9,6 +9,7 @@ from __future__ import annotations
 import difflib
 from collections.abc import Collection, Iterator
 
+from ir.branches import parallel_problems
 from ir.errors import TemplateError, shown
 from ir.loops import endless_loops, loops_left_only_by_actions
 from ir.models import NodeSpec, Workflow
@@ -58,6 +59,8 @@ def duplicate_actions(wf: Workflow) -> Iterator[str]:
     """One edge per node and action: PocketFlow keeps only the last, so a second one is a mistake either way."""
     first: dict[tuple[str, str], int] = {}
     for i, edge in enumerate(wf.edges):
+        if edge.parallel:  # one per branch, by design (ir/branches.py checks them)
+            continue
         key = (edge.from_, edge.action)
         if key not in first:
             first[key] = i
@@ -166,6 +169,7 @@ ALL_CHECKS = (
     duplicate_ids,
     edges_and_start,
     duplicate_actions,
+    parallel_problems,
     batch_aliases,
     template_references,
     output_references,

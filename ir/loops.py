@@ -22,8 +22,8 @@ def successors(wf: Workflow) -> dict[str, dict[str, str]]:
     """node id -> {action: target} as compiled (`checks.duplicate_actions` rejects two edges for one action)."""
     succ: dict[str, dict[str, str]] = {node.id: {} for node in wf.nodes}
     for edge in wf.effective_edges():
-        if edge.from_ in succ:
-            succ[edge.from_][edge.action] = edge.to
+        if edge.from_ in succ:  # a parallel edge's action leads, past the branches, to the fan-in
+            succ[edge.from_][edge.action] = edge.fan_in or edge.to if edge.parallel else edge.to
     return succ
 
 

@@ -145,9 +145,24 @@ class NodeSpec(_Model):
 
 
 class EdgeSpec(_Model):
+    """An edge: after `from` returns `action`, run `to`. A parallel edge starts a branch (ir/branches.py):
+    every parallel edge of a node and action starts one, and they all meet at the node `fan_in`."""
+
     from_: str = Field(alias="from")
     to: str
     action: str = "default"
+    parallel: bool = False
+    fan_in: str | None = Field(None, description="Parallel edges: the node where the branches meet")
+    fan_in_error_handling: str | None = Field(
+        None, description="Parallel edges: 'continue' (default: the fan-in runs with partial results) or 'fail_fast'"
+    )
+
+    @field_validator("fan_in_error_handling", mode="before")
+    @classmethod
+    def _fan_in_mode(cls, value: Any) -> str | None:
+        if value is not None and value not in ERROR_MODES:
+            raise ValueError(f"fan_in_error_handling must be 'fail_fast' or 'continue', got {shown(value)}")
+        return value
 
 
 class InputSpec(_Model):

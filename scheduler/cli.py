@@ -42,7 +42,7 @@ from rich.text import Text
 
 import ir
 from ir.errors import BackendError, NodeTypeError, RemoteError, RunCancelled, StepLimitExceeded, ValidationError
-from scheduler import cli_plans
+from scheduler import cli_dashboard, cli_ops, cli_plans, cli_repair
 from worker.local_runs import LocalRuns
 from worker.runs import FINAL
 
@@ -230,6 +230,9 @@ class ProgressDisplay:
             self.running = (node, self.spinner.add_task(node, total=None))
 
     def __call__(self, event: dict[str, Any]) -> None:
+        if event.get("type") in ("parallel_state", "parallel_error", "branch_complete"):
+            self._branch(event)
+            return
         if event.get("type") != "batch_progress":
             return
         node = str(event["node"])
@@ -242,6 +245,28 @@ class ProgressDisplay:
                 self.errors[node] += 1
             self.done[node] = max(self.done[node], int(event.get("done") or 0))
             self.progress.update(self.tasks[node], completed=self.done[node], errors=self.errors[node])
+
+    def _branch(self, event: dict[str, Any]) -> None:
+        """One line per parallel branch: the node it ran last, how many, and how it ended."""
+        name = f"branch {event['branch']}"
+        with self.lock:
+            if name not in self.tasks:
+                self.tasks[name] = self.progress.add_task(name, total=None, errors=0)
+                self.done[name] = self.errors[name] = 0
+            kind = event["type"]
+            if kind == "parallel_state":
+                self.done[name] += 1
+                description = f"{name}: {event.get('node')} ({self.done[name]} nodes)"
+            elif kind == "parallel_error":
+                self.errors[name] += 1
+                description = f"{name}: {event.get('node')} failed"
+            else:
+                description = f"{name}: {'done' if event.get('ok') in (True, 'True') else 'failed'}"
+            self.progress.update(
+                self.tasks[name], description=description, completed=self.done[name], errors=self.errors[name]
+            )
+            if kind == "branch_complete":
+                self.progress.update(self.tasks[name], total=self.done[name])
 
 
 def _make_event_handler(meta: dict[str, Any], display: ProgressDisplay | None) -> Callable[[dict[str, Any]], None]:
@@ -418,7 +443,9 @@ def _dataset_job(items: str | None, job: dict[str, Any]) -> dict[str, Any] | Non
 @click.option("--backend", type=click.Choice(["local", "celery"]), default="local", show_default=True)
 @click.option("--output", type=click.Choice(["text", "json"]), default="text", show_default=True)
 @click.option("--detach", is_flag=True, help="With --backend celery: print the run id and return at once.")
+@click.option("--stream", "as_stream", is_flag=True, help="Print the run's events as JSON lines while it runs.")
 @click.option("--debug", is_flag=True, help="Print full tracebacks instead of one-line errors.")
+@cli_repair.repair_options
 @click.pass_context
 def run(
     ctx: click.Context,
@@ -428,6 +455,7 @@ def run(
     backend: str,
     output: str,
     detach: bool,
+    as_stream: bool,
     debug: bool,
     items: str | None,
     **job: Any,
@@ -444,6 +472,9 @@ def run(
     store: dict[str, Any] = {}  # passed as `shared`, so still readable when the run raises
     run_id = uuid.uuid4().hex[:12]
     dataset = _dataset_job(items, job)
+    if as_stream:
+        _stream_events(workflow, parse_inputs(pairs, inputs_file, load(workflow)), backend, run_id)
+        return
 
     def start(**hooks: Any) -> Any:
         wf = load(workflow)
@@ -457,7 +488,28 @@ def run(
         submitted = {"inputs": inputs, "inputs_file": inputs_file, **(dataset or {})}
         return wf, _submit_and_wait(ctx, wf, submitted, run_id, store, detach, output, hooks["on_event"])
 
+    start = cli_repair.repairing(ctx, start, workflow, backend, run_id, store, (pairs, inputs_file))
     _follow(ctx, output, run_id, store, start)
+
+
+def _stream_events(workflow: str, inputs: dict[str, Any], backend: str, run_id: str) -> None:
+    """`run --stream`: every event of `scheduler.stream` as one JSON line on stdout, the last one `final`;
+    the exit code is the run's (0, 1 failed, 130 cancelled). Ctrl-C cancels the run."""
+    import scheduler
+
+    final: dict[str, Any] = {}
+    events = scheduler.stream(workflow, inputs, backend=backend, run_id=run_id)
+    try:
+        for event in events:
+            click.echo(to_json(event))
+            final = event
+    finally:
+        events.close()
+    if final.get("status") == "cancelled":
+        raise click.exceptions.Exit(EXIT_CANCELLED)
+    if final.get("status") != "success":
+        click.echo(f"error: {final.get('error') or 'workflow failed'}", err=True)
+        raise click.exceptions.Exit(EXIT_FAILED)
 
 
 def _submit_and_wait(
@@ -600,31 +652,45 @@ def wait(ctx: click.Context, run_id: str, timeout: float | None, output: str) ->
 @cli.command()
 @click.argument("run_id")
 @click.option("--output", type=click.Choice(["text", "json"]), default="text", show_default=True)
+@click.option("--workflow", "edited", default=None, metavar="WF.json",
+              help="Go on under an edited workflow: the completed nodes it leaves unchanged are kept, the first "
+              "changed one and every node after it run again (a succeeded run too).")  # fmt: skip
 @click.pass_context
-def resume(ctx: click.Context, run_id: str, output: str) -> None:
+def resume(ctx: click.Context, run_id: str, output: str, edited: str | None) -> None:
     """Go on with a failed or cancelled run from its last checkpoint (completed nodes are not run again).
 
     A local run resumes here, to the end; a cluster run is handed back to the workers (follow it with `wait`).
     """
     import scheduler
     from scheduler import durable
+    from scheduler.engine import resumable
+    from worker.flow import build_flow
+    from worker.resume_point import items_from_checkpoint, resume_point
 
     record, runs = durable.find_run(run_id)
-    if record.status not in ("failed", "cancelled"):
+    if record.status not in resumable(edited):
         raise CliUsageError(f"run {run_id} is {record.status}; only a failed or cancelled run can be resumed")
+    kept, node, step, why = runs.trail(run_id), record.node, record.step, None
+    if edited is not None:
+        point = resume_point(runs.steps(run_id), record, build_flow(scheduler.compiler.load(edited)))
+        kept, node, step, why = point.kept, point.node, point.step, point.reason
     if output != "json":
-        for node in dict.fromkeys(runs.trail(run_id)):
-            _stderr().print(Text(f"↻ cached {node}", style="dim"))
+        for cached in dict.fromkeys(kept):
+            _stderr().print(Text(f"↻ cached {cached}", style="dim"))
+        if why is None and (items := items_from_checkpoint(runs, run_id, node, step)):
+            _stderr().print(Text(f"↻ cached {items} items of batch node {node} (from the checkpoint)", style="dim"))
+        if why is not None:
+            _stderr().print(Text(f"resume: {why}: runs again from step {step}"))
     if not isinstance(runs, LocalRuns):
-        durable.resume_cluster(run_id)
+        durable.resume_cluster(run_id, workflow=edited)
         click.echo(run_id)
         return
     store: dict[str, Any] = {}
 
     def start(**hooks: Any) -> Any:
-        result = scheduler.resume(run_id, **hooks)
+        result = scheduler.resume(run_id, workflow=edited, **hooks)
         store.update(result.shared)
-        return ir.load(record.workflow), result
+        return ir.load(edited or record.workflow), result
 
     _follow(ctx, output, run_id, store, start)
 
@@ -861,9 +927,19 @@ def nodes() -> None:
 @click.option("--loglevel", "-l", default="info", show_default=True)
 @click.option("--pool", "-P", default="prefork", show_default=True, help="Celery pool: prefork, solo or threads.")
 @click.option("--insecure", is_flag=True, help="Run without a signing key: unsigned tasks (private broker only).")
+@click.option(
+    "--metrics-port", default=None, metavar="[ADDRESS:]PORT",
+    help="Serve this worker's Prometheus metrics (chunks, items, advances) on PORT (address default 127.0.0.1).",
+)  # fmt: skip
 @click.argument("celery_args", nargs=-1, type=click.UNPROCESSED)
 def worker(
-    concurrency: int | None, queues: str | None, loglevel: str, pool: str, insecure: bool, celery_args: tuple[str, ...]
+    concurrency: int | None,
+    queues: str | None,
+    loglevel: str,
+    pool: str,
+    insecure: bool,
+    metrics_port: str | None,
+    celery_args: tuple[str, ...],
 ) -> None:
     """Run a Celery worker for chordflow chunks (extra arguments go to `celery worker`)."""
     from worker import settings, signing
@@ -874,10 +950,25 @@ def worker(
         os.environ["CHORDFLOW_INSECURE"] = "1"  # what `celery -A worker.app worker` reads too
     signing.worker_may_start(current_app())  # no key and not --insecure: one line, before Celery starts
     registry.load_plugins()  # fail here, with one line, if a plugin cannot be imported
+    if metrics_port is not None:
+        _serve_worker_metrics(metrics_port)
     argv = ["worker", "-l", loglevel, "-P", pool, "-Q", queues or settings.load().queue]
     if concurrency:
         argv += ["-c", str(concurrency)]
     current_app().worker_main(argv=[*argv, *celery_args])
+
+
+def _serve_worker_metrics(where: str) -> None:
+    from scheduler import metrics
+
+    address, _, port = where.rpartition(":")
+    if not port.isdigit():
+        raise CliUsageError(f"--metrics-port: expected PORT or ADDRESS:PORT, got '{where}'")
+    address = address.strip("[]") or "127.0.0.1"
+    try:
+        metrics.serve_worker_metrics(int(port), address)
+    except OSError as exc:
+        raise CliUsageError(f"--metrics-port: cannot serve on {address}:{port}: {exc.strerror or exc}") from None
 
 
 @cli.command()
@@ -910,7 +1001,11 @@ def flower(port: int, address: str, unauthenticated: bool) -> None:
 
 
 cli.add_command(cli_plans.run_plan)
+cli.add_command(cli_repair.repair_run)
 cli.add_command(cli_plans.plan_to_ir)
+cli.add_command(cli_ops.metrics)
+cli.add_command(cli_ops.top)
+cli.add_command(cli_dashboard.dashboard)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -321,8 +321,11 @@ def result_of(record: RunRecord) -> RunResult:
 
 def settle(record: RunRecord) -> None:
     """End a job that has ended with no chunk left to say so: cancelled with nothing in flight, or whose
-    reader died (its lease ran out) after its last chunk ran. `cancel` and `wait` call it."""
-    state, claimed = ClusterDataset(record.run_id).check()
+    reader died (its lease ran out) after its last chunk ran — sending first the chunks a dead reader had
+    claimed but perhaps never sent. `cancel` and `wait` call it."""
+    ds = ClusterDataset(record.run_id)
+    send(record.run_id, ds.orphans())
+    state, claimed = ds.check()
     if state == "end":
         finish_run(record.run_id)
     elif claimed:

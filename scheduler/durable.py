@@ -15,7 +15,7 @@ from ir.errors import BackendError, ValidationError
 from scheduler import datasets
 from scheduler.backends.celery import broker_errors, preflight
 from scheduler.compiler import load
-from scheduler.engine import RunResult, new_run_id, source_of
+from scheduler.engine import RunResult, new_run_id, resumable, source_of
 from scheduler.inputs import apply_inputs
 from scheduler.inputs_file import read_encoded
 from worker import chunking, events, settings, signing
@@ -24,6 +24,7 @@ from worker.cluster_runs import ClusterRuns
 from worker.flow import build_flow
 from worker.local_runs import LocalRuns
 from worker.remote import rebuild
+from worker.resume_point import go_on_under
 from worker.runs import FINAL, RunRecord
 from worker.runstate import RunState
 from worker.stepper import Cursor, ending
@@ -130,6 +131,7 @@ def wait(
         return _wait_local(record, runs, deadline, timeout)
     state = RunState(run_id)
     position, done, seen = "0-0", {}, {}
+    branch_position = "0-0"
     settle_at = time.monotonic() + SETTLE_SECONDS
     while True:
         with broker_errors(settings.load().result_backend):
@@ -140,11 +142,21 @@ def wait(
                     "persistence)"
                 )
             if record.status in FINAL:
-                return _result(record, runs)
+                exception = runs.exception(run_id)
+                result = None if exception else _result(record, runs)
+        if record.status in FINAL:  # raised out here: a node's own OSError is no lost connection to Redis
+            if result is None:
+                raise rebuild(*exception)
+            return result
+        with broker_errors(settings.load().result_backend):
             if record.dataset is not None and time.monotonic() > settle_at:
                 datasets.settle(record)
                 settle_at = time.monotonic() + SETTLE_SECONDS
             position, entries = state.read_progress(position, POLL_MS)
+            if on_event is not None:  # parallel branches' events, as they happen (worker/orchestrate.py)
+                branch_position, branch_events = state.read_branch_events(branch_position)
+                for event in branch_events:
+                    on_event(event)
             totals = {batch: state.batch_total(batch) for batch, packed in entries if packed and on_event}
         for batch, packed in entries:
             if packed is not None and on_event is not None:
@@ -223,12 +235,18 @@ def recent(status: str | None = None, limit: int = 20) -> list[RunRecord]:
     return sorted(records, key=lambda r: r.created, reverse=True)[:limit]
 
 
-def resume_cluster(run_id: str) -> None:
-    """Let a failed or cancelled cluster run go on from its checkpoint: clear its stops, enqueue an advance."""
+def resume_cluster(run_id: str, workflow: Any = None) -> None:
+    """Let a failed or cancelled cluster run go on from its checkpoint: clear its stops, enqueue an advance.
+
+    `workflow`: an edited workflow (any finished run, a succeeded one too): it goes into the run record,
+    the run is rewound to its first changed node (worker/resume_point.py), then the advance is enqueued."""
     record, runs = find_run(run_id)
-    if record.status not in ("failed", "cancelled"):
+    if record.status not in resumable(workflow):
         raise ValidationError(f"run {run_id} is {record.status}; only a failed or cancelled run can be resumed")
+    step = record.step
+    if workflow is not None:
+        step = go_on_under(runs, record, build_flow(load(workflow)), source_of(workflow)).step
     state = RunState(run_id)
     state.clear_stops()
     runs.set_status(run_id, "queued", None)
-    current_app().send_task("chordflow.advance", (run_id, record.step))
+    current_app().send_task("chordflow.advance", (run_id, step))

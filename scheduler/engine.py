@@ -24,6 +24,8 @@ from worker import context, events, redact
 from worker.context import RunContext
 from worker.flow import WorkflowFlow
 from worker.local_runs import LocalRuns
+from worker.parallel import StoredBranches, ThreadedSections
+from worker.resume_point import go_on_under, resume_point
 from worker.runs import RECORD_STATUS, RunRecord, StepJournal
 from worker.stepper import Cursor, batch_nodes, drive, ending
 
@@ -90,26 +92,48 @@ def resume(
     on_event: Callable[[dict[str, Any]], None] | None = None,
     cancelled: threading.Event | None = None,
     on_node_start: Callable[[str], None] | None = None,
+    workflow: Any = None,
 ) -> RunResult:
     """Go on with a failed or cancelled run from its last checkpoint, under the same id: completed nodes
-    are not run again, and a batch cut short runs only the items that have no outcome yet."""
+    are not run again, and a batch cut short runs only the items that have no outcome yet.
+
+    `workflow`: an edited workflow to go on with (any finished run, a succeeded one too): the completed
+    nodes it leaves unchanged are kept, the first changed one and everything after it run again
+    (worker/resume_point.py)."""
     started = time.perf_counter()
     runs = LocalRuns.default()
     record = runs.get(run_id)
     if record is None:
         raise ValidationError(f"run {run_id}: unknown run (not in {runs.path})")
-    if record.status not in ("failed", "cancelled"):
+    if record.status not in resumable(workflow):
         raise ValidationError(f"run {run_id} is {record.status}; only a failed or cancelled run can be resumed")
-    flow = compile(load(record.workflow))
+    if workflow is None:
+        flow = compile(load(record.workflow))
+        cursor = Cursor(record.node, record.step)
+    else:
+        flow = compile(load(workflow))
+        point = go_on_under(runs, record, flow, source_of(workflow))
+        cursor = Cursor(point.node, point.step)
     store = runs.load_store(run_id)
     runs.set_status(run_id, "running")
-    cursor = Cursor(record.node, record.step)
     return _go_on(flow, record, cursor, store, runs, on_event, cancelled, on_node_start, started)
 
 
-def cached_nodes(run_id: str) -> list[str]:
-    """The nodes a resumed run will not execute again (completed before it stopped), in order."""
-    return LocalRuns.default().trail(run_id)
+def resumable(workflow: Any = None) -> tuple[str, ...]:
+    """The statuses a run can be resumed from (with an edited workflow, a succeeded run too)."""
+    return ("failed", "cancelled") if workflow is None else ("failed", "cancelled", "succeeded")
+
+
+def cached_nodes(run_id: str, workflow: Any = None) -> list[str]:
+    """The nodes a resumed run will not execute again (completed before it stopped), in order; with an
+    edited `workflow`, those it leaves unchanged (before the first changed one)."""
+    runs = LocalRuns.default()
+    if workflow is None:
+        return runs.trail(run_id)
+    record = runs.get(run_id)
+    if record is None:
+        raise ValidationError(f"run {run_id}: unknown run (not in {runs.path})")
+    return resume_point(runs.steps(run_id), record, compile(load(workflow))).kept
 
 
 def _go_on(
@@ -128,6 +152,9 @@ def _go_on(
     ctx = RunContext(sink=on_event, cancelled=cancelled, on_node_start=on_node_start)
     try:
         ctx.backend = backends.create(record.backend, run_id, ctx)  # may fail at once: Redis unreachable
+        ctx.sections = ThreadedSections(
+            StoredBranches(runs, run_id), lambda c: backends.create(record.backend, run_id, c)
+        )
         with context.using(ctx):
             cursor = drive(flow, cursor, store, ctx, StepJournal(runs, run_id, batch_nodes(flow)))
     except RunCancelled:
@@ -152,6 +179,10 @@ def source_of(workflow: Any) -> str | None:
     return None
 
 
+#: Events a stream holds for a consumer that has not read them yet; beyond, the run waits for it.
+STREAM_BUFFER = 1000
+
+
 def stream(
     workflow: Any,
     inputs: dict[str, Any] | None = None,
@@ -166,8 +197,18 @@ def stream(
     `final` carries `status`, `error`, `outputs` and `run_id` like RunResult. Closing the generator
     early cancels the run.
     """
-    queue_: queue.Queue[dict[str, Any] | None] = queue.Queue()
+    queue_: queue.Queue[dict[str, Any] | None] = queue.Queue(maxsize=STREAM_BUFFER)
     cancelled = threading.Event()
+
+    def put(event: dict[str, Any] | None) -> None:
+        """Wait for room (a slow consumer slows the run down), unless the consumer has left."""
+        while not cancelled.is_set():
+            try:
+                queue_.put(event, timeout=0.1)
+                return
+            except queue.Full:
+                continue
+
     store = shared if shared is not None else {}
     run_id = options.pop("run_id", None) or new_run_id()
     outcome: dict[str, Any] = {}
@@ -175,13 +216,13 @@ def stream(
     def target() -> None:
         try:
             outcome["result"] = run(
-                workflow, inputs, shared=store, backend=backend, on_event=queue_.put, cancelled=cancelled,
+                workflow, inputs, shared=store, backend=backend, on_event=put, cancelled=cancelled,
                 run_id=run_id, **options,
             )  # fmt: skip
         except BaseException as exc:
             outcome["error"] = exc
         finally:
-            queue_.put(None)
+            put(None)
 
     thread = threading.Thread(target=target, name="chordflow-stream", daemon=True)
     thread.start()

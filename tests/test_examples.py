@@ -76,3 +76,15 @@ def test_dataset_job_example_replies_to_every_review_in_file_order() -> None:
     assert lines[0] == "index,id,sentiment,reply,error"
     assert lines[1] == "0,1,positive,Glad to hear it: 'This is wonderful!',"
     assert [line.split(",")[2] for line in lines[1:]] == ["positive", "negative", "neutral"] * 2
+
+
+def test_parallel_review_streams_every_branch_then_the_fan_in() -> None:
+    proc = run_cli("run", "examples/parallel_review.json", "--input", "text=I love this, great work", "--stream")
+    assert proc.returncode == 0, proc.stderr
+    events = [json.loads(line) for line in proc.stdout.splitlines()]
+    done = [e["branch"] for e in events if e["type"] == "branch_complete"]
+    assert sorted(done) == ["sentiment", "shout", "words"]
+    merge = next(i for i, e in enumerate(events) if e["type"] == "state" and e["node"] == "merge")
+    assert merge > max(i for i, e in enumerate(events) if e["type"] == "branch_complete")
+    final = events[-1]
+    assert final["outputs"] == {"reply": "Glad to hear it: 'I love this, great work'", "words": 5}

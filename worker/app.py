@@ -11,6 +11,9 @@ one. Every live worker keeps its pool size in the worker registry (worker/heartb
 
 Every task message is signed with the shared key and verified by workers (worker/signing.py); a worker
 without a key refuses to start unless CHORDFLOW_INSECURE=1 (`chordflow worker --insecure`).
+
+Every log line of a worker has its secrets masked; CHORDFLOW_LOG_FORMAT=json makes each one a JSON object
+(worker/logs.py).
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ from celery import Celery, signals
 from celery.backends.redis import RedisBackend
 from celery.local import Proxy
 
-from worker import heartbeat, runstate, settings, signing
+from worker import heartbeat, logs, runstate, settings, signing
 from worker.nodes import registry
 
 log = logging.getLogger(__name__)
@@ -206,6 +209,26 @@ def _refuse_to_start_unsigned(instance: Any, **_: object) -> None:
         signing.worker_may_start(instance.app)
     except signing.SigningKeyError as exc:
         raise SystemExit(f"error: {exc}") from None
+
+
+@signals.celeryd_init.connect
+def _log_format(instance: Any, **_: object) -> None:
+    """CHORDFLOW_LOG_FORMAT=json: every line the worker writes is a JSON object, so no banner (not a log line).
+    A value other than text or json stops the worker at start, with one line."""
+    if not isinstance(instance.app, ChordflowCelery):
+        return
+    try:
+        json_lines = logs.json_format()
+    except ValueError as exc:
+        raise SystemExit(f"error: {exc}") from None
+    if json_lines:
+        instance.quiet = True
+        logs.json_lines_only()
+
+
+#: Secrets are masked in every log line, and CHORDFLOW_LOG_FORMAT=json makes each one a JSON object (worker/logs.py).
+signals.after_setup_logger.connect(logs.configure, weak=False)
+signals.after_setup_task_logger.connect(logs.configure, weak=False)
 
 
 @signals.worker_ready.connect

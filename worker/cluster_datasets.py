@@ -16,11 +16,12 @@ from __future__ import annotations
 
 import functools
 import logging
+import time
 from collections.abc import Sequence
 from typing import Any
 
 from ir import snapshot
-from worker import chunking, settings
+from worker import chunking, logs, settings
 from worker.aggregate import ChunkResult
 from worker.app import current_app, task
 from worker.cluster_runs import ClusterRuns, key
@@ -104,6 +105,20 @@ class ClusterDataset:
     def is_pending(self, n: int) -> bool:
         return bool(self.redis.sismember(self.keys[2], n))
 
+    def mark_started(self, n: int) -> None:
+        self.redis.sadd(key(self.run_id, "ds:started"), n)
+        self.redis.expire(key(self.run_id, "ds:started"), self.ttl)
+
+    def orphans(self) -> list[int]:
+        """Once, after the reader died: chunks it claimed (pending) that no task has started — it may have
+        died between claiming and sending them. A chunk sent but still queued is sent twice: counted once."""
+        if self.redis.exists(self.keys[10]) or self.redis.hexists(self.keys[0], "total"):
+            return []  # the reader is alive, or finished reading: everything it claimed was sent
+        if not self.redis.hsetnx(self.keys[0], "resent", 1):
+            return []
+        started = {int(n) for n in self.redis.smembers(key(self.run_id, "ds:started"))}
+        return sorted(int(n) for n in self.redis.smembers(self.keys[2]) if int(n) not in started)
+
     def claimed_by(self, n: int) -> list[int]:
         raw = self.redis.hget(self.keys[9], n)
         return [int(m) for m in raw.decode().split(",") if m] if raw else []
@@ -171,9 +186,11 @@ def finish_run(run_id: str, runs: ClusterRuns | None = None) -> str:
     if record is None or record.status in FINAL or record.dataset is None:
         return "fenced"
     dataset = Dataset.from_json(record.dataset)
-    status, error = verdict(dataset, ClusterDataset(run_id).counts(), RunState(run_id).cancelled())
+    counts = ClusterDataset(run_id).counts()
+    status, error = verdict(dataset, counts, RunState(run_id).cancelled())
     runs.set_status(run_id, status, error)
-    log.info("run %s %s: %s", run_id, status, error or "every record succeeded")
+    done, failed = counts["done"], counts["failed"]
+    logs.transition(run_id, record.status, status, node=RECORDS, items=done, failed=failed, error=error)
     return status
 
 
@@ -184,7 +201,7 @@ def go_on(run_id: str, state: str, claimed: list[int]) -> None:
         finish_run(run_id)
 
 
-@task(name="chordflow.dataset_chunk", bind=True, acks_late=True)
+@task(name="chordflow.dataset_chunk", bind=True, acks_late=True, ignore_result=True)
 def dataset_chunk(self: Any, run_id: str, n: int) -> str:
     """Run chunk n of dataset job `run_id` (its records without a successful outcome), store its outcomes,
     send the chunks that keeps in flight, and record the verdict when it was the last."""
@@ -192,25 +209,31 @@ def dataset_chunk(self: Any, run_id: str, n: int) -> str:
     if not ds.is_pending(n):  # delivered again after it was counted: send what it claimed, if still due
         go_on(run_id, ds.check()[0], [m for m in ds.claimed_by(n) if ds.is_pending(m)])
         return "duplicate"
+    ds.mark_started(n)
     runs = ClusterRuns()
     record = runs.get(run_id)
     if record is None or record.dataset is None:
         return "fenced"
     if record.status == "queued":
         runs.set_status(run_id, "running")
+        logs.transition(run_id, "queued", "running", node=RECORDS)
     dataset = Dataset.from_json(record.dataset)
     state = RunState(run_id)
     size = ds.chunk_size()
     records, bad = ds.records(n)
     done = ds.outcomes([n])[0]
     chunk = ChunkResult(n * size, [], [], {})
+    began, ran, failed = time.monotonic(), 0, 0
     if not state.should_stop(RECORDS):
         executor = chunk_executor(dataset.record_spec(record.workflow).wire(), runs.load_store(run_id))
         chunk = run_chunk(
             executor, records, bad, n * size, done,
             lambda count: item_middleware(RECORDS, count, False, state=state, batch=RECORDS),
         )  # fmt: skip
+        kept = len(done.results) - len(done.failures) if done is not None else 0  # a redrive's successes: not run
+        ran, failed = len(chunk.results) - kept, len(chunk.failures)
     elif done is not None:
         chunk = done
+    logs.chunk(run_id, RECORDS, f"{RECORDS}:{n}", n * size, ran, failed, time.monotonic() - began)
     go_on(run_id, *ds.finish(n, chunk, len(records), dataset))
     return "finished"

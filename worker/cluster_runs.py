@@ -3,13 +3,15 @@
 Every key of a run carries the hash tag `{<run_id>}` (`cf:{r1}:run`, `cf:{r1}:store`...), so a script
 touches one slot and the state can move to Redis Cluster sharded by run id. The store is a hash of
 top-level key -> snapshot-codec bytes; a checkpoint (worker/lua/checkpoint.lua) writes only the keys a
-node changed, fenced on the step number. `cf:runs` (created time per run id) lists recent runs.
+node changed, fenced on the step number, with the step's action and hashes (`steps`) and what the keys
+it overwrote held before (`undo`, for `rewind`). `cf:runs` (created time per run id) lists recent runs.
 """
 
 from __future__ import annotations
 
 import io
 import json
+import re
 import time
 from collections.abc import Iterator, Mapping
 from typing import Any
@@ -20,11 +22,14 @@ from ir import snapshot
 from worker import settings
 from worker.aggregate import ChunkResult
 from worker.batch_rows import Row, rows_of_aggregate, rows_of_chunks
-from worker.runs import FINAL, RunRecord
+from worker.local_runs import Unrecoverable
+from worker.runs import FINAL, RunRecord, TrailStep
 from worker.runstate import RunState, client, script
 from worker.stepper import Step
 
 INDEX = "cf:runs"
+#: The step of a per-batch key's name after the run's prefix (`result:b#3`, `snap:b#3:<sha>`, `chunks:b#3`).
+BATCH_STEP = re.compile(r"#(\d+)(?::|$)")
 
 
 def key(run_id: str, name: str) -> str:
@@ -103,10 +108,12 @@ class ClusterRuns:
     # -- checkpoints --------------------------------------------------------------------------------
     def checkpoint(self, run_id: str, step: int, result: Step, batch: dict[str, int] | None = None) -> bool:
         args: list[Any] = [step, result.next_node or "", result.node, time.time(), self.ttl]
-        args += [json.dumps(batch) if batch else "", len(result.deleted), *result.deleted]
+        action = "default" if result.action is None else str(result.action)
+        args += [json.dumps(batch) if batch else "", json.dumps([action, result.config, result.reads])]
+        args += [len(result.deleted), *result.deleted]
         for name, value in result.changed.items():
             args += [name, snapshot.encode(value, label=f"store key '{name}'")]
-        keys = [key(run_id, "run"), key(run_id, "store"), key(run_id, "trail")]
+        keys = [key(run_id, name) for name in ("run", "store", "trail", "steps", "undo")]
         return bool(self._checkpoint(keys=keys, args=args))
 
     def load_store(self, run_id: str) -> dict[str, Any]:
@@ -114,6 +121,105 @@ class ClusterRuns:
 
     def trail(self, run_id: str) -> list[str]:
         return [n.decode() for n in self.redis.lrange(key(run_id, "trail"), 0, -1)]
+
+    def steps(self, run_id: str) -> list[TrailStep]:
+        """The steps completed so far, in order, with their actions and hashes (steps recorded before
+        checkpoints kept them come first, without)."""
+        nodes = self.trail(run_id)
+        found = [json.loads(raw) for raw in self.redis.lrange(key(run_id, "steps"), 0, -1)]
+        unlogged = len(nodes) - len(found)
+        return [TrailStep(n) if i < unlogged else TrailStep(n, *found[i - unlogged]) for i, n in enumerate(nodes)]
+
+    # -- a run taken back to an earlier step (resume with an edited workflow) ---------------------------
+    def rewind(self, run_id: str, step: int) -> None:
+        """Undo the steps from `step` on: the store as it was before that step (from the undo log), the
+        trail cut there, and the batches from that step on forgotten (their outcomes, totals, flags), so
+        they run again. The run is not running (a resume does this before it enqueues the advance)."""
+        if len(self.trail(run_id)) - self.redis.llen(key(run_id, "steps")) > step:
+            raise Unrecoverable(
+                f"run {run_id}: step {step} on cannot be rolled back (recorded by a chordflow without an undo log); "
+                "run the workflow again"
+            )
+        undo = key(run_id, "undo")
+        first: dict[bytes, tuple[int, bytes]] = {}  # key -> (its first step from `step` on, that undo field)
+        dropped = []
+        for field in self.redis.hkeys(undo):
+            at, _, name = field.partition(b":")
+            if int(at) >= step:
+                dropped.append(field)
+                if name not in first or int(at) < first[name][0]:
+                    first[name] = (int(at), field)
+        olds = self.redis.hmget(undo, [field for _, field in first.values()]) if first else []
+        batches = self._batch_keys(run_id, step)
+        pipe = self.redis.pipeline()
+        for name, old in zip(first, olds, strict=True):
+            if old is not None and old.startswith(b"v"):
+                pipe.hset(key(run_id, "store"), name, old[1:])
+            else:
+                pipe.hdel(key(run_id, "store"), name)
+        if dropped:
+            pipe.hdel(undo, *dropped)
+        for name in ("trail", "steps"):
+            if step:
+                pipe.ltrim(key(run_id, name), 0, step - 1)
+            else:
+                pipe.delete(key(run_id, name))
+        if batches["keys"]:
+            pipe.delete(*batches["keys"])
+        if batches["totals"]:
+            pipe.hdel(key(run_id, "totals"), *batches["totals"])
+        pipe.hset(key(run_id, "run"), mapping={"step": step, "updated": time.time()})
+        pipe.execute()
+
+    def _batch_keys(self, run_id: str, step: int) -> dict[str, list[Any]]:
+        """The Redis keys (and `totals` fields) of the run's batches keyed `<node>#<n>` with n >= step."""
+        prefix = key(run_id, "")
+        stale = [
+            name
+            for name in self.redis.scan_iter(match=prefix + "*#*", count=1000)
+            if (found := BATCH_STEP.search(name.decode()[len(prefix) :])) and int(found.group(1)) >= step
+        ]
+        totals = [f for f in self.redis.hkeys(key(run_id, "totals")) if int(f.rsplit(b"#", 1)[1]) >= step]
+        return {"keys": stale, "totals": totals}
+
+    def set_workflow(self, run_id: str, workflow: dict[str, Any], source: str | None, node: str | None) -> None:
+        """Give a run an edited workflow and the node it goes on with (None: the flow has ended)."""
+        fields = {"workflow": json.dumps(workflow), "node": node or "", "updated": time.time()}
+        if source:
+            fields["source"] = source
+        self.redis.hset(key(run_id, "run"), mapping=fields)
+
+    # -- branches of a parallel section (worker/orchestrate.py ClusterSections) ---------------------------
+    def save_branch(self, run_id: str, section: str, branch: str, value: bytes) -> None:
+        pipe = self.redis.pipeline()
+        pipe.hset(key(run_id, f"branches:{section}"), branch, value)
+        pipe.expire(key(run_id, f"branches:{section}"), self.ttl)
+        pipe.execute()
+
+    def load_branches(self, run_id: str, section: str) -> dict[str, Any]:
+        raw = self.redis.hgetall(key(run_id, f"branches:{section}"))
+        return {b.decode(): snapshot.decode(v) for b, v in raw.items()}
+
+    def reset_join(self, run_id: str, section: str, finished: list[str]) -> None:
+        """Before the branches start (again): only the finished ones count as joined."""
+        name = key(run_id, f"joined:{section}")
+        pipe = self.redis.pipeline()
+        pipe.delete(name)
+        if finished:
+            pipe.sadd(name, *finished)
+        pipe.expire(name, self.ttl)
+        pipe.execute()
+
+    def join(self, run_id: str, section: str, branch: str) -> int:
+        """An ended branch joins its section; returns how many have (atomic: MULTI/EXEC). A branch counted
+        twice (a redelivered task) counts once, so only the last branch to end sees them all."""
+        name = key(run_id, f"joined:{section}")
+        pipe = self.redis.pipeline(transaction=True)
+        pipe.sadd(name, branch)
+        pipe.scard(name)
+        pipe.expire(name, self.ttl)
+        _, count, _ = pipe.execute()
+        return int(count)
 
     # -- batch outcomes, stored per chunk -------------------------------------------------------------
     def keep_chunks(self, run_id: str, batch: str, blobs: list[bytes]) -> list[ChunkResult]:

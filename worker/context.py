@@ -25,6 +25,9 @@ class RunContext:
     step: int = 0  # the step being executed: batch keys are `<node id>#<step>`
     # Told when a node starts (the CLI's "running <node>" spinner); not an event, so streams stay as documented.
     on_node_start: Callable[[str], None] | None = None
+    # Runs a parallel section's branches (worker/parallel.py ThreadedSections, or a cluster run's forking one);
+    # None: threads of this process with in-process batches.
+    sections: Any = None
 
     def __post_init__(self) -> None:
         if self.backend is None:

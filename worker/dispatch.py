@@ -24,11 +24,14 @@ from worker.runstate import RunState
 log = logging.getLogger(__name__)
 
 
-def dispatch_batch(job: BatchJob, run_id: str, *, advance_step: int | None = None) -> Any:
+def dispatch_batch(
+    job: BatchJob, run_id: str, *, advance_step: int | None = None, branch: tuple[str, str] | None = None
+) -> Any:
     """Send the chord for `job`'s missing items; returns the chord's AsyncResult.
 
     `advance_step`: the chord body enqueues `chordflow.advance(run_id, advance_step)` once it has stored
     the merged result (cluster-orchestrated runs); None when a client waits for the result itself.
+    `branch`: (section key, branch) of a parallel branch: the body enqueues `chordflow.advance_branch` instead.
     """
     s = settings.load()
     app = current_app(s)
@@ -59,6 +62,8 @@ def dispatch_batch(job: BatchJob, run_id: str, *, advance_step: int | None = Non
     meta = {"run": run_id, "batch": job.key, "node": node_id, "count": len(items), "fail_fast": job.batch.fail_fast}
     if advance_step is not None:
         meta["advance"] = advance_step
+    if branch is not None:
+        meta["branch"] = list(branch)
     if not inline:
         meta["snapshot"] = snap["ref"]  # type: ignore[index]  # the body deletes it: no chunk needs it then
     body = app.signature(

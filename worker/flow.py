@@ -5,6 +5,8 @@ from __future__ import annotations
 from pocketflow import BaseNode, Flow
 
 import ir
+from ir import branches
+from ir.branches import Section
 from worker.build import build_chain
 
 
@@ -16,14 +18,20 @@ class WorkflowFlow(Flow):
         self.workflow = workflow
         self.nodes = nodes  # node id -> its outermost wrapper
         self.start_id = workflow.start_id()
+        self.sections = {s.node_id: s for s in branches.sections(workflow)}  # parallel sections by cursor id
+        self._forks = {(s.fork, s.action): s for s in self.sections.values()}
 
-    def get_next_node(self, curr: BaseNode, action: str | None) -> BaseNode | None:
-        return curr.successors.get(action or "default")
+    def get_next_node(self, curr: BaseNode, action: str | None) -> BaseNode | Section | None:
+        """The next node, or — after a fork's parallel action — its section (the stepper runs the branches)."""
+        action = action or "default"
+        section = self._forks.get((getattr(curr, "node_id", None), action))
+        return section if section is not None else curr.successors.get(action)
 
 
 def build_flow(wf: ir.Workflow) -> WorkflowFlow:
     """Wrapper chains for every node of an already validated workflow, wired by its edges."""
     chains = {spec.id: build_chain(spec) for spec in wf.nodes}
     for edge in wf.effective_edges():
-        chains[edge.from_].successors[edge.action] = chains[edge.to]
+        if not edge.parallel:
+            chains[edge.from_].successors[edge.action] = chains[edge.to]
     return WorkflowFlow(chains[wf.start_id()], wf, chains)

@@ -3,7 +3,9 @@
 One file, `$CHORDFLOW_HOME/runs.db` (default `~/.chordflow`). A checkpoint is one transaction that
 writes only the top-level keys a node changed, fenced on the step number so a stale writer changes
 nothing. Values are stored with the snapshot codec; a value it cannot encode is recorded as such, and
-only resuming that run needs it.
+only resuming that run needs it. Each step's trail entry keeps the node's action and hashes
+(worker/config_hash.py), and an undo log keeps what the keys a step overwrote held before, so a resume
+with an edited workflow can take the run back to before its first changed node (`rewind`).
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from ir import snapshot
 from ir.errors import SnapshotError
 from worker.aggregate import ChunkResult
 from worker.batch_rows import Row, rows_of_aggregate, rows_of_chunks
-from worker.runs import RunRecord
+from worker.runs import RunRecord, TrailStep
 from worker.stepper import Step
 
 COLUMNS = "run_id, workflow, backend, status, node, step, error, created, updated, source, batches, dataset"
@@ -33,10 +35,19 @@ CREATE TABLE IF NOT EXISTS runs (
   source TEXT, batches TEXT NOT NULL DEFAULT '{}', dataset TEXT);
 CREATE INDEX IF NOT EXISTS runs_by_created ON runs (created);
 CREATE TABLE IF NOT EXISTS store (run_id TEXT, key TEXT, value BLOB, type TEXT, PRIMARY KEY (run_id, key));
-CREATE TABLE IF NOT EXISTS trail (run_id TEXT, step INTEGER, node TEXT, PRIMARY KEY (run_id, step));
+CREATE TABLE IF NOT EXISTS trail (run_id TEXT, step INTEGER, node TEXT, action TEXT, config TEXT, reads TEXT,
+  keys TEXT, PRIMARY KEY (run_id, step));
+CREATE TABLE IF NOT EXISTS undo (run_id TEXT, step INTEGER, key TEXT, value BLOB, type TEXT,
+  PRIMARY KEY (run_id, step, key));
 CREATE TABLE IF NOT EXISTS chunks (run_id TEXT, batch TEXT, start INTEGER, value BLOB,
   PRIMARY KEY (run_id, batch, start));
+CREATE TABLE IF NOT EXISTS branches (run_id TEXT, section TEXT, branch TEXT, value BLOB,
+  PRIMARY KEY (run_id, section, branch));
 """
+
+
+#: SQL for the step number of a batch key (`<node id>#<step>`) held in `column`.
+_STEP_OF = "CAST(substr({column}, instr({column}, '#') + 1) AS INTEGER)"
 
 
 def home() -> Path:
@@ -63,6 +74,10 @@ class LocalRuns:
         self.db.executescript(SCHEMA)
         if "dataset" not in {row[1] for row in self.db.execute("PRAGMA table_info(runs)")}:  # a file from before
             self.db.execute("ALTER TABLE runs ADD COLUMN dataset TEXT")
+        trail = {row[1] for row in self.db.execute("PRAGMA table_info(trail)")}
+        for column in ("action", "config", "reads", "keys"):  # a file from before step hashes
+            if column not in trail:
+                self.db.execute(f"ALTER TABLE trail ADD COLUMN {column} TEXT")
 
     @classmethod
     def default(cls) -> LocalRuns:
@@ -110,6 +125,8 @@ class LocalRuns:
                 "UPDATE runs SET status = ?, error = ?, node = COALESCE(?, node), updated = ? WHERE run_id = ?",
                 (status, error, node, time.time(), run_id),
             )
+            if status == "succeeded":  # only a resume reads the branches kept mid-section
+                self.db.execute("DELETE FROM branches WHERE run_id = ?", (run_id,))
 
     # -- checkpoints --------------------------------------------------------------------------------
     def checkpoint(self, run_id: str, step: int, result: Step, batch: dict[str, int] | None = None) -> bool:
@@ -123,8 +140,13 @@ class LocalRuns:
             if not moved:
                 self.db.execute("ROLLBACK")
                 return False
+            touched = [*map(str, result.changed), *result.deleted]
+            self._log_undo(run_id, step, [key for key in touched if key not in result.created])
             self._write_keys(run_id, result.changed, result.deleted)
-            self.db.execute("INSERT OR REPLACE INTO trail VALUES (?,?,?)", (run_id, step, result.node))
+            self.db.execute(
+                "INSERT OR REPLACE INTO trail (run_id, step, node, action, config, reads, keys) VALUES (?,?,?,?,?,?,?)",
+                (run_id, step, result.node, _action(result.action), result.config, result.reads, json.dumps(touched)),
+            )
             if batch is not None:
                 self.db.execute(
                     "UPDATE runs SET batches = json_set(batches, '$.' || json_quote(?), json(?)) WHERE run_id = ?",
@@ -144,6 +166,18 @@ class LocalRuns:
         if deleted:
             self.db.executemany("DELETE FROM store WHERE run_id = ? AND key = ?", [(run_id, k) for k in deleted])
 
+    def _log_undo(self, run_id: str, step: int, keys: list[str]) -> None:
+        """Keep what the keys a step is about to overwrite or delete held before it, so `rewind` can take
+        the store back to before that step (a key the trail lists without an undo row was absent). Copied
+        inside SQLite, nothing encoded; a step writing only new keys (a node's namespace, the first time
+        it runs) copies nothing and costs no statement."""
+        if keys:
+            self.db.execute(
+                "INSERT OR IGNORE INTO undo SELECT run_id, ?, key, value, type FROM store "
+                "WHERE run_id = ? AND key IN (SELECT value FROM json_each(?))",
+                (step, run_id, json.dumps(keys)),
+            )
+
     def load_store(self, run_id: str) -> dict[str, Any]:
         with self.lock:
             rows = self.db.execute("SELECT key, value, type FROM store WHERE run_id = ?", (run_id,)).fetchall()
@@ -159,6 +193,76 @@ class LocalRuns:
         with self.lock:
             rows = self.db.execute("SELECT node FROM trail WHERE run_id = ? ORDER BY step", (run_id,)).fetchall()
         return [row[0] for row in rows]
+
+    # -- branches of a parallel section that has not reached its fan-in (worker/parallel.py) -------------
+    def save_branch(self, run_id: str, section: str, branch: str, value: bytes) -> None:
+        with self.lock:
+            self.db.execute("INSERT OR REPLACE INTO branches VALUES (?,?,?,?)", (run_id, section, branch, value))
+
+    def load_branches(self, run_id: str, section: str) -> dict[str, Any]:
+        with self.lock:
+            rows = self.db.execute(
+                "SELECT branch, value FROM branches WHERE run_id = ? AND section = ?", (run_id, section)
+            ).fetchall()
+        return {branch: snapshot.decode(value) for branch, value in rows}
+
+    def steps(self, run_id: str) -> list[TrailStep]:
+        """The steps completed so far, in order, with their actions and hashes."""
+        with self.lock:
+            rows = self.db.execute(
+                "SELECT node, action, config, reads FROM trail WHERE run_id = ? ORDER BY step", (run_id,)
+            ).fetchall()
+        return [TrailStep(*row) for row in rows]
+
+    # -- a run taken back to an earlier step (resume with an edited workflow) ---------------------------
+    def rewind(self, run_id: str, step: int) -> None:
+        """Undo the steps from `step` on: the store as it was before that step (from the undo log), the
+        trail cut there, and the outcomes of batches from that step on dropped (they run again)."""
+        with self.lock:
+            self.db.execute("BEGIN")
+            try:
+                old = self.db.execute(
+                    "SELECT node FROM trail WHERE run_id = ? AND step >= ? AND config IS NULL LIMIT 1", (run_id, step)
+                ).fetchone()
+                if old is not None:
+                    raise Unrecoverable(
+                        f"run {run_id}: step {step} on cannot be rolled back (recorded by a chordflow without an "
+                        "undo log); run the workflow again"
+                    )
+                first: dict[str, int] = {}  # each key touched from `step` on -> the first step that touched it
+                for at, keys in self.db.execute(
+                    "SELECT step, keys FROM trail WHERE run_id = ? AND step >= ? ORDER BY step", (run_id, step)
+                ):
+                    for key in json.loads(keys or "[]"):
+                        first.setdefault(key, at)
+                for key, at in first.items():
+                    old = self.db.execute(
+                        "SELECT value, type FROM undo WHERE run_id = ? AND step = ? AND key = ?", (run_id, at, key)
+                    ).fetchone()
+                    if old is None:  # absent before that step
+                        self.db.execute("DELETE FROM store WHERE run_id = ? AND key = ?", (run_id, key))
+                    else:
+                        self.db.execute("INSERT OR REPLACE INTO store VALUES (?,?,?,?)", (run_id, key, *old))
+                for table in ("undo", "trail"):
+                    self.db.execute(f"DELETE FROM {table} WHERE run_id = ? AND step >= ?", (run_id, step))
+                tables = {row[0] for row in self.db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+                for table, column in (("chunks", "batch"), ("branches", "section")):  # keyed `<node>#<step>`
+                    if table in tables:
+                        where = f"run_id = ? AND {_STEP_OF.format(column=column)} >= ?"
+                        self.db.execute(f"DELETE FROM {table} WHERE {where}", (run_id, step))
+                self.db.execute("UPDATE runs SET step = ?, updated = ? WHERE run_id = ?", (step, time.time(), run_id))
+            except BaseException:
+                self.db.execute("ROLLBACK")
+                raise
+            self.db.execute("COMMIT")
+
+    def set_workflow(self, run_id: str, workflow: dict[str, Any], source: str | None, node: str | None) -> None:
+        """Give a run an edited workflow and the node it goes on with (None: the flow has ended)."""
+        with self.lock:
+            self.db.execute(
+                "UPDATE runs SET workflow = ?, source = COALESCE(?, source), node = ?, updated = ? WHERE run_id = ?",
+                (json.dumps(workflow), source, node, time.time(), run_id),
+            )
 
     # -- batches cut short --------------------------------------------------------------------------
     def save_chunks(self, run_id: str, batch: str, chunks: list[ChunkResult]) -> None:
@@ -190,6 +294,11 @@ class LocalRuns:
             last = max((b for (b,) in batches), key=lambda b: int(b.rsplit("#", 1)[1]))
             return rows_of_chunks(self.saved_chunks(run_id, last))
         raise LookupError(f"run {run_id} has no batch results for node '{node}'")
+
+
+def _action(action: Any) -> str:
+    """The action as the trail keeps it (what the flow followed: None is `default`)."""
+    return "default" if action is None else str(action)
 
 
 def _record(row: tuple[Any, ...]) -> RunRecord:

@@ -2,10 +2,11 @@
 
 Each advance loads the run's checkpoint and runs nodes until the flow ends or a batch node dispatches
 its chord; the chord body merges the chunks and enqueues the next advance. No task waits on another.
-Fencing: an advance whose step is not the run's current step does nothing, and one lease per run
-(renewed while the task runs, so it outlives no dead worker) keeps duplicates from running at once —
-a duplicate that finds the lease taken retries later and is then fenced. So redelivery after a SIGKILL
-and duplicated messages are harmless.
+Fencing: one lease per run (renewed while the task runs, so it outlives no dead worker) keeps two advances
+from running at once, and an advance goes on from the run's checkpoint, never from its own step: an advance
+behind the run (a duplicate, or one redelivered after its worker was SIGKILLed between two nodes it had
+checkpointed) picks the run up where it stands — where a dispatched batch or branch's mark stops it again,
+or where the dead worker stopped. So redelivery after a SIGKILL and duplicated messages are harmless.
 """
 
 from __future__ import annotations
@@ -16,20 +17,23 @@ import uuid
 from typing import Any
 
 import ir
+from ir import snapshot
+from ir.branches import Section
 from ir.errors import RunCancelled
-from worker import context, redact
+from worker import context, logs, redact
 from worker.aggregate import BatchResult, merge
-from worker.app import task
+from worker.app import current_app, task
 from worker.backend import BatchJob
 from worker.cluster_runs import ClusterRuns, key
 from worker.context import RunContext
 from worker.dispatch import dispatch_batch
 from worker.flow import build_flow
 from worker.nodes import registry
-from worker.remote import stored_batch_result
+from worker.parallel import BranchSink, BranchState, merged
+from worker.remote import rebuild, stored_batch_result
 from worker.runs import FINAL, RECORD_STATUS, StepJournal
 from worker.runstate import RunState
-from worker.stepper import Cursor, batch_nodes, drive, ending
+from worker.stepper import Cursor, Step, batch_nodes, drive, ending
 
 log = logging.getLogger(__name__)
 #: Seconds a run's lease lasts without renewal (the holder renews it every third of that).
@@ -43,8 +47,8 @@ class Suspended(BaseException):  # a control-flow signal, not an error: nodes mu
 class Lease:
     """One advance at a time per run: a Redis key with a TTL, renewed by a thread while held."""
 
-    def __init__(self, runs: ClusterRuns, run_id: str):
-        self.redis, self.name, self.token = runs.redis, key(run_id, "lease"), uuid.uuid4().hex
+    def __init__(self, runs: ClusterRuns, run_id: str, name: str = "lease"):
+        self.redis, self.name, self.token = runs.redis, key(run_id, name), uuid.uuid4().hex
         self.stop = threading.Event()
 
     def acquire(self) -> bool:
@@ -70,8 +74,11 @@ class ClusterBatches:
 
     name = "celery"
 
-    def __init__(self, run_id: str, ctx: RunContext, runs: ClusterRuns, state: RunState):
+    def __init__(
+        self, run_id: str, ctx: RunContext, runs: ClusterRuns, state: RunState, branch: tuple[str, str] | None = None
+    ):
         self.run_id, self.ctx, self.runs, self.state = run_id, ctx, runs, state
+        self.branch = branch  # (section key, branch): a branch's batch continues that branch's cursor
 
     def run_batch(self, job: BatchJob) -> BatchResult:
         if not job.items:
@@ -83,7 +90,7 @@ class ClusterBatches:
             job.done = [c for c in self.runs.saved_chunks(self.run_id, job.key) if not c.failures]
             # The next advance starts at this batch node's step (not this advance's first step: nodes
             # before it in this advance were checkpointed, and the step fence must let it through).
-            dispatch_batch(job, self.run_id, advance_step=self.ctx.step)
+            dispatch_batch(job, self.run_id, advance_step=self.ctx.step, branch=self.branch)
         raise Suspended
 
 
@@ -92,13 +99,13 @@ def advance(self: Any, run_id: str, step: int) -> str:
     """Advance run `run_id` from `step` until the flow ends or a batch is dispatched."""
     runs = ClusterRuns()
     record = runs.get(run_id)
-    if record is None or record.status in FINAL or record.step != step:
+    if record is None or record.status in FINAL or record.step < step:
         return "fenced"
     lease = Lease(runs, run_id)
     if not lease.acquire():
         raise self.retry(countdown=LEASE_SECONDS / 3)
     record = runs.get(run_id)  # again, under the lease: the holder before us may have moved the run on
-    if record is None or record.status in FINAL or record.step != step:
+    if record is None or record.status in FINAL or record.step < step:
         lease.release()
         return "fenced"
     state = RunState(run_id)
@@ -106,31 +113,45 @@ def advance(self: Any, run_id: str, step: int) -> str:
     try:
         if state.cancelled():
             runs.set_status(run_id, "cancelled", "run cancelled")
+            _ended(runs, run_id, record.status, "cancelled", record.node)
             return "cancelled"
         flow = build_flow(ir.load(record.workflow, node_types=registry.names()))
         store = runs.load_store(run_id)
         ctx.backend = ClusterBatches(run_id, ctx, runs, state)
         ctx.cancelled = _CancelFlag(state)
+        ctx.sections = ClusterSections(run_id, runs, state)
         runs.set_status(run_id, "running", node=record.node)
+        if record.status != "running":
+            logs.transition(run_id, record.status, "running", node=record.node, steps=record.step)
         journal = StepJournal(runs, run_id, batch_nodes(flow))
         with context.using(ctx):
             cursor = drive(flow, Cursor(record.node, record.step), store, ctx, journal)
         status, error, _ = ending(flow, cursor, store, ctx.last_node)
         runs.set_status(run_id, RECORD_STATUS[status], error, ctx.last_node if error else None)
-        log.info("run %s %s after %d steps", run_id, RECORD_STATUS[status], cursor.step)
+        _ended(runs, run_id, "running", RECORD_STATUS[status], ctx.last_node, error)
         return RECORD_STATUS[status]
     except Suspended:
         return "dispatched"
     except RunCancelled:
         runs.set_status(run_id, "cancelled", "run cancelled", ctx.last_node)
+        _ended(runs, run_id, "running", "cancelled", ctx.last_node)
         return "cancelled"
     except Exception as exc:
         runs.set_exception(run_id, exc)  # first: `wait` re-raises it as soon as it sees the status
-        runs.set_status(run_id, "failed", redact.mask(f"{type(exc).__name__}: {exc}"), ctx.last_node)
-        log.info("run %s failed at node %s: %s", run_id, ctx.last_node, exc)
+        error = redact.mask(f"{type(exc).__name__}: {exc}")
+        runs.set_status(run_id, "failed", error, ctx.last_node)
+        _ended(runs, run_id, "running", "failed", ctx.last_node, error)
         return "failed"
     finally:
         lease.release()
+
+
+def _ended(runs: ClusterRuns, run_id: str, before: str, after: str, node: str | None, error: str | None = None) -> None:
+    """The run's transition line, with its steps and the item counts of its finished batches."""
+    record = runs.get(run_id)
+    items, failed = logs.batch_items(record.batches if record else None)
+    steps = record.step if record else None
+    logs.transition(run_id, before, after, node=node, steps=steps, items=items, failed=failed, error=error)
 
 
 class _CancelFlag(threading.Event):
@@ -142,3 +163,144 @@ class _CancelFlag(threading.Event):
 
     def is_set(self) -> bool:
         return super().is_set() or self.state.cancelled()
+
+
+# -- parallel sections: each branch is a cursor of its own ------------------------------------------------------
+
+
+class ClusterSections:
+    """A parallel section of a cluster run. The first time the run's cursor reaches it, each branch becomes a
+    cursor of its own, advanced by `chordflow.advance_branch` tasks (its batches dispatch their own chords),
+    and this advance ends. The last branch to finish (an atomic join in Redis) enqueues the run's advance at
+    the section again, which finds every branch ended and merges them — or, fail_fast, fails the run."""
+
+    def __init__(self, run_id: str, runs: ClusterRuns, state: RunState):
+        self.run_id, self.runs, self.state = run_id, runs, state
+
+    def run(self, flow: Any, section: Section, store: dict[str, Any], ctx: RunContext) -> Step:
+        key = ctx.batch_key(section.node_id)
+        saved = {b: BranchState.from_wire(w) for b, w in self.runs.load_branches(self.run_id, key).items()}
+        states = [saved.get(b) or BranchState(b, b, ctx.step) for b in section.branches]
+        if self.state.mark_dispatched(key):  # the first time here, or a resume: start every unfinished branch
+            todo = [s for s in states if not s.finished]
+            for branch in todo:
+                branch.status, branch.error, branch.kind = "running", None, None
+                self.runs.save_branch(self.run_id, key, branch.branch, _encoded(branch))
+            self.runs.reset_join(self.run_id, key, [s.branch for s in states if s.finished])
+            for branch in todo:
+                current_app().send_task("chordflow.advance_branch", (self.run_id, key, branch.branch, branch.step))
+            log.info("run %s: section %s -> %d branches", self.run_id, section.node_id, len(todo))
+            raise Suspended
+        if any(s.status == "running" for s in states):  # a duplicate advance while the branches run
+            raise Suspended
+        if any(s.status == "cancelled" for s in states) and self.state.cancelled():
+            raise RunCancelled("run cancelled")
+        failed = [s for s in states if s.status in ("failed", "cancelled")]
+        if section.fail_fast and failed:
+            first = next((s for s in failed if s.kind), failed[0])
+            raise rebuild(*first.kind) if first.kind else RuntimeError(f"branch '{first.branch}': {first.error}")
+        return merged(section, states)
+
+
+def _encoded(state: BranchState) -> bytes:
+    return snapshot.encode(state.to_wire(), label=f"branch '{state.branch}'")
+
+
+class _BranchStop(threading.Event):
+    """A branch stops when the run is cancelled or (fail_fast) another branch of its section failed."""
+
+    def __init__(self, state: RunState, key: str):
+        super().__init__()
+        self.state, self.key = state, key
+
+    def is_set(self) -> bool:
+        return self.state.should_stop(self.key)
+
+
+class _BranchSteps:
+    """A branch's stepper journal on the cluster: each step folded into its state, kept in Redis."""
+
+    def __init__(self, runs: ClusterRuns, run_id: str, key: str, state: BranchState):
+        self.runs, self.run_id, self.key, self.state = runs, run_id, key, state
+
+    def checkpoint(self, step: int, result: Step) -> None:
+        self.state.record(result)
+        self.state.node, self.state.step = result.next_node, step + 1
+        self.runs.save_branch(self.run_id, self.key, self.state.branch, _encoded(self.state))
+
+
+@task(name="chordflow.advance_branch", bind=True, max_retries=None, acks_late=True)
+def advance_branch(self: Any, run_id: str, key: str, branch: str, step: int) -> str:
+    """Advance one branch of a parallel section from `step` until it reaches the fan-in (then join), fails,
+    or dispatches a batch (whose chord body enqueues this task again). Like `advance`, it goes on from the
+    branch's checkpoint: a redelivered task picks the branch up where it stands."""
+    runs = ClusterRuns()
+    record = runs.get(run_id)
+    state = _branch_state(runs, run_id, key, branch)
+    if record is None or record.status in FINAL or state is None or state.step < step:
+        return "fenced"
+    if state.status != "running":  # it ended, and this is a redelivery: join again (a duplicate joins once)
+        _join(runs, run_id, key, branch, len(_section(record.workflow, key).branches))
+        return "joined"
+    lease = Lease(runs, run_id, f"lease:{key}:{branch}")
+    if not lease.acquire():
+        raise self.retry(countdown=LEASE_SECONDS / 3)
+    rstate = RunState(run_id)
+    try:
+        state = _branch_state(runs, run_id, key, branch)
+        if state is None or state.step < step:
+            return "fenced"
+        if state.status != "running":  # it ended while this task waited for the lease
+            _join(runs, run_id, key, branch, len(_section(record.workflow, key).branches))
+            return "joined"
+        flow = build_flow(ir.load(record.workflow, node_types=registry.names()))
+        section = _section(record.workflow, key, flow)
+        store = runs.load_store(run_id)
+        for name in state.deleted:
+            store.pop(name, None)
+        store.update(state.changed)
+        sink = BranchSink(lambda event: rstate.publish_branch_event(event), branch)
+        ctx = RunContext(sink=sink, cancelled=_BranchStop(rstate, key))
+        ctx.backend = ClusterBatches(run_id, ctx, runs, rstate, branch=(key, branch))
+        try:
+            with context.using(ctx):
+                cursor = drive(
+                    flow, Cursor(state.node, state.step), store, ctx, _BranchSteps(runs, run_id, key, state),
+                    stop_before=section.fan_in.__eq__,
+                )  # fmt: skip
+            state.status, state.node = "done", cursor.node
+        except Suspended:
+            return "dispatched"
+        except RunCancelled:
+            state.status = "cancelled"
+        except Exception as exc:
+            kind = type(exc)
+            state.status, state.kind = "failed", [kind.__module__, kind.__name__, redact.mask(str(exc))]
+            state.error = redact.mask(f"{kind.__name__}: {exc}")
+            if not sink.erred:
+                sink({"type": "error", "node": ctx.last_node, "error": state.error})
+            if section.fail_fast:
+                rstate.abort(key)
+        runs.save_branch(run_id, key, branch, _encoded(state))
+        rstate.publish_branch_event({"type": "branch_complete", "branch": branch, "ok": state.status == "done"})
+        _join(runs, run_id, key, branch, len(section.branches))
+        return state.status
+    finally:
+        lease.release()
+
+
+def _section(workflow: dict[str, Any], key: str, flow: Any = None) -> Section:
+    """The section a branch key (`<fork>:parallel#<step>`) names."""
+    flow = flow or build_flow(ir.load(workflow, node_types=registry.names()))
+    return flow.sections[key.rsplit("#", 1)[0]]
+
+
+def _join(runs: ClusterRuns, run_id: str, key: str, branch: str, branches: int) -> None:
+    """The branch has ended: the last of the section's branches to end hands the run back to the fan-in."""
+    if runs.join(run_id, key, branch) >= branches:
+        current_app().send_task("chordflow.advance", (run_id, int(key.rsplit("#", 1)[1])))
+
+
+def _branch_state(runs: ClusterRuns, run_id: str, key: str, branch: str) -> BranchState | None:
+    wire = runs.load_branches(run_id, key).get(branch)
+    return BranchState.from_wire(wire) if wire is not None else None

@@ -48,6 +48,18 @@ class RunRecord:
         }
 
 
+@dataclass(frozen=True)
+class TrailStep:
+    """One completed step as its checkpoint recorded it: the node, the action it returned, and the hashes
+    of its configuration and of the values it read (worker/config_hash.py). `config` is None for a step
+    recorded before checkpoints kept hashes (such a step cannot be rolled back either)."""
+
+    node: str
+    action: str | None = None
+    config: str | None = None
+    reads: str | None = None
+
+
 class StepJournal:
     """The stepper's journal for a recorded run: each step to its run store, with batch counts."""
 

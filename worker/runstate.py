@@ -128,6 +128,30 @@ class RunState:
                 batches.append((fields[b"batch"].decode(), fields.get(b"b")))
         return last_id, batches
 
+    def publish_branch_event(self, event: dict[str, Any]) -> None:
+        """A parallel branch's event (`parallel_state` without its state, `parallel_error`, `branch_complete`)
+        on the run's branch stream, for whoever follows the run (`wait`)."""
+        fields = {
+            k: str(v) for k, v in event.items() if k in ("type", "branch", "node", "error", "ok") and v is not None
+        }
+        pipe = self.redis.pipeline()
+        pipe.xadd(self.key("branch_events"), fields)
+        pipe.expire(self.key("branch_events"), self.ttl)
+        pipe.execute()
+
+    def read_branch_events(self, last_id: str) -> tuple[str, list[dict[str, Any]]]:
+        """Branch events after `last_id` (no wait): (new last id, events)."""
+        reply = self.redis.xread({self.key("branch_events"): last_id}, count=1000)
+        found = []
+        for _stream, entries in reply or []:
+            for entry_id, fields in entries:
+                last_id = entry_id.decode() if isinstance(entry_id, bytes) else entry_id
+                event: dict[str, Any] = {k.decode(): v.decode() for k, v in fields.items()}
+                if "ok" in event:
+                    event["ok"] = event["ok"] == "True"
+                found.append(event)
+        return last_id, found
+
     @staticmethod
     def unpack_outcomes(packed: bytes) -> list[tuple[int, bool]]:
         return msgpack.unpackb(packed)

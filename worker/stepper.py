@@ -14,8 +14,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from ir.branches import is_section
 from ir.errors import RunCancelled, StepLimitExceeded
 from ir.templates import resolve_template
+from worker.config_hash import facts_of
 from worker.context import RunContext
 from worker.flow import WorkflowFlow
 from worker.store import is_dunder
@@ -46,13 +48,18 @@ class Cursor:
 
 @dataclass
 class Step:
-    """What one node execution did: its action, the next node, and the top-level keys it changed."""
+    """What one node execution did: its action, the next node, and the top-level keys it changed; with
+    `config` and `reads`, the hashes of the node's configuration and of the values it read
+    (worker/config_hash.py; "" when unknown), so a resume with an edited workflow knows what still holds."""
 
     node: str
     action: Any
     next_node: str | None
     changed: dict[str, Any] = field(default_factory=dict)
     deleted: list[str] = field(default_factory=list)
+    config: str = ""
+    reads: str = ""
+    created: list[str] = field(default_factory=list)  # changed keys that did not exist before (nothing to undo)
 
 
 class Journal(Protocol):
@@ -74,6 +81,8 @@ def run_step(flow: WorkflowFlow, node_id: str, store: dict[str, Any]) -> Step:
     """
     node = copy.copy(flow.nodes[node_id])
     node.set_params({})
+    facts = facts_of(flow, node_id)
+    reads = facts.reads(store) if facts is not None else ""  # before the node runs: what it reads
     before = {key: id(value) for key, value in store.items()}
     action = node._run(store)
     successor = flow.get_next_node(node, action)
@@ -83,7 +92,9 @@ def run_step(flow: WorkflowFlow, node_id: str, store: dict[str, Any]) -> Step:
         if before.get(key) != id(value) or key == node_id or (is_dunder(key) and isinstance(value, list | dict))
     }
     deleted = [key for key in before if key not in store]
-    return Step(node_id, action, getattr(successor, "node_id", None), changed, deleted)
+    config = facts.config if facts is not None else ""
+    created = [key for key in changed if key not in before]
+    return Step(node_id, action, getattr(successor, "node_id", None), changed, deleted, config, reads, created)
 
 
 def drive(
@@ -99,21 +110,37 @@ def drive(
     limit = max_steps(flow)
     recent: deque[str] = deque(maxlen=2 * len(flow.nodes) + 2)
     while cursor.node is not None:
+        if stop_before is not None and stop_before(cursor.node):  # first: a branch at its fan-in has finished
+            return cursor
         if ctx.cancelled.is_set():
             raise RunCancelled("run cancelled")
-        if stop_before is not None and stop_before(cursor.node):
-            return cursor
         if cursor.step >= limit:
             raise StepLimitExceeded(
                 f"run stopped after {limit} steps (max_steps): {loop_of(list(recent), cursor.node)} kept looping"
             )
         ctx.step = cursor.step
-        step = run_step(flow, cursor.node, store)
+        if is_section(cursor.node):
+            ctx.last_node = cursor.node  # where a failed run resumes: the section (its finished branches kept)
+            step = _sections(ctx).run(flow, flow.sections[cursor.node], store, ctx)
+            for key in step.deleted:
+                store.pop(key, None)
+            store.update(step.changed)
+        else:
+            step = run_step(flow, cursor.node, store)
         if journal is not None:
             journal.checkpoint(cursor.step, step)
         recent.append(step.node)
         cursor = Cursor(step.next_node, cursor.step + 1, step.action)
     return cursor
+
+
+def _sections(ctx: RunContext) -> Any:
+    """What runs a parallel section here: the context's, else branches on threads of this process."""
+    if ctx.sections is None:
+        from worker.parallel import ThreadedSections  # it drives branches with this module's `drive`
+
+        ctx.sections = ThreadedSections()
+    return ctx.sections
 
 
 def loop_of(recent: list[str], upcoming: str) -> str:

@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import functools
 import json
+import time
 from collections import OrderedDict
 from typing import Any
 
 from ir import snapshot
 from ir.models import NodeSpec
-from worker import chunk_lease, redact, settings
+from worker import chunk_lease, logs, redact, settings
 from worker.aggregate import ChunkResult, merge
 from worker.app import current_app, task
 from worker.build import item_chain
@@ -67,10 +68,12 @@ def run_chunk(self: Any, job: dict[str, Any]) -> bytes:
 
     Held under a lease while it runs: a chunk longer than the visibility timeout is not delivered again
     while this worker lives (worker/chunk_lease.py)."""
+    began = time.monotonic()
     with chunk_lease.held(self):
         state = RunState(job["run"])
         batch = job["batch"]
         if state.should_stop(batch):
+            logs.chunk(job["run"], batch.split("#", 1)[0], batch, job["start"], 0, 0, time.monotonic() - began)
             return snapshot.encode(ChunkResult(job["start"], [], [], {}).to_wire())
         executor = chunk_executor(job["node"], _snapshot(job["snap"], state))
         spec = executor.spec.batch
@@ -81,6 +84,8 @@ def run_chunk(self: Any, job: dict[str, Any]) -> bytes:
             max_concurrent=spec.max_concurrent, tolerance=tolerance_of(spec),
         )  # fmt: skip
         chunk = run_items(executor, items, job["start"], hooks)
+        seconds = time.monotonic() - began
+        logs.chunk(job["run"], executor.node_id, batch, job["start"], len(chunk.results), len(chunk.failures), seconds)
         return snapshot.encode(chunk.to_wire(), label=f"batch '{executor.node_id}' results")
 
 
@@ -104,13 +109,16 @@ def aggregate(chunk_results: list[bytes], job: dict[str, Any]) -> str:
         chunks = runs.keep_chunks(run_id, batch, chunk_results)
         if state.cancelled():
             runs.set_status(run_id, "cancelled", "run cancelled", job["node"])
+            logs.transition(run_id, "running", "cancelled", node=job["node"])
             return "cancelled"
     else:
         chunks = [ChunkResult.from_wire(snapshot.decode(blob)) for blob in chunk_results]
     result = merge(chunks, job["count"], job["fail_fast"])
     blob = snapshot.encode(result.to_wire(), label=f"batch '{job['node']}' aggregate")
     state.finish_batch(batch, blob)
-    if "advance" in job:
+    if "branch" in job:  # a batch inside a parallel branch: that branch's cursor goes on
+        current_app().send_task("chordflow.advance_branch", (run_id, *job["branch"], job["advance"]))
+    elif "advance" in job:
         current_app().send_task("chordflow.advance", (run_id, job["advance"]))
     return "stored"
 
@@ -122,4 +130,5 @@ def batch_failed(request: Any, exc: BaseException, traceback: Any, job: dict[str
     error = redact.mask(f"batch node '{job['node']}': a chunk failed on a worker: {exc}")
     RunState(job["run"]).drop_snapshots()
     ClusterRuns().set_status(job["run"], "failed", error, job["node"])
+    logs.transition(job["run"], "running", "failed", node=job["node"], error=error)
     return "failed"
