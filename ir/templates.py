@@ -7,6 +7,7 @@ Params are compiled once per node so resolving an item costs a few dict lookups,
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 from collections.abc import Mapping
@@ -210,5 +211,11 @@ class CompiledParams:
 
 
 def resolve_template(text: str, context: Mapping[str, Any], where: str) -> Any:
-    """Resolve one template string (e.g. `batch.items`) against `context`."""
-    return compile_value(text).resolve(context, where)
+    """Resolve one template string (e.g. `batch.items`, a workflow output) against `context`."""
+    return _compiled_text(text).resolve(context, where)
+
+
+@functools.lru_cache(maxsize=1024)
+def _compiled_text(text: str) -> _Resolver:
+    """Compiled once per text: a dataset job resolves the same outputs for every record."""
+    return compile_value(text)
