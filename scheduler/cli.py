@@ -845,7 +845,7 @@ def status(run_id: str, as_json: bool) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print a list of status objects.")
 def runs(status_: str | None, limit: int, as_json: bool) -> None:
     """Recent runs, newest first."""
-    from scheduler import durable
+    from scheduler import datasets, durable
 
     records = durable.recent(status_, limit)
     if as_json:
@@ -857,10 +857,14 @@ def runs(status_: str | None, limit: int, as_json: bool) -> None:
     for r in records:
         done = sum(c["done"] for c in r.batches.values())
         total = sum(c["total"] for c in r.batches.values())
+        progress = f"{done}/{total} items" if total else f"{r.step} steps"
+        if r.dataset is not None:  # a dataset job: its records (one read of its counts)
+            with contextlib.suppress(Exception):
+                counts = datasets.progress(r)
+                progress = f"{counts['done']}/{counts['total'] if counts['total'] is not None else '?'} records"
         started = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(r.created))
         table.add_row(
-            r.run_id, Text(r.name), r.backend, r.status, f"{done}/{total} items" if total else f"{r.step} steps",
-            started, f"{r.updated - r.created:.1f}s",
+            r.run_id, Text(r.name), r.backend, r.status, progress, started, f"{r.updated - r.created:.1f}s"
         )  # fmt: skip
     _stdout().print(table)
 

@@ -189,6 +189,8 @@ def finish_run(run_id: str, runs: ClusterRuns | None = None) -> str:
     counts = ClusterDataset(run_id).counts()
     status, error = verdict(dataset, counts, RunState(run_id).cancelled())
     runs.set_status(run_id, status, error)
+    # The per-record progress (about 8 bytes a record) has served its followers; the end marker stays.
+    runs.redis.xtrim(key(run_id, "events"), maxlen=1)
     done, failed = counts["done"], counts["failed"]
     logs.transition(run_id, record.status, status, node=RECORDS, items=done, failed=failed, error=error)
     return status
