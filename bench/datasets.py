@@ -21,9 +21,6 @@ import gc
 import json
 import os
 import shlex
-import shutil
-import signal
-import subprocess
 import sys
 import tempfile
 import threading
@@ -32,24 +29,24 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from bench import durable
 from bench.durable import (
-    MAXRSS_MARK,
-    TIME,
     WORKERS,
     Child,
     RedisPeak,
-    TaskLog,
-    WorkerPeaks,
     chordflow,
+    command_line,
+    finish,
     forget_run,
+    keep_or_remove,
     machine_facts,
     mb,
     redis_text,
+    run_child,
     verdict,
     worker_text,
 )
 from bench.measure import log
-from scheduler.localcluster import Cluster
 from worker.app import task
 
 HERE = Path(__file__).resolve().parent
@@ -135,30 +132,6 @@ def celery_client(path: Path, chunk: int) -> int:
 
 
 # -- child processes ------------------------------------------------------------------------------------
-
-
-def run_child(argv: list[str], env: dict[str, str], workdir: Path, limit: float = LIMIT) -> Child:
-    """bench/durable.py's run_child, in its own session: past `limit` the whole group is killed (GNU time
-    and the command it measures), and the Child says so with exit code -9."""
-    full = [TIME, "-f", f"{MAXRSS_MARK}%M", *argv] if Path(TIME).exists() else argv
-    with tempfile.TemporaryFile("w+", dir=workdir) as out, tempfile.TemporaryFile("w+", dir=workdir) as err:
-        started = time.perf_counter()
-        proc = subprocess.Popen(full, stdout=out, stderr=err, env=env, text=True, start_new_session=True)
-        timer = threading.Timer(limit, lambda: os.killpg(proc.pid, signal.SIGKILL))
-        timer.start()
-        try:
-            _, status, usage = os.wait4(proc.pid, 0)
-        finally:
-            timer.cancel()
-        seconds = time.perf_counter() - started
-        out.seek(0)
-        err.seek(0)
-        stderr, maxrss = err.read(), usage.ru_maxrss * 1024
-        if MAXRSS_MARK in stderr:
-            stderr, _, kb = stderr.rpartition(MAXRSS_MARK)
-            maxrss = int(kb.strip()) * 1024
-        code = os.waitstatus_to_exitcode(status)
-        return Child(argv, seconds, maxrss, code, out.read(), stderr, usage.ru_utime + usage.ru_stime)
 
 
 def failed(child: Child) -> RuntimeError:
@@ -254,34 +227,15 @@ class Results:
     fingerprint_end: str = ""
 
 
-class Bench:
-    """The cluster (workers that import this module), the workflow and records files, the CLI's env."""
+class Bench(durable.Bench):
+    """durable.Bench with workers that import this module (the baseline's task), the two-node workflow, and
+    CLI children that do not (a user's `chordflow submit` has no plugin to load); records files of N lines."""
 
     def __init__(self, workdir: Path):
-        self.workdir = workdir
-        self.cluster = Cluster(workdir, plugins=PLUGINS)
-        home = workdir / "home"  # local jobs' embedded store, not ~/.chordflow
-        home.mkdir()
-        # The CLI children do not import the bench (CHORDFLOW_PLUGINS is for the workers): a user's
-        # `chordflow submit` has no plugin to load here.
-        self.env = {**self.cluster.env, "CHORDFLOW_HOME": str(home), "CHORDFLOW_PLUGINS": "", "COLUMNS": "200"}
-        self.previous: dict[str, str | None] = {}
-        self.redis: Any = None
-        self.tasks = TaskLog([])
-        self.peaks = WorkerPeaks(self.cluster)
-        self.wf_path = workdir / "wf.json"
-        self.wf_path.write_text(json.dumps(workflow()))
+        super().__init__(workdir, plugins=PLUGINS, doc=workflow(), env={"CHORDFLOW_PLUGINS": ""})
 
     def start(self) -> None:
-        import redis
-
-        log(f"redis-server on {self.cluster.redis.url} (pid {self.cluster.redis.pid}); logs in {self.workdir}")
-        for name in WORKERS:
-            worker = self.cluster.start_worker(name, pool=POOL, concurrency=1)
-            log(f"worker {name}: -P {POOL} -c 1 (pid {worker.pid}) ready")
-        self.previous = self.cluster.apply_env()
-        self.redis = redis.Redis.from_url(self.cluster.redis.url)
-        self.tasks = TaskLog([worker.log for worker in self.cluster.workers.values()])
+        super().start()
         self.check_registered()
 
     def check_registered(self) -> None:
@@ -293,11 +247,6 @@ class Bench:
         if len(registered) != len(WORKERS) or any(missing.values()):
             raise RuntimeError(f"workers did not register {sorted(needed)}: {registered}")
         log(f"both workers registered {', '.join(sorted(needed))}")
-
-    def stop(self) -> None:
-        self.cluster.stop()
-        self.cluster.restore_env(self.previous)
-        log("cluster stopped (redis-server and both workers)")
 
     def records(self, n: int) -> Path:
         """A JSONL file of n records `{"id": i, "text": ...}` (written once, before any timing)."""
@@ -791,9 +740,7 @@ def main(argv: list[str] | None = None) -> int:
         return celery_client(args.celery_client, CHUNK)
     sizes = QUICK if args.quick else FULL
     results = Results(sizes, args.quick, started=time.time())
-    results.command = f"cd {shlex.quote(str(Path.cwd()))} && " + shlex.join(
-        getattr(sys, "orig_argv", [sys.executable, "-m", "bench.datasets", *sys.argv[1:]])
-    )
+    results.command = command_line("bench.datasets")
     results.fingerprint_start = fingerprint()
     t0 = time.perf_counter()
     workdir = Path(tempfile.mkdtemp(prefix="chordflow-datasets-"))
@@ -818,17 +765,8 @@ def main(argv: list[str] | None = None) -> int:
         bench.stop()
         if not results.facts:
             results.facts = machine_facts(None)
-    results.duration = time.perf_counter() - t0
-    results.fingerprint_end = fingerprint()
-    results.facts["load average at end (1/5/15 min)"] = " / ".join(f"{x:.2f}" for x in os.getloadavg())
-    args.out.mkdir(parents=True, exist_ok=True)
-    text = report(results)
-    (args.out / "DATASETS.md").write_text(text)
-    print(text)
-    if args.keep_logs:
-        log(f"logs kept in {workdir}")
-    else:
-        shutil.rmtree(workdir, ignore_errors=True)
+    finish(results, report, args.out / "DATASETS.md", t0)
+    keep_or_remove(workdir, args.keep_logs)
     return 0
 
 

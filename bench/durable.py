@@ -25,12 +25,14 @@ import os
 import re
 import shlex
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -97,13 +99,19 @@ MAXRSS_MARK = "chordflow-bench-maxrss-kb="
 
 def run_child(argv: list[str], env: dict[str, str], workdir: Path, limit: float = 1800) -> Child:
     """Run argv to its end: wall time, its exit code and output, and its own peak RSS (through GNU time when
-    present, else wait4's, which may include this process's RSS at the fork)."""
+    present, else wait4's, which may include this process's RSS at the fork). The child runs in its own
+    session: past `limit` the whole group is killed (GNU time and the command it measures), exit code -9."""
     measured = Path(TIME).exists()
     full = [TIME, "-f", f"{MAXRSS_MARK}%M", *argv] if measured else argv
     with tempfile.TemporaryFile("w+", dir=workdir) as out, tempfile.TemporaryFile("w+", dir=workdir) as err:
         started = time.perf_counter()
-        proc = subprocess.Popen(full, stdout=out, stderr=err, env=env, text=True)
-        timer = threading.Timer(limit, proc.kill)
+        proc = subprocess.Popen(full, stdout=out, stderr=err, env=env, text=True, start_new_session=True)
+
+        def kill_group() -> None:
+            with contextlib.suppress(ProcessLookupError):  # it ended as the timer fired
+                os.killpg(proc.pid, signal.SIGKILL)
+
+        timer = threading.Timer(limit, kill_group)
         timer.start()
         try:
             _, status, usage = os.wait4(proc.pid, 0)
@@ -291,19 +299,26 @@ class Results:
 
 
 class Bench:
-    def __init__(self, workdir: Path):
+    """A bench cluster (its own redis-server, two solo workers), a workflow file and the CLI children's env.
+
+    `plugins`: what the workers import (default: CHORDFLOW_PLUGINS); `doc`: the workflow (default `workflow()`);
+    `env`: on top of the cluster's, for the CLI children."""
+
+    def __init__(
+        self, workdir: Path, plugins: str | None = None, doc: dict[str, Any] | None = None, env: dict | None = None
+    ):
         self.workdir = workdir
-        self.cluster = Cluster(workdir, plugins=os.environ.get("CHORDFLOW_PLUGINS", ""))
+        self.cluster = Cluster(workdir, plugins=os.environ.get("CHORDFLOW_PLUGINS", "") if plugins is None else plugins)
         home = workdir / "home"  # the embedded store of local runs (and of scheduler.run), not ~/.chordflow
         home.mkdir()
         os.environ["CHORDFLOW_HOME"] = str(home)
-        self.env = {**self.cluster.env, "CHORDFLOW_HOME": str(home), "COLUMNS": "200"}
+        self.env = {**self.cluster.env, "CHORDFLOW_HOME": str(home), "COLUMNS": "200", **(env or {})}
         self.previous: dict[str, str | None] = {}
         self.redis: Any = None
         self.tasks = TaskLog([])
         self.peaks = WorkerPeaks(self.cluster)
         self.wf_path = workdir / "wf.json"
-        self.wf_path.write_text(json.dumps(workflow()))
+        self.wf_path.write_text(json.dumps(doc or workflow()))
 
     def start(self) -> None:
         import redis
@@ -728,6 +743,34 @@ def machine_facts(bench: Bench | None) -> dict[str, str]:
     return facts
 
 
+def command_line(module: str) -> str:
+    """The command that ran this bench (`python -m <module> ...`), from the directory it ran in: the report's."""
+    argv = getattr(sys, "orig_argv", [sys.executable, "-m", module, *sys.argv[1:]])
+    return f"cd {shlex.quote(str(Path.cwd()))} && " + shlex.join(argv)
+
+
+def finish(results: Any, report_of: Callable[[Any], str], path: Path, t0: float) -> None:
+    """The end of a bench's run (its `results` have `duration`, `fingerprint_end` and `facts`): the load at the
+    end, then its report written to `path` and printed."""
+    from bench.run import fingerprint
+
+    results.duration = time.perf_counter() - t0
+    results.fingerprint_end = fingerprint()
+    results.facts["load average at end (1/5/15 min)"] = " / ".join(f"{x:.2f}" for x in os.getloadavg())
+    path.parent.mkdir(parents=True, exist_ok=True)
+    text = report_of(results)
+    path.write_text(text)
+    print(text)
+
+
+def keep_or_remove(workdir: Path, keep: bool) -> None:
+    """The bench's working directory (redis and worker logs): kept with --keep-logs, else removed."""
+    if keep:
+        log(f"logs kept in {workdir}")
+    else:
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m bench.durable", description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help=f"small sizes: {QUICK}")
@@ -741,9 +784,7 @@ def main(argv: list[str] | None = None) -> int:
 
     args = parse_args(argv)
     results = Results(QUICK if args.quick else FULL, args.quick, started=time.time())
-    results.command = f"cd {shlex.quote(str(Path.cwd()))} && " + shlex.join(
-        getattr(sys, "orig_argv", [sys.executable, "-m", "bench.durable", *sys.argv[1:]])
-    )
+    results.command = command_line("bench.durable")
     results.fingerprint_start = fingerprint()
     t0 = time.perf_counter()
     workdir = Path(tempfile.mkdtemp(prefix="chordflow-durable-"))
@@ -758,17 +799,8 @@ def main(argv: list[str] | None = None) -> int:
         bench.stop()
         if not results.facts:
             results.facts = machine_facts(None)
-    results.duration = time.perf_counter() - t0
-    results.fingerprint_end = fingerprint()
-    results.facts["load average at end (1/5/15 min)"] = " / ".join(f"{x:.2f}" for x in os.getloadavg())
-    args.out.mkdir(parents=True, exist_ok=True)
-    text = report(results)
-    (args.out / "DURABLE.md").write_text(text)
-    print(text)
-    if args.keep_logs:
-        log(f"logs kept in {workdir}")
-    else:
-        shutil.rmtree(workdir, ignore_errors=True)
+    finish(results, report, args.out / "DURABLE.md", t0)
+    keep_or_remove(workdir, args.keep_logs)
     return 0
 
 

@@ -1016,5 +1016,8 @@ def main(argv: list[str] | None = None) -> None:
     cli.main(args=argv, prog_name="chordflow")
 
 
-if __name__ == "__main__":
-    main()
+if __name__ == "__main__":  # `python -m scheduler.cli`: run the imported module's group, so that
+    # scheduler.cli's exceptions (CliUsageError...) raised by the command modules are the ones it catches
+    from scheduler.cli import main as imported_main
+
+    imported_main()

@@ -22,7 +22,7 @@ from scheduler.backends.celery import broker_errors
 from scheduler.compiler import load
 from scheduler.engine import RunResult, new_run_id, source_of
 from scheduler.inputs import unknown_input
-from scheduler.records import BadRecord, read_records, record_format, windows
+from scheduler.records import BadRecord, read_records, windows
 from worker import datasets, settings, signing
 from worker.app import current_app
 from worker.build import item_chain
@@ -56,13 +56,18 @@ def prepare(
     inputs: dict[str, Any] | None,
     items: Items,
     *,
+    backend: str,
+    run_id: str | None = None,
     as_: str = RECORD,
     fmt: str | None = None,
+    skip_bad_records: bool = False,
     tolerated_failure_percent: float | None = None,
     tolerated_failure_count: int | None = None,
     chunk_size: int | None = None,
-) -> tuple[Any, Dataset, dict[str, Any]]:
-    """(workflow, Dataset, the store of inputs common to every record), all checked before anything runs."""
+) -> tuple[RunRecord, Dataset, dict[str, Any], Iterator[tuple[list, dict[int, str]]]]:
+    """(the job's run record, not yet stored; its Dataset; the store of inputs common to every record; the
+    record windows to read), all checked before anything is recorded: a file that cannot be read records no run.
+    """
     wf = load(workflow)
     problems = []
     common = dict(inputs or {})
@@ -86,24 +91,25 @@ def prepare(
         problems.append(f"--tolerated-failure-count: must be 0 or more, got {tolerated_failure_count}")
     if chunk_size is not None and chunk_size < 1:
         problems.append(f"--chunk-size: must be 1 or more, got {chunk_size}")
-    if isinstance(items, str | Path):
-        try:
-            record_format(items, fmt)
-        except ValidationError as exc:
-            problems.extend(exc.problems)
+    size = chunk_size or datasets.DEFAULT_CHUNK_SIZE
+    records: Iterable[Any] = ()
+    try:
+        records = read_records(items, fmt, skip_bad=skip_bad_records)  # a path: its format and opening checked
+    except ValidationError as exc:
+        problems.extend(exc.problems)
     if problems:
         raise ValidationError(problems)
     source = str(items) if isinstance(items, str | Path) else None
-    dataset = Dataset(
-        as_, chunk_size or datasets.DEFAULT_CHUNK_SIZE, tolerated_failure_percent, tolerated_failure_count,
-        source, list(common),
-    )  # fmt: skip
-    return wf, dataset, common
+    dataset = Dataset(as_, size, tolerated_failure_percent, tolerated_failure_count, source, list(common))
+    status = "running" if backend == "local" else "queued"
+    record = RunRecord(run_id or new_run_id(), wf.wire(), backend, status, None, source=source_of(workflow))
+    record.dataset = dataset.to_json()
+    return record, dataset, common, record_windows(records, size)
 
 
-def record_windows(items: Items, fmt: str | None, skip_bad: bool, size: int) -> Iterator[tuple[list, dict[int, str]]]:
+def record_windows(records: Iterable[Any], size: int) -> Iterator[tuple[list, dict[int, str]]]:
     """The records in windows of `size`: (records with None where one was bad, {offset: why it was bad})."""
-    for window in windows(read_records(items, fmt, skip_bad=skip_bad), size):
+    for window in windows(records, size):
         bad = {i: r.error for i, r in enumerate(window) if isinstance(r, BadRecord)}
         yield ([None if i in bad else r for i, r in enumerate(window)] if bad else window), bad
 
@@ -114,9 +120,6 @@ def submit(
     inputs: dict[str, Any] | None,
     items: Items,
     *,
-    as_: str = RECORD,
-    fmt: str | None = None,
-    skip_bad_records: bool = False,
     run_id: str | None = None,
     **options: Any,
 ) -> str:
@@ -125,20 +128,17 @@ def submit(
 
     A bad record (without `skip_bad_records`) stops the job: it ends failed naming the file and line, and
     the error is raised here too."""
-    wf, dataset, common = prepare(workflow, inputs, items, as_=as_, fmt=fmt, **options)
-    s = settings.load()
-    with broker_errors(s.result_backend):
+    record, dataset, common, chunks = prepare(workflow, inputs, items, backend="celery", run_id=run_id, **options)
+    run_id = record.run_id
+    with broker_errors(settings.load().result_backend):
         runs = ClusterRuns()
         signing.publishing_signer(current_app())
-        run_id = run_id or new_run_id()
-        record = RunRecord(run_id, wf.wire(), "celery", "queued", None, source=source_of(workflow))
-        record.dataset = dataset.to_json()
         runs.create(record, common)
         ds, state = ClusterDataset(run_id), RunState(run_id)
         ds.start(dataset.chunk_size)
         read = 0
         try:
-            for n, (records, bad) in enumerate(record_windows(items, fmt, skip_bad_records, dataset.chunk_size)):
+            for n, (records, bad) in enumerate(chunks):
                 read += len(records)
                 _, claimed = ds.add(n, records, bad, read)
                 state.set_batch_total(RECORDS, read)
@@ -159,17 +159,13 @@ def redrive(run_id: str, **hooks: Any) -> RunResult | int:
     """Run a finished job's failed records (and those never run) again, under the same run id; every
     success is kept and not run again. A local job runs here (returns its RunResult); a cluster job is
     handed to the workers (returns how many records will run)."""
-    local = LocalRuns.default()
-    record = local.get(run_id)
-    if record is not None:
-        _check_redrivable(record)
-        return _redrive_local(record, local, **hooks)
+    from scheduler.durable import find_run  # durable imports this module
+
+    record, runs = find_run(run_id)
+    _check_redrivable(record)
+    if isinstance(runs, LocalRuns):
+        return _redrive_local(record, runs, **hooks)
     with broker_errors(settings.load().result_backend):
-        runs = ClusterRuns()
-        record = runs.get(run_id)
-        if record is None:
-            raise ValidationError(f"unknown run '{run_id}' (not in {local.path} nor in Redis)")
-        _check_redrivable(record)
         ds = ClusterDataset(run_id)
         if ds.counts()["total"] is None:
             raise ValidationError(f"run {run_id}: its records file was never read to the end; submit it again")
@@ -193,9 +189,6 @@ def run_local(
     inputs: dict[str, Any] | None,
     items: Items,
     *,
-    as_: str = RECORD,
-    fmt: str | None = None,
-    skip_bad_records: bool = False,
     run_id: str | None = None,
     on_event: Callable[[dict[str, Any]], None] | None = None,
     cancelled: threading.Event | None = None,
@@ -203,17 +196,15 @@ def run_local(
 ) -> RunResult:
     """Run the job in this process as the file is read, a window at a time; returns when it ended."""
     started = time.perf_counter()
-    wf, dataset, common = prepare(workflow, inputs, items, as_=as_, fmt=fmt, **options)
+    record, dataset, common, chunks = prepare(workflow, inputs, items, backend="local", run_id=run_id, **options)
     runs = LocalRuns.default()
-    record = RunRecord(run_id or new_run_id(), wf.wire(), "local", "running", None, source=source_of(workflow))
-    record.dataset = dataset.to_json()
     runs.create(record, common)
     ds = LocalDataset(record.run_id, runs)
     ds.start(dataset.chunk_size)
     job = _LocalJob(record, dataset, common, ds, on_event, cancelled)
     read = 0
     try:
-        for n, (records, bad) in enumerate(record_windows(items, fmt, skip_bad_records, dataset.chunk_size)):
+        for n, (records, bad) in enumerate(chunks):
             read += len(records)
             ds.add(n, records, bad, read)
             if not job.stopped():
@@ -233,12 +224,13 @@ def _redrive_local(record: RunRecord, runs: LocalRuns, **hooks: Any) -> RunResul
     ds.stop(None)
     runs.set_status(record.run_id, "running")
     job = _LocalJob(record, dataset, runs.load_store(record.run_id), ds, hooks.get("on_event"), hooks.get("cancelled"))
+    read = ds.counts()["read"]  # a redrive reads no more records
     try:
         for n in ds.needing_work():
             if job.stopped():
                 break
             records, bad = ds.records(n)
-            job.run(n, records, bad, ds.outcomes([n])[0], ds.counts()["read"])
+            job.run(n, records, bad, ds.outcomes([n])[0], read)
     except KeyboardInterrupt:
         runs.set_status(record.run_id, "cancelled", "run cancelled")
         raise

@@ -81,13 +81,13 @@ def read_records(
     if not isinstance(source, str | os.PathLike):
         return iter(source)
     label = os.fspath(source)
-    read = _READERS[record_format(source, fmt)]
     path = Path(source)
-    try:
+    try:  # first: a missing file or a directory says so, not that its name tells no format
         with path.open("rb"):
             pass
     except OSError as exc:
         raise _unreadable(label, exc) from None
+    read = _READERS[record_format(source, fmt)]
     return _checked(read(path, label), label, skip_bad)
 
 

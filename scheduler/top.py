@@ -6,7 +6,8 @@ batch's items, items/s over the last RATE_WINDOW seconds, ETA, failed items — 
 from one `ClusterView` snapshot per refresh (scheduler/metrics.py), the same numbers `chordflow metrics` serves.
 
 Keys are read from the terminal in cbreak mode (one key at a time, no echo; Ctrl-C still works), and the
-terminal's mode is restored however top ends. Not on a terminal, top prints one view and exits.
+terminal's mode is restored however top ends. Not on a terminal, top prints one view and exits (1 when Redis
+does not answer).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from rich.progress_bar import ProgressBar
 from rich.table import Table
 from rich.text import Text
 
+from ir.errors import BackendError
 from scheduler.metrics import ClusterSnapshot, ClusterView, RunView
 from worker import redact
 
@@ -174,8 +176,13 @@ def run(interval: float = 1.0, queues: Iterable[str] = ()) -> None:
         rates.add(snap)
         return render(snap, rates, source)
 
-    if not console.is_terminal:
-        console.print(frame())
+    if not console.is_terminal:  # one view; Redis away is an error (one line on stderr, exit 1)
+        try:
+            snap = view.snapshot()
+        except Exception as exc:
+            raise BackendError(f"chordflow top: cannot read the cluster at {source}: {exc}") from None
+        rates.add(snap)
+        console.print(render(snap, rates, source))
         return
     with keys(sys.stdin) as read_key, Live(console=console, auto_refresh=False, screen=True) as live:
         try:

@@ -168,6 +168,17 @@ def test_a_malformed_record_is_one_line_naming_file_and_line_or_a_failed_record(
     assert row["index"] == 56 and "line 57" in row["error"]
 
 
+def test_a_records_file_that_cannot_be_read_is_a_usage_error_that_records_no_run(job: dict, tmp_path: Path) -> None:
+    from worker.local_runs import LocalRuns
+
+    before = [r.run_id for r in LocalRuns.default().recent()]
+    for items, error in ((tmp_path / "none.jsonl", "file not found"), (tmp_path, "is a directory, not a file")):
+        done = cli("run", job["wf"], "--items", items)
+        assert done.returncode == 2
+        assert done.stderr.strip() == f"error: {items}: {error}"
+    assert [r.run_id for r in LocalRuns.default().recent()] == before
+
+
 def test_csv_records_with_fields_as_inputs_and_csv_results(backend: str, tmp_path: Path) -> None:
     wf = tmp_path / "wf.json"
     wf.write_text(

@@ -86,6 +86,19 @@ def scrape_until(port: int, condition: Callable[[Samples], bool], what: str, tim
     return samples
 
 
+def worker_counted(ops: Ops, node: str, *, chunks: int, ok: int, failed: int) -> Samples:
+    """Scrape the worker until it has counted `chunks` chunks of `node`; its items of `node` by outcome are then
+    `ok` and `failed`. Returns the scrape."""
+    worker = scrape_until(
+        ops.worker_port,
+        lambda s: value(s, "chordflow_chunk_duration_seconds_count", node=node) == chunks,
+        f"the worker to count {chunks} chunks of {node}",
+    )
+    assert value(worker, "chordflow_items_processed_total", node=node, outcome="ok") == ok
+    assert value(worker, "chordflow_items_processed_total", node=node, outcome="failed") == failed
+    return worker
+
+
 def gated_batch(tmp_path: Path, name: str) -> tuple[dict[str, Any], dict[str, Any], Path]:
     """Six items, one per chunk: item 0 waits for the gate (holding one pool process), item 5 fails."""
     gate = tmp_path / "gate"
@@ -129,13 +142,7 @@ def test_a_scrape_shows_a_running_batch_and_the_worker_counts_every_pool_process
     assert value(going, "chordflow_queue_messages", queue="chordflow") == 0
 
     # The worker's own counts so far: the chunks of the pool process that was free.
-    worker = scrape_until(
-        ops.worker_port,
-        lambda s: value(s, "chordflow_chunk_duration_seconds_count", node="b") == 5,
-        "the worker to count 5 chunks",
-    )
-    assert value(worker, "chordflow_items_processed_total", node="b", outcome="ok") == 4
-    assert value(worker, "chordflow_items_processed_total", node="b", outcome="failed") == 1
+    worker_counted(ops, "b", chunks=5, ok=4, failed=1)
 
     gate.write_text("open")
     assert scheduler.wait(run_id, timeout=60).status == "success"
@@ -147,13 +154,7 @@ def test_a_scrape_shows_a_running_batch_and_the_worker_counts_every_pool_process
     assert value(after, "chordflow_run_items_done", run=run_id, workflow="metrics-gated") is None  # running runs only
 
     # Item 0 ran in the other pool process: its counts are added to the first one's (multiprocess mode).
-    worker = scrape_until(
-        ops.worker_port,
-        lambda s: value(s, "chordflow_chunk_duration_seconds_count", node="b") == 6,
-        "the worker to count the 6th chunk",
-    )
-    assert value(worker, "chordflow_items_processed_total", node="b", outcome="ok") == 5
-    assert value(worker, "chordflow_items_processed_total", node="b", outcome="failed") == 1
+    worker = worker_counted(ops, "b", chunks=6, ok=5, failed=1)
     assert value(worker, "chordflow_task_wait_seconds_count", task="chordflow.run_chunk") == 6
     assert value(worker, "chordflow_advance_duration_seconds_count") == 2  # dispatch the batch; end the run
 

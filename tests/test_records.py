@@ -401,6 +401,12 @@ def test_a_directory_is_one_error_naming_the_path() -> None:
         read_records("items.json")
 
 
+def test_a_missing_file_or_a_directory_says_so_before_its_name_is_asked_for_a_format() -> None:
+    os.mkdir("items")
+    assert error_of("items") == "items: is a directory, not a file"
+    assert error_of("items.txt") == "items.txt: file not found"
+
+
 def through_a_pipe(content: bytes, fmt: str) -> tuple[list[Any] | None, str | None]:
     """`read_records` on a pipe (`--items <(zcat items.gz)`): a file that cannot be read twice."""
     read_end, write_end = os.pipe()

@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 import scheduler
-from scheduler.localcluster import Cluster
+from scheduler.localcluster import Cluster, free_port
 from tests.test_cli import ROOT, run_cli
 from tests.test_cli_terminal import ANSI
 from tests.test_metrics import gated_batch
@@ -73,3 +73,11 @@ def test_top_without_a_terminal_prints_one_view(celery_cluster: Cluster, tmp_pat
     assert shown.returncode == 0, shown.stderr
     assert run_id in shown.stdout and "top-once" in shown.stdout
     assert scheduler.wait(run_id, timeout=60).status == "success"
+
+
+def test_top_without_a_terminal_and_redis_away_says_so_in_one_line_and_exits_1() -> None:
+    nowhere = f"redis://127.0.0.1:{free_port()}/0"
+    shown = run_cli("top", env={**os.environ, "CHORDFLOW_BROKER_URL": nowhere, "CHORDFLOW_RESULT_BACKEND": nowhere})
+    assert shown.returncode == 1
+    [line] = shown.stderr.strip().splitlines()
+    assert line.startswith(f"error: chordflow top: cannot read the cluster at {nowhere}: ")

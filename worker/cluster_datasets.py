@@ -45,8 +45,8 @@ class ClusterDataset:
         self.redis = client()
         self.ttl = settings.load().run_ttl
         names = ("ds", "ds:todo", "ds:pending", "ds:out", "ds:cov", "ds:fails", "ds:rec", "cancel")
-        self.keys = [*(key(run_id, n) for n in names), key(run_id, f"abort:{RECORDS}"), key(run_id, "ds:next")]
-        self.keys.append(key(run_id, "ds:reader"))
+        self.keys = [key(run_id, name) for name in (*names, f"abort:{RECORDS}", "ds:next", "ds:reader")]
+        self.started = key(run_id, "ds:started")  # chunks a task has begun (see `orphans`)
         self._step = script(self.redis, "dataset_step")
         self._size, self._read = 0, None  # chunk_length's, once the whole file is read
 
@@ -106,8 +106,7 @@ class ClusterDataset:
         return bool(self.redis.sismember(self.keys[2], n))
 
     def mark_started(self, n: int) -> None:
-        self.redis.sadd(key(self.run_id, "ds:started"), n)
-        self.redis.expire(key(self.run_id, "ds:started"), self.ttl)
+        self.redis.pipeline().sadd(self.started, n).expire(self.started, self.ttl).execute()
 
     def orphans(self) -> list[int]:
         """Once, after the reader died: chunks it claimed (pending) that no task has started — it may have
@@ -116,7 +115,7 @@ class ClusterDataset:
             return []  # the reader is alive, or finished reading: everything it claimed was sent
         if not self.redis.hsetnx(self.keys[0], "resent", 1):
             return []
-        started = {int(n) for n in self.redis.smembers(key(self.run_id, "ds:started"))}
+        started = {int(n) for n in self.redis.smembers(self.started)}
         return sorted(int(n) for n in self.redis.smembers(self.keys[2]) if int(n) not in started)
 
     def claimed_by(self, n: int) -> list[int]:

@@ -23,7 +23,7 @@ from worker import settings
 from worker.aggregate import ChunkResult
 from worker.batch_rows import Row, rows_of_aggregate, rows_of_chunks
 from worker.local_runs import Unrecoverable
-from worker.runs import FINAL, RunRecord, TrailStep
+from worker.runs import FINAL, RunRecord, TrailStep, trail_action
 from worker.runstate import RunState, client, script
 from worker.stepper import Step
 
@@ -108,8 +108,8 @@ class ClusterRuns:
     # -- checkpoints --------------------------------------------------------------------------------
     def checkpoint(self, run_id: str, step: int, result: Step, batch: dict[str, int] | None = None) -> bool:
         args: list[Any] = [step, result.next_node or "", result.node, time.time(), self.ttl]
-        action = "default" if result.action is None else str(result.action)
-        args += [json.dumps(batch) if batch else "", json.dumps([action, result.config, result.reads])]
+        entry = json.dumps([trail_action(result.action), result.config, result.reads])  # this step in the `steps` list
+        args += [json.dumps(batch) if batch else "", entry]
         args += [len(result.deleted), *result.deleted]
         for name, value in result.changed.items():
             args += [name, snapshot.encode(value, label=f"store key '{name}'")]

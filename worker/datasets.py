@@ -34,6 +34,8 @@ RECORDS = "records"
 DEFAULT_CHUNK_SIZE = 500
 #: `results` of a finished run: records that never ran (the run was cancelled or stopped by its threshold).
 NOT_RUN = "not run: the run ended before this record ran (chordflow redrive RUN runs it)"
+#: How often `results` on a running job looks again for a chunk not stored or not finished yet.
+POLL_SECONDS = 0.2
 
 
 @dataclass
@@ -175,26 +177,33 @@ def rows(store: DatasetStore, chunk_size: int, *, ended: Callable[[], bool], don
     """`{"index", "result", "error"}` per record in input order, read a few chunks at a time.
 
     `done_only`: only the records whose chunk has finished (skipping the others). Otherwise a chunk not
-    finished yet is waited for while the run goes on; once the run has ended its records are NOT_RUN.
+    finished yet is polled for (every POLL_SECONDS) while the run goes on; once the run has ended its
+    records are NOT_RUN. `ended` is asked before the store is read: what a run stored before it ended is
+    then always seen.
     """
     n = 0
-    while n < store.chunk_count() or not (ended() or done_only):
-        if n >= store.chunk_count():  # the client is still reading the file
-            time.sleep(0.2)
+    while True:
+        over = done_only or ended()
+        count = store.chunk_count()
+        if n >= count:
+            if over:
+                return
+            time.sleep(POLL_SECONDS)  # the client is still reading the file
             continue
-        ns = list(range(n, min(n + 8, store.chunk_count())))
+        ns = list(range(n, min(n + 8, count)))
         for m, chunk in zip(ns, store.outcomes(ns), strict=True):
-            length = store.chunk_length(m)
-            while chunk is None and not done_only and not ended():
-                time.sleep(0.2)
+            while chunk is None and not done_only:  # not finished when the few chunks were read: wait
+                over = ended()
                 chunk = store.outcomes([m])[0]
-            if chunk is None:
-                if not done_only:
-                    yield from _not_run(m * chunk_size, m * chunk_size + length)
-                continue
-            yield from rows_of_chunks([chunk])
+                if chunk is not None or over:
+                    break
+                time.sleep(POLL_SECONDS)
+            start, stop = m * chunk_size, m * chunk_size + store.chunk_length(m)
+            if chunk is not None:
+                yield from rows_of_chunks([chunk])
+                start = chunk.start + len(chunk.results)
             if not done_only:
-                yield from _not_run(chunk.start + len(chunk.results), m * chunk_size + length)
+                yield from _not_run(start, stop)
         n = ns[-1] + 1
 
 

@@ -24,7 +24,7 @@ from ir import snapshot
 from ir.errors import SnapshotError
 from worker.aggregate import ChunkResult
 from worker.batch_rows import Row, rows_of_aggregate, rows_of_chunks
-from worker.runs import RunRecord, TrailStep
+from worker.runs import RunRecord, TrailStep, trail_action
 from worker.stepper import Step
 
 COLUMNS = "run_id, workflow, backend, status, node, step, error, created, updated, source, batches, dataset"
@@ -143,9 +143,10 @@ class LocalRuns:
             touched = [*map(str, result.changed), *result.deleted]
             self._log_undo(run_id, step, [key for key in touched if key not in result.created])
             self._write_keys(run_id, result.changed, result.deleted)
+            entry = (result.node, trail_action(result.action), result.config, result.reads, json.dumps(touched))
             self.db.execute(
                 "INSERT OR REPLACE INTO trail (run_id, step, node, action, config, reads, keys) VALUES (?,?,?,?,?,?,?)",
-                (run_id, step, result.node, _action(result.action), result.config, result.reads, json.dumps(touched)),
+                (run_id, step, *entry),
             )
             if batch is not None:
                 self.db.execute(
@@ -171,12 +172,11 @@ class LocalRuns:
         the store back to before that step (a key the trail lists without an undo row was absent). Copied
         inside SQLite, nothing encoded; a step writing only new keys (a node's namespace, the first time
         it runs) copies nothing and costs no statement."""
-        if keys:
-            self.db.execute(
-                "INSERT OR IGNORE INTO undo SELECT run_id, ?, key, value, type FROM store "
-                "WHERE run_id = ? AND key IN (SELECT value FROM json_each(?))",
-                (step, run_id, json.dumps(keys)),
-            )
+        copy = "INSERT OR IGNORE INTO undo SELECT run_id, ?, key, value, type FROM store WHERE run_id = ? AND key "
+        if len(keys) == 1:  # the usual step: one key, looked up directly (no JSON to build and parse)
+            self.db.execute(copy + "= ?", (step, run_id, keys[0]))
+        elif keys:
+            self.db.execute(copy + "IN (SELECT value FROM json_each(?))", (step, run_id, json.dumps(keys)))
 
     def load_store(self, run_id: str) -> dict[str, Any]:
         with self.lock:
@@ -245,11 +245,9 @@ class LocalRuns:
                         self.db.execute("INSERT OR REPLACE INTO store VALUES (?,?,?,?)", (run_id, key, *old))
                 for table in ("undo", "trail"):
                     self.db.execute(f"DELETE FROM {table} WHERE run_id = ? AND step >= ?", (run_id, step))
-                tables = {row[0] for row in self.db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
                 for table, column in (("chunks", "batch"), ("branches", "section")):  # keyed `<node>#<step>`
-                    if table in tables:
-                        where = f"run_id = ? AND {_STEP_OF.format(column=column)} >= ?"
-                        self.db.execute(f"DELETE FROM {table} WHERE {where}", (run_id, step))
+                    where = f"run_id = ? AND {_STEP_OF.format(column=column)} >= ?"
+                    self.db.execute(f"DELETE FROM {table} WHERE {where}", (run_id, step))
                 self.db.execute("UPDATE runs SET step = ?, updated = ? WHERE run_id = ?", (step, time.time(), run_id))
             except BaseException:
                 self.db.execute("ROLLBACK")
@@ -294,11 +292,6 @@ class LocalRuns:
             last = max((b for (b,) in batches), key=lambda b: int(b.rsplit("#", 1)[1]))
             return rows_of_chunks(self.saved_chunks(run_id, last))
         raise LookupError(f"run {run_id} has no batch results for node '{node}'")
-
-
-def _action(action: Any) -> str:
-    """The action as the trail keeps it (what the flow followed: None is `default`)."""
-    return "default" if action is None else str(action)
 
 
 def _record(row: tuple[Any, ...]) -> RunRecord:

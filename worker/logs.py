@@ -99,7 +99,7 @@ class JsonFormatter(logging.Formatter):
 
     def format(self, record: logging.LogRecord) -> str:
         line: dict[str, Any] = {
-            "time": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created)) + f".{int(record.msecs):03d}Z",
+            "time": _utc(record.created, int(record.msecs)),
             "level": record.levelname,
             "logger": record.name,
             "message": redact.mask(record.getMessage()),
@@ -117,6 +117,11 @@ class JsonFormatter(logging.Formatter):
         if record.stack_info:
             line["stack"] = redact.mask(self.formatStack(record.stack_info))
         return json.dumps(line, default=str, ensure_ascii=False)
+
+
+def _utc(seconds: float, millis: int) -> str:
+    """A JSON line's `time`: UTC, ISO 8601, to the millisecond."""
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(seconds)) + f".{millis:03d}Z"
 
 
 def _current_task() -> tuple[str, str] | None:
@@ -159,8 +164,8 @@ def say_json(msg: str, f: Any = sys.__stderr__) -> None:
     """Celery's `safe_say` as a JSON line. It runs in signal handlers: no logging and no lock (so of the masks,
     only URL credentials: a restart notice shows the command line), one os.write."""
     now = time.time()
-    stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(now)) + f".{int(now % 1 * 1000):03d}Z"
     message = redact.URL_RE.sub(lambda url: redact.mask_url(url.group()), msg.strip())
+    stamp = _utc(now, int(now % 1 * 1000))
     line = {"time": stamp, "level": "WARNING", "logger": "celery.apps.worker", "message": message}
     with contextlib.suppress(OSError, ValueError, AttributeError):
         os.write(f.fileno(), (json.dumps(line, ensure_ascii=False) + "\n").encode())

@@ -16,7 +16,6 @@ import threading
 import uuid
 from typing import Any
 
-import ir
 from ir import snapshot
 from ir.branches import Section
 from ir.errors import RunCancelled
@@ -27,9 +26,8 @@ from worker.backend import BatchJob
 from worker.cluster_runs import ClusterRuns, key
 from worker.context import RunContext
 from worker.dispatch import dispatch_batch
-from worker.flow import build_flow
-from worker.nodes import registry
-from worker.parallel import BranchSink, BranchState, merged
+from worker.flow import WorkflowFlow, build_flow, validated
+from worker.parallel import BranchSink, BranchState, BranchSteps, StopFlag, StoredBranches, merged
 from worker.remote import rebuild, stored_batch_result
 from worker.runs import FINAL, RECORD_STATUS, StepJournal
 from worker.runstate import RunState
@@ -115,10 +113,10 @@ def advance(self: Any, run_id: str, step: int) -> str:
             runs.set_status(run_id, "cancelled", "run cancelled")
             _ended(runs, run_id, record.status, "cancelled", record.node)
             return "cancelled"
-        flow = build_flow(ir.load(record.workflow, node_types=registry.names()))
+        flow = _flow(record.workflow)
         store = runs.load_store(run_id)
         ctx.backend = ClusterBatches(run_id, ctx, runs, state)
-        ctx.cancelled = _CancelFlag(state)
+        ctx.cancelled = StopFlag(state.cancelled)  # the run's cancel flag in Redis, read between nodes
         ctx.sections = ClusterSections(run_id, runs, state)
         runs.set_status(run_id, "running", node=record.node)
         if record.status != "running":
@@ -154,17 +152,6 @@ def _ended(runs: ClusterRuns, run_id: str, before: str, after: str, node: str | 
     logs.transition(run_id, before, after, node=node, steps=steps, items=items, failed=failed, error=error)
 
 
-class _CancelFlag(threading.Event):
-    """The run's cancel flag in Redis, read as the stepper's `cancelled` event between nodes."""
-
-    def __init__(self, state: RunState):
-        super().__init__()
-        self.state = state
-
-    def is_set(self) -> bool:
-        return super().is_set() or self.state.cancelled()
-
-
 # -- parallel sections: each branch is a cursor of its own ------------------------------------------------------
 
 
@@ -179,7 +166,7 @@ class ClusterSections:
 
     def run(self, flow: Any, section: Section, store: dict[str, Any], ctx: RunContext) -> Step:
         key = ctx.batch_key(section.node_id)
-        saved = {b: BranchState.from_wire(w) for b, w in self.runs.load_branches(self.run_id, key).items()}
+        saved = StoredBranches(self.runs, self.run_id).load(key)
         states = [saved.get(b) or BranchState(b, b, ctx.step) for b in section.branches]
         if self.state.mark_dispatched(key):  # the first time here, or a resume: start every unfinished branch
             todo = [s for s in states if not s.finished]
@@ -206,29 +193,6 @@ def _encoded(state: BranchState) -> bytes:
     return snapshot.encode(state.to_wire(), label=f"branch '{state.branch}'")
 
 
-class _BranchStop(threading.Event):
-    """A branch stops when the run is cancelled or (fail_fast) another branch of its section failed."""
-
-    def __init__(self, state: RunState, key: str):
-        super().__init__()
-        self.state, self.key = state, key
-
-    def is_set(self) -> bool:
-        return self.state.should_stop(self.key)
-
-
-class _BranchSteps:
-    """A branch's stepper journal on the cluster: each step folded into its state, kept in Redis."""
-
-    def __init__(self, runs: ClusterRuns, run_id: str, key: str, state: BranchState):
-        self.runs, self.run_id, self.key, self.state = runs, run_id, key, state
-
-    def checkpoint(self, step: int, result: Step) -> None:
-        self.state.record(result)
-        self.state.node, self.state.step = result.next_node, step + 1
-        self.runs.save_branch(self.run_id, self.key, self.state.branch, _encoded(self.state))
-
-
 @task(name="chordflow.advance_branch", bind=True, max_retries=None, acks_late=True)
 def advance_branch(self: Any, run_id: str, key: str, branch: str, step: int) -> str:
     """Advance one branch of a parallel section from `step` until it reaches the fan-in (then join), fails,
@@ -253,21 +217,22 @@ def advance_branch(self: Any, run_id: str, key: str, branch: str, step: int) -> 
         if state.status != "running":  # it ended while this task waited for the lease
             _join(runs, run_id, key, branch, len(_section(record.workflow, key).branches))
             return "joined"
-        flow = build_flow(ir.load(record.workflow, node_types=registry.names()))
+        flow = _flow(record.workflow)
         section = _section(record.workflow, key, flow)
         store = runs.load_store(run_id)
         for name in state.deleted:
             store.pop(name, None)
         store.update(state.changed)
         sink = BranchSink(lambda event: rstate.publish_branch_event(event), branch)
-        ctx = RunContext(sink=sink, cancelled=_BranchStop(rstate, key))
+        # A branch stops when the run is cancelled or (fail_fast) another branch of its section failed.
+        ctx = RunContext(sink=sink, cancelled=StopFlag(lambda: rstate.should_stop(key)))
         ctx.backend = ClusterBatches(run_id, ctx, runs, rstate, branch=(key, branch))
+        journal = BranchSteps(state, lambda kept: runs.save_branch(run_id, key, branch, _encoded(kept)))
         try:
             with context.using(ctx):
                 cursor = drive(
-                    flow, Cursor(state.node, state.step), store, ctx, _BranchSteps(runs, run_id, key, state),
-                    stop_before=section.fan_in.__eq__,
-                )  # fmt: skip
+                    flow, Cursor(state.node, state.step), store, ctx, journal, stop_before=section.fan_in.__eq__
+                )
             state.status, state.node = "done", cursor.node
         except Suspended:
             return "dispatched"
@@ -289,9 +254,15 @@ def advance_branch(self: Any, run_id: str, key: str, branch: str, step: int) -> 
         lease.release()
 
 
-def _section(workflow: dict[str, Any], key: str, flow: Any = None) -> Section:
+def _flow(workflow: dict[str, Any]) -> WorkflowFlow:
+    """An advance's flow: node instances of this task's own, from the run's workflow validated once per
+    content on this process (every advance and branch advance of a run reads the same one)."""
+    return build_flow(validated(workflow))
+
+
+def _section(workflow: dict[str, Any], key: str, flow: WorkflowFlow | None = None) -> Section:
     """The section a branch key (`<fork>:parallel#<step>`) names."""
-    flow = flow or build_flow(ir.load(workflow, node_types=registry.names()))
+    flow = flow or _flow(workflow)
     return flow.sections[key.rsplit("#", 1)[0]]
 
 
@@ -302,5 +273,4 @@ def _join(runs: ClusterRuns, run_id: str, key: str, branch: str, branches: int) 
 
 
 def _branch_state(runs: ClusterRuns, run_id: str, key: str, branch: str) -> BranchState | None:
-    wire = runs.load_branches(run_id, key).get(branch)
-    return BranchState.from_wire(wire) if wire is not None else None
+    return StoredBranches(runs, run_id).load(key).get(branch)

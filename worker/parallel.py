@@ -11,6 +11,7 @@ branch only; with `fan_in_error_handling: fail_fast` the first failure stops the
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 from collections.abc import Callable
@@ -109,15 +110,16 @@ class BranchSink:
             self.sink(event)
 
 
-class _Either(threading.Event):
-    """Set when the run is cancelled or the section stops (fail_fast): what a branch's stepper and batches read."""
+class StopFlag(threading.Event):
+    """An event that also reads as set when `stopped()` says so: a branch's stop (the run cancelled, or its
+    section stopped by fail_fast), as its stepper and batches read it, whether held in memory or in Redis."""
 
-    def __init__(self, run: threading.Event, section: threading.Event):
+    def __init__(self, stopped: Callable[[], bool]):
         super().__init__()
-        self.run, self.section = run, section
+        self.stopped = stopped
 
     def is_set(self) -> bool:
-        return self.run.is_set() or self.section.is_set()
+        return super().is_set() or self.stopped()
 
 
 class ThreadedSections:
@@ -184,9 +186,9 @@ class ThreadedSections:
             bstore.pop(name, None)
         bstore.update(state.changed)
         sink = BranchSink(parent.sink, branch)
-        ctx = RunContext(sink=sink, cancelled=_Either(parent.cancelled, stop))
+        ctx = RunContext(sink=sink, cancelled=StopFlag(lambda: parent.cancelled.is_set() or stop.is_set()))
         ctx.backend = self.backend_for(ctx)
-        journal = _Steps(state, self.journal, key)
+        journal = BranchSteps(state, functools.partial(self.journal.save, key) if self.journal else None)
         try:
             with context.using(ctx):
                 cursor = drive(
@@ -206,17 +208,18 @@ class ThreadedSections:
             parent.emit({"type": "branch_complete", "branch": branch, "ok": state.status == "done"})
 
 
-class _Steps:
-    """The branch's stepper journal: folds each step into the branch state and keeps it (when journaled)."""
+class BranchSteps:
+    """A branch's stepper journal, in-process and on the cluster: folds each step into the branch state,
+    then hands it to `save` (when the branch is kept somewhere)."""
 
-    def __init__(self, state: BranchState, journal: BranchJournal | None, key: str):
-        self.state, self.journal, self.key = state, journal, key
+    def __init__(self, state: BranchState, save: Callable[[BranchState], None] | None = None):
+        self.state, self.save = state, save
 
     def checkpoint(self, step: int, result: Step) -> None:
         self.state.record(result)
         self.state.node, self.state.step = result.next_node, step + 1
-        if self.journal is not None:
-            self.journal.save(self.key, self.state)
+        if self.save is not None:
+            self.save(self.state)
 
 
 def merged(section: Section, states: list[BranchState]) -> Step:

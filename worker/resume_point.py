@@ -40,25 +40,24 @@ class ResumePoint:
 def resume_point(steps: list[TrailStep], record: RunRecord, flow: WorkflowFlow) -> ResumePoint:
     """Where run `record` (whose completed steps are `steps`) goes on under the workflow of `flow`."""
     expected: str | None = flow.start_id
-    for i, step in enumerate(steps):
-        kept = [s.node for s in steps[:i]]
+    nodes = [s.node for s in steps]
+    for i, step in enumerate(steps):  # the nodes before step i are kept: nodes[:i]
         if step.node != expected:
             why = f"the flow now goes to '{expected}' at step {i}, not '{step.node}'" if expected else "the flow ends"
-            return ResumePoint(i, expected, kept, why, rewind=True)
+            return ResumePoint(i, expected, nodes[:i], why, rewind=True)
         facts = facts_of(flow, step.node)
         if step.config is None or facts is None or facts.config != step.config:
-            return ResumePoint(i, step.node, kept, f"node '{step.node}' changed", rewind=True)
+            return ResumePoint(i, step.node, nodes[:i], f"node '{step.node}' changed", rewind=True)
         successor = getattr(flow.get_next_node(flow.nodes[step.node], step.action), "node_id", None)
         if successor is None and step.action == "error":  # it ended the run failed: run it again
-            return ResumePoint(i, step.node, kept, f"node '{step.node}' returned 'error'", rewind=True)
+            return ResumePoint(i, step.node, nodes[:i], f"node '{step.node}' returned 'error'", rewind=True)
         expected = successor
-    kept = [s.node for s in steps]
     if expected != record.node:
         why = f"the flow now goes on with '{expected}'" if expected else "the flow now ends here"
-        return ResumePoint(len(steps), expected, kept, why, rewind=True)
+        return ResumePoint(len(steps), expected, nodes, why, rewind=True)
     if expected is not None and _changed(record.workflow, flow, expected):
-        return ResumePoint(len(steps), expected, kept, f"node '{expected}' changed", rewind=True)
-    return ResumePoint(len(steps), expected, kept)
+        return ResumePoint(len(steps), expected, nodes, f"node '{expected}' changed", rewind=True)
+    return ResumePoint(len(steps), expected, nodes)
 
 
 def _changed(old_workflow: dict[str, Any], flow: WorkflowFlow, node_id: str) -> bool:

@@ -60,6 +60,11 @@ class TrailStep:
     reads: str | None = None
 
 
+def trail_action(action: Any) -> str:
+    """A step's action as the trail keeps it (what the flow followed: None is `default`)."""
+    return "default" if action is None else str(action)
+
+
 class StepJournal:
     """The stepper's journal for a recorded run: each step to its run store, with batch counts."""
 

@@ -17,19 +17,16 @@ validate) everywhere.
 from __future__ import annotations
 
 import copy
-import difflib
 from collections.abc import Callable, Iterator
 from typing import Any
 
 from ir.errors import TemplateError
 from ir.subworkflows import SUB_PARAMS
 from ir.templates import references
-from scheduler.repair.failure import undeclared_params
+from scheduler.repair.failure import closest, undeclared_params
 from scheduler.repair.generators import RepairRequest, register_generator
 from worker.nodes import registry
 
-#: Names longer than this are not matched (difflib is quadratic in the length).
-MAX_MATCHED = 200
 _NOTHING = object()
 
 
@@ -41,13 +38,6 @@ class DeterministicGenerator:
         workflow = copy.deepcopy(request.workflow)
         fixed = [change for fix in FIXES for change in fix(workflow, request)]
         return workflow if fixed else None
-
-
-def closest(name: Any, candidates: Any) -> str | None:
-    if not isinstance(name, str) or len(name) > MAX_MATCHED:
-        return None
-    found = difflib.get_close_matches(name, [c for c in candidates if isinstance(c, str)], n=1, cutoff=0.6)
-    return found[0] if found else None
 
 
 def _suspects(workflow: dict[str, Any], request: RepairRequest) -> list[dict[str, Any]]:

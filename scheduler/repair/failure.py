@@ -95,6 +95,18 @@ def diagnose(failure: Failure, workflow: dict[str, Any]) -> str | None:
     return f"{failure.error}: {where} raised from its own logic (not a mistake in the workflow)"
 
 
+#: Names longer than this are not matched (difflib is quadratic in the length).
+MAX_MATCHED = 200
+
+
+def closest(name: Any, candidates: Any) -> str | None:
+    """The candidate `name` is most likely a misspelling of ("did you mean"), or None."""
+    if not isinstance(name, str) or len(name) > MAX_MATCHED:
+        return None
+    found = difflib.get_close_matches(name, [c for c in candidates if isinstance(c, str)], n=1, cutoff=0.6)
+    return found[0] if found else None
+
+
 def declared_params(node_type: str) -> list[str] | None:
     """The params a node type declares (`PARAMS`), or None when it declares none or takes any (`*`)."""
     try:
@@ -113,7 +125,7 @@ def undeclared_params(node: dict[str, Any]) -> dict[str, str]:
     free = [name for name in declared if name not in params]
     found = {}
     for name in params:
-        if name not in declared and (close := difflib.get_close_matches(name, free, n=1, cutoff=0.6)):
-            found[name] = close[0]
-            free.remove(close[0])
+        if name not in declared and (close := closest(name, free)):
+            found[name] = close
+            free.remove(close)
     return found

@@ -10,12 +10,12 @@ model needs — and corrects the reference the error names to the closest availa
 
 from __future__ import annotations
 
-import difflib
 import json
 import os
 import re
 from typing import Any
 
+from scheduler.repair.failure import closest
 from scheduler.repair.generators import GeneratorError, RepairRequest, register_generator
 from worker.nodes.llm import FAKE, llm_package
 
@@ -108,8 +108,8 @@ def fake_answer(prompt: str) -> str:
     error = _section(prompt, "## Error")
     keys = [k.strip() for k in _section(prompt, "## Keys available where it failed").split(",") if k.strip()]
     missing = re.search(r"cannot resolve (\$\{[^}]*\}): '([^']*)' not found", error)
-    if missing and (close := difflib.get_close_matches(missing.group(2), keys, n=1, cutoff=0.6)):
-        workflow = workflow.replace(missing.group(1), "${" + close[0] + "}")
+    if missing and (close := closest(missing.group(2), keys)):
+        workflow = workflow.replace(missing.group(1), "${" + close + "}")
     for wrong, right in re.findall(r"'([^']+)' \(did you mean '([^']+)'\?\)", error):
         workflow = workflow.replace(f'"{wrong}"', f'"{right}"').replace("${" + wrong, "${" + right)
     return f"Here is the repaired workflow:\n```json\n{workflow}\n```\n"

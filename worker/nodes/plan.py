@@ -158,19 +158,29 @@ def _calls(params: Mapping[str, Any]) -> Iterator[tuple[str, str, dict[str, Any]
         yield call_label(index, uid), uid, calls[index]
 
 
-@register("plan-gather")
-class GatherNode(Node):
-    """Builds the items of one batch of plan calls: each call's varying params, `†state` references resolved."""
+#: The params both plan nodes read the plan and its states from.
+_PLAN_PARAMS = {
+    "plan": "the plan ({'calls': [...]}, usually '${plan}')",
+    "states": "the states by _uid (usually '${__states__}')",
+}
 
-    PARAMS = {
-        "plan": "the plan ({'calls': [...]}, usually '${plan}')",
-        "states": "the states by _uid (usually '${__states__}')",
-        "calls": "[call index, _uid] pairs, one per item, in item order",
-        "keys": "{param name: item key} of the params that vary between the calls",
-    }
+
+class _PlanCallsNode(Node):
+    """A node over some calls of a plan: everything it works on is in its params."""
 
     def prep(self, shared: Any) -> dict[str, Any]:
         return dict(self.params)
+
+
+@register("plan-gather")
+class GatherNode(_PlanCallsNode):
+    """Builds the items of one batch of plan calls: each call's varying params, `†state` references resolved."""
+
+    PARAMS = {
+        **_PLAN_PARAMS,
+        "calls": "[call index, _uid] pairs, one per item, in item order",
+        "keys": "{param name: item key} of the params that vary between the calls",
+    }
 
     def exec(self, params: dict[str, Any]) -> list[dict[str, Any]]:
         states, keys = params["states"], params.get("keys") or {}
@@ -186,19 +196,15 @@ class GatherNode(Node):
 
 
 @register("plan-scatter")
-class ScatterNode(Node):
+class ScatterNode(_PlanCallsNode):
     """Writes each plan call's output (its tool's namespace, or the single value of a one-key namespace)
     at its `_outputPath` in its `_uid`'s state: a new `__states__`, the old one left as it was."""
 
     PARAMS = {
-        "plan": "the plan ({'calls': [...]}, usually '${plan}')",
-        "states": "the states by _uid (usually '${__states__}')",
+        **_PLAN_PARAMS,
         "calls": "[call index, _uid] pairs, in the order of `results`",
         "results": "the batch node's results (one namespace per call)",
     }
-
-    def prep(self, shared: Any) -> dict[str, Any]:
-        return dict(self.params)
 
     def exec(self, params: dict[str, Any]) -> dict[str, Any]:
         states = dict(params["states"])

@@ -10,7 +10,6 @@ not fan out again); the parent run's cancel flag stops it between its nodes.
 
 from __future__ import annotations
 
-import json
 import threading
 from collections import OrderedDict
 from collections.abc import Mapping
@@ -28,10 +27,8 @@ from worker.context import RunContext
 from worker.nodes import registry
 from worker.store import is_dunder
 
-#: Validated sub-workflows kept per process (by content), and flows per thread.
+#: Flows kept per thread (their IR is validated once per content in a process: worker.flow.validated).
 CACHE_SIZE = 32
-_workflows: OrderedDict[str, ir.Workflow] = OrderedDict()
-_flows_lock = threading.Lock()
 _local = threading.local()
 #: worker.flow.WorkflowFlow: not imported here (worker.flow imports the registry, which imports this module).
 Flow = Any
@@ -153,30 +150,10 @@ def _flow(workflow: Any) -> Flow:
     entry = flows.get(id(workflow))
     if entry is not None and entry[0] is workflow:
         return entry[1]
-    from worker.flow import build_flow
+    from worker.flow import build_flow, validated
 
-    flow = build_flow(_validated(workflow))
+    flow = build_flow(validated(workflow))
     flows[id(workflow)] = (workflow, flow)  # holding `workflow` keeps its id from being reused
     while len(flows) > CACHE_SIZE:
         flows.popitem(last=False)
     return flow
-
-
-def _validated(workflow: Any) -> ir.Workflow:
-    """The sub-workflow's validated IR, loaded once per content in this process."""
-    try:
-        key: str | None = json.dumps(workflow, sort_keys=True, default=repr)
-    except (TypeError, ValueError):  # keys that do not sort: loaded every time
-        key = None
-    with _flows_lock:
-        loaded = _workflows.get(key) if key is not None else None
-        if loaded is not None:
-            _workflows.move_to_end(key)
-            return loaded
-    loaded = ir.load(workflow, node_types=registry.names())
-    if key is not None:
-        with _flows_lock:
-            _workflows[key] = loaded
-            while len(_workflows) > CACHE_SIZE:
-                _workflows.popitem(last=False)
-    return loaded
