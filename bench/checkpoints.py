@@ -31,8 +31,8 @@ def loop_workflow(steps: int) -> dict[str, Any]:
 
 def median_checkpoint(runs: Any, store_bytes: int, repeats: int) -> float:
     """Median seconds of one `runs.checkpoint` of one small changed key, beside `store_bytes` of data."""
-    from worker.runs import RunRecord
-    from worker.stepper import Step
+    from worker.engine.stepper import Step
+    from worker.runs.record import RunRecord
 
     store = {"big": "x" * store_bytes} if store_bytes else {}
     runs.create(RunRecord("r", {"nodes": []}, "local", "running", "n"), store)
@@ -46,18 +46,18 @@ def median_checkpoint(runs: Any, store_bytes: int, repeats: int) -> float:
 
 
 def checkpoint_cost(store_bytes: int, repeats: int = 2000) -> float:
-    """On the embedded store (worker/local_runs.py), in a fresh SQLite file."""
-    from worker.local_runs import LocalRuns
+    """On the embedded store (worker/runs/sqlite.py), in a fresh SQLite file."""
+    from worker.runs.sqlite import LocalRuns
 
     return median_checkpoint(LocalRuns(Path(tempfile.mkdtemp()) / "runs.db"), store_bytes, repeats)
 
 
 def redis_checkpoint_cost(store_bytes: int, repeats: int = 2000) -> float:
-    """On Redis (worker/cluster_runs.py, one Lua script per checkpoint), on a bench-owned server."""
+    """On Redis (worker/cluster/state/runs.py, one Lua script per checkpoint), on a bench-owned server."""
     import redis
 
     from scheduler.localcluster import RedisServer
-    from worker.cluster_runs import ClusterRuns
+    from worker.cluster.state.runs import ClusterRuns
 
     server = RedisServer(Path(tempfile.mkdtemp()))
     try:
@@ -68,8 +68,8 @@ def redis_checkpoint_cost(store_bytes: int, repeats: int = 2000) -> float:
 
 def loop_run(steps: int, checkpoints: bool) -> float:
     import scheduler
-    from worker.context import RunContext
-    from worker.stepper import Cursor, drive
+    from worker.engine.context import RunContext
+    from worker.engine.stepper import Cursor, drive
 
     flow = scheduler.compile(loop_workflow(steps))
     started = time.perf_counter()

@@ -3,7 +3,7 @@
 Never the machine's shared Redis: scheduler.localcluster.Cluster starts a private redis-server, and
 `apply_env()` points this (scheduler) process at it before the Celery app is (re)configured. The cluster's
 env holds a random signing key: chordflow's app and the raw-Celery client both sign with it, as the workers
-verify every task message (worker/signing.py) - the baselines pay the same signature as chordflow.
+verify every task message (worker/cluster/signing.py) - the baselines pay the same signature as chordflow.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ import redis
 from bench import raw_tasks, variants
 from bench.measure import WorkerLogs, log
 from scheduler.localcluster import Cluster
-from worker import signing
+from worker.cluster import signing
 
 PLUGINS = "bench.raw_tasks"
 WORKERS = ("w1", "w2")  # two solo workers = 2 worker processes (the same for every Celery variant)
@@ -67,7 +67,7 @@ def start(workdir: Path) -> BenchCluster:
             worker = cluster.start_worker(name, pool=POOL, concurrency=CONCURRENCY)
             log(f"worker {name}: -P {POOL} -c {CONCURRENCY} (pid {worker.pid}) ready")
         previous = cluster.apply_env()
-        from worker.app import current_app
+        from worker.cluster.app import current_app
 
         app = current_app()
         if app.conf.broker_url != cluster.redis.url:
@@ -163,7 +163,7 @@ def machine_facts(bench: BenchCluster | None) -> dict[str, str]:
             f"worker/app.py: serializer {conf.task_serializer}/{conf.result_serializer}, "
             f"acks_late={conf.task_acks_late}, prefetch_multiplier={conf.worker_prefetch_multiplier}, "
             f"result_chord_ordered={conf.result_chord_ordered}, task events on, "
-            "every task message signed and verified (HMAC-SHA256, worker/signing.py)"
+            "every task message signed and verified (HMAC-SHA256, worker/cluster/signing.py)"
         )
         facts["workers"] = (
             f"{len(WORKERS)} x `celery -A worker.app worker -P {POOL} -c {CONCURRENCY} -l info "

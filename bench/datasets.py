@@ -47,7 +47,7 @@ from bench.durable import (
     worker_text,
 )
 from bench.measure import log
-from worker.app import task
+from worker.cluster.app import task
 
 HERE = Path(__file__).resolve().parent
 POOL = "solo"
@@ -108,8 +108,9 @@ def celery_client(path: Path, chunk: int) -> int:
     messages as chordflow's do (the workers drop unsigned ones), as bench/variants.py's baselines."""
     from celery import Celery, group
 
-    from worker import app as worker_app
-    from worker import settings, signing
+    from worker import settings
+    from worker.cluster import app as worker_app
+    from worker.cluster import signing
 
     client = Celery("datasets-bench-client", set_as_current=False)
     client.conf.update(worker_app.config(settings.load()))
@@ -239,7 +240,7 @@ class Bench(durable.Bench):
         self.check_registered()
 
     def check_registered(self) -> None:
-        from worker.app import current_app
+        from worker.cluster.app import current_app
 
         registered = current_app().control.inspect(timeout=2.0, limit=len(WORKERS)).registered() or {}
         needed = {RECORDS_TASK, "chordflow.dataset_chunk"}
@@ -361,7 +362,7 @@ def warm_up(bench: Bench, n: int) -> None:
 def dataset_job(bench: Bench, n: int, chunk_size: int | None = None) -> dict[str, Any]:
     """`chordflow submit WF --items FILE` then `chordflow wait RUN`, timed from submit start to wait end;
     then `chordflow results RUN --out FILE`."""
-    from worker.cluster_runs import ClusterRuns
+    from worker.cluster.state.runs import ClusterRuns
 
     path = bench.records(n)
     extra = ["--chunk-size", str(chunk_size)] if chunk_size else []
@@ -434,7 +435,7 @@ def baseline(bench: Bench, n: int) -> dict[str, Any]:
     workers = bench.peaks.read()
     if child.code != 0 or not phases.get("ok"):
         log(f"baseline {n:,} records did not complete: exit {child.code}, peak rss {mb(child.maxrss)}")
-        from worker.app import current_app
+        from worker.cluster.app import current_app
 
         with contextlib.suppress(Exception):
             current_app().control.purge()

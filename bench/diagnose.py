@@ -29,14 +29,14 @@ FOCUS = (
     ("  snapshot.encode (snapshot + item slices)", "ir/snapshot.py", "encode"),
     ("  chord(header)(body): publish the chunk messages", "celery/canvas.py", "__call__"),
     ("  CeleryBackend._wait (until the batch is done)", "scheduler/backends/celery.py", "_wait"),
-    ("    RunState.read_progress (XREAD, blocks up to POLL_MS)", "worker/runstate.py", "read_progress"),
+    ("    RunState.read_progress (XREAD, blocks up to POLL_MS)", "worker/cluster/state/runstate.py", "read_progress"),
     ("    CeleryBackend._emit_progress", "scheduler/backends/celery.py", "_emit_progress"),
     ("    AsyncResult.ready (chord state)", "celery/result.py", "ready"),
     ("    AsyncResult.failed", "celery/result.py", "failed"),
-    ("    RunState.cancelled (EXISTS per wake-up)", "worker/runstate.py", "cancelled"),
-    ("    RunState.batch_result (GET the stored batch result)", "worker/runstate.py", "batch_result"),
+    ("    RunState.cancelled (EXISTS per wake-up)", "worker/cluster/state/runstate.py", "cancelled"),
+    ("    RunState.batch_result (GET the stored batch result)", "worker/cluster/state/runstate.py", "batch_result"),
     ("  snapshot.decode (the batch result)", "ir/snapshot.py", "decode"),
-    ("  BatchResult.from_wire", "worker/aggregate.py", "from_wire"),
+    ("  BatchResult.from_wire", "worker/batch/aggregate.py", "from_wire"),
 )
 
 
@@ -132,10 +132,10 @@ def local_layers(n: int, repeats: int = 3) -> dict[str, Any]:
     others work: a layer whose API changed is reported as not measured instead of failing the bench.
     """
     from scheduler.compiler import load
-    from worker.backend import BatchJob, LocalBackend
-    from worker.build import item_chain
-    from worker.executor import ItemExecutor, run_items
-    from worker.middleware import item_middleware
+    from worker.batch.backend import BatchJob, LocalBackend
+    from worker.batch.executor import ItemExecutor, run_items
+    from worker.batch.middleware import item_middleware
+    from worker.engine.build import item_chain
 
     items = list(range(n))
     shared = {"items": items}
@@ -200,8 +200,8 @@ def chunk_cost(size: int = 5000, repeats: int = 5) -> tuple[float, float]:
     from bench import raw_tasks
     from ir import snapshot
     from scheduler.compiler import load
-    from worker import tasks
-    from worker.runstate import RunState
+    from worker.cluster import tasks
+    from worker.cluster.state.runstate import RunState
 
     items = list(range(size))
     state = RunState("bench-diagnose")

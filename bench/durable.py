@@ -333,7 +333,7 @@ class Bench:
 
     def stop(self) -> None:
         with contextlib.suppress(Exception):
-            from worker.app import current_app
+            from worker.cluster.app import current_app
 
             current_app().backend.result_consumer.stop()
         self.cluster.stop()
@@ -409,7 +409,7 @@ def durable_scale(bench: Bench, n: int) -> dict[str, Any] | None:
         log(f"wait N={n:,}: not done after {SCALE_LIMIT} s; cancelling run {run_id}")
         bench.cli("cancel", run_id)
         with contextlib.suppress(Exception):
-            from worker.app import current_app
+            from worker.cluster.app import current_app
 
             current_app().control.purge()
         time.sleep(2)
@@ -427,7 +427,7 @@ def durable_scale(bench: Bench, n: int) -> dict[str, Any] | None:
     if lines != n:
         raise RuntimeError(f"chordflow results --node b wrote {lines} lines, expected {n}")
     log(f"results --node b N={n:,}: {streamed.seconds:.3f} s, peak rss {mb(streamed.maxrss)}")
-    from worker.cluster_runs import ClusterRuns
+    from worker.cluster.state.runs import ClusterRuns
 
     record = ClusterRuns().get(run_id)
     timeline = bench.tasks.read()

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from worker.app import app
+from worker.cluster.app import app
 from worker.nodes.echo import NoopNode
 
 NODE_ID = "b"

@@ -54,8 +54,8 @@ def stock_client() -> Celery:
     RunResultBackend skips result subscriptions only inside `backend.quiet()`, around its own chord
     dispatch, so `.get()` works on chordflow's app as well; `cluster.check_get` confirms it at start.)
     """
-    from worker import app as worker_app
     from worker import settings
+    from worker.cluster import app as worker_app
 
     client = Celery("chordflow-bench-client", set_as_current=False)
     client.conf.update(worker_app.config(settings.load()))

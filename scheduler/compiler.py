@@ -6,9 +6,9 @@ from pathlib import Path
 from typing import Any
 
 import ir
-from worker.flow import WorkflowFlow, build_flow
+from worker.engine.flow import WorkflowFlow, build_flow
+from worker.engine.spec_check import param_problems
 from worker.nodes import registry
-from worker.spec_check import param_problems
 
 
 def load(workflow: Any) -> ir.Workflow:

@@ -1,8 +1,8 @@
 """Dataset jobs from the client's side: read the records file in windows and run or submit the job,
-`redrive` its failed records, stream its `results`, report its `status` (issue 9; worker/datasets.py).
+`redrive` its failed records, stream its `results`, report its `status` (issue 9; worker/datasets/job.py).
 
 Locally the windows run in this process as they are read; on the cluster each window is stored in Redis
-as a chunk and the workers take it from there (worker/cluster_datasets.py), a bounded number of chunks
+as a chunk and the workers take it from there (worker/cluster/datasets.py), a bounded number of chunks
 in flight. Either way no process holds all records or all results.
 """
 
@@ -23,18 +23,20 @@ from scheduler.compiler import load
 from scheduler.engine import RunResult, new_run_id, source_of
 from scheduler.inputs import unknown_input
 from scheduler.records import BadRecord, read_records, windows
-from worker import datasets, settings, signing
-from worker.app import current_app
-from worker.build import item_chain
-from worker.cluster_datasets import ClusterDataset, finish_run, go_on, send
-from worker.cluster_runs import ClusterRuns
-from worker.datasets import RECORD, RECORDS, Dataset, run_chunk, verdict
-from worker.executor import ItemExecutor
-from worker.local_datasets import LocalDataset
-from worker.local_runs import LocalRuns
-from worker.middleware import item_middleware
-from worker.runs import FINAL, RunRecord
-from worker.runstate import RunState
+from worker import settings
+from worker.batch.executor import ItemExecutor
+from worker.batch.middleware import item_middleware
+from worker.cluster import signing
+from worker.cluster.app import current_app
+from worker.cluster.datasets import ClusterDataset, finish_run, go_on, send
+from worker.cluster.state.runs import ClusterRuns
+from worker.cluster.state.runstate import RunState
+from worker.datasets import job as datasets
+from worker.datasets.job import RECORD, RECORDS, Dataset, run_chunk, verdict
+from worker.datasets.sqlite import LocalDataset
+from worker.engine.build import item_chain
+from worker.runs.record import FINAL, RunRecord
+from worker.runs.sqlite import LocalRuns
 
 Items = str | Path | Iterable[Any]
 

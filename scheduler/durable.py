@@ -1,5 +1,5 @@
 """Runs that live in the cluster: `submit` records a run in Redis and enqueues its first advance; the
-workers take it from there (worker/orchestrate.py). `wait` follows a run from any process; `status`,
+workers take it from there (worker/cluster/advance.py). `wait` follows a run from any process; `status`,
 `find_run` and `cancel_run` find a run in whichever store recorded it (embedded store, then Redis).
 """
 
@@ -18,16 +18,17 @@ from scheduler.compiler import load
 from scheduler.engine import RunResult, new_run_id, resumable, source_of
 from scheduler.inputs import apply_inputs
 from scheduler.inputs_file import read_encoded
-from worker import chunking, events, settings, signing
-from worker.app import current_app
-from worker.cluster_runs import ClusterRuns
-from worker.flow import build_flow
-from worker.local_runs import LocalRuns
-from worker.remote import rebuild
-from worker.resume_point import go_on_under
-from worker.runs import FINAL, RunRecord
-from worker.runstate import RunState
-from worker.stepper import Cursor, ending
+from worker import events, settings
+from worker.batch.remote import rebuild
+from worker.cluster import chunking, signing
+from worker.cluster.app import current_app
+from worker.cluster.state.runs import ClusterRuns
+from worker.cluster.state.runstate import RunState
+from worker.engine.flow import build_flow
+from worker.engine.stepper import Cursor, ending
+from worker.runs.record import FINAL, RunRecord
+from worker.runs.resume_point import go_on_under
+from worker.runs.sqlite import LocalRuns
 
 POLL_MS = 200
 #: How often `wait` checks whether a dataset job ended with nobody left to say so (its reader died).
@@ -153,7 +154,7 @@ def wait(
                 datasets.settle(record)
                 settle_at = time.monotonic() + SETTLE_SECONDS
             position, entries = state.read_progress(position, POLL_MS)
-            if on_event is not None:  # parallel branches' events, as they happen (worker/orchestrate.py)
+            if on_event is not None:  # parallel branches' events, as they happen (worker/cluster/advance.py)
                 branch_position, branch_events = state.read_branch_events(branch_position)
                 for event in branch_events:
                     on_event(event)
@@ -239,7 +240,7 @@ def resume_cluster(run_id: str, workflow: Any = None) -> None:
     """Let a failed or cancelled cluster run go on from its checkpoint: clear its stops, enqueue an advance.
 
     `workflow`: an edited workflow (any finished run, a succeeded one too): it goes into the run record,
-    the run is rewound to its first changed node (worker/resume_point.py), then the advance is enqueued."""
+    the run is rewound to its first changed node (worker/runs/resume_point.py), then the advance is enqueued."""
     record, runs = find_run(run_id)
     if record.status not in resumable(workflow):
         raise ValidationError(f"run {run_id} is {record.status}; only a failed or cancelled run can be resumed")

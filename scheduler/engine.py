@@ -1,6 +1,6 @@
 """`run`, `resume` and `stream`: drive a workflow on a backend, checkpointing every step, and report.
 
-Every run is recorded in the embedded store (worker/local_runs.py) with a checkpoint after each node,
+Every run is recorded in the embedded store (worker/runs/sqlite.py) with a checkpoint after each node,
 so a failed or cancelled run can go on from where it stopped under the same id (`resume`).
 """
 
@@ -20,14 +20,15 @@ from ir.errors import RunCancelled, ValidationError
 from scheduler import backends
 from scheduler.compiler import compile, load
 from scheduler.inputs import apply_inputs
-from worker import context, events, redact
-from worker.context import RunContext
-from worker.flow import WorkflowFlow
-from worker.local_runs import LocalRuns
-from worker.parallel import StoredBranches, ThreadedSections
-from worker.resume_point import go_on_under, resume_point
-from worker.runs import RECORD_STATUS, RunRecord, StepJournal
-from worker.stepper import Cursor, batch_nodes, drive, ending
+from worker import events, redact
+from worker.engine import context
+from worker.engine.context import RunContext
+from worker.engine.flow import WorkflowFlow
+from worker.engine.sections import StoredBranches, ThreadedSections
+from worker.engine.stepper import Cursor, batch_nodes, drive, ending
+from worker.runs.record import RECORD_STATUS, RunRecord, StepJournal
+from worker.runs.resume_point import go_on_under, resume_point
+from worker.runs.sqlite import LocalRuns
 
 
 @dataclass
@@ -99,7 +100,7 @@ def resume(
 
     `workflow`: an edited workflow to go on with (any finished run, a succeeded one too): the completed
     nodes it leaves unchanged are kept, the first changed one and everything after it run again
-    (worker/resume_point.py)."""
+    (worker/runs/resume_point.py)."""
     started = time.perf_counter()
     runs = LocalRuns.default()
     record = runs.get(run_id)

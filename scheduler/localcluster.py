@@ -136,7 +136,7 @@ class RedisServer(ManagedProcess):
 class Cluster:
     """One redis-server plus named Celery workers that use it, and the env that points at it.
 
-    The env holds a fresh random CHORDFLOW_SECRET_KEY (worker/signing.py): the workers and this process,
+    The env holds a fresh random CHORDFLOW_SECRET_KEY (worker/cluster/signing.py): the workers and this process,
     once `apply_env` ran, sign and verify task messages with it.
     """
 

@@ -13,8 +13,8 @@ from celery.app.utils import find_app
 import scheduler
 import worker.app
 from tests.support import dist_nodes  # noqa: F401  (the test node types, in this process too)
-from worker.app import RunResultBackend, current_app, task
-from worker.runstate import client
+from worker.cluster.app import RunResultBackend, current_app, task
+from worker.cluster.state.runstate import client
 
 CHORDFLOW_TASKS = {"chordflow.run_chunk", "chordflow.aggregate"}
 
@@ -55,7 +55,7 @@ def test_new_settings_get_a_new_app_and_the_old_one_is_left_as_built(monkeypatch
     assert current_app() is other  # built once per settings value
     monkeypatch.undo()
     assert current_app() is before
-    import worker.tasks  # what a worker imports through `include`
+    import worker.cluster.tasks  # what a worker imports through `include`
 
     for app in (before, other, worker.app.app):
         assert set(app.tasks) >= CHORDFLOW_TASKS

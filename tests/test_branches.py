@@ -23,7 +23,7 @@ import scheduler
 from scheduler import durable, engine
 from tests.support.cluster import destroyable_cluster
 from tests.test_durable import VISIBILITY_TIMEOUT, until
-from worker.local_runs import LocalRuns
+from worker.runs.sqlite import LocalRuns
 
 ROOT = Path(__file__).parents[1]
 

@@ -20,8 +20,8 @@ import scheduler
 from ir.errors import StepLimitExceeded
 from scheduler.engine import cached_nodes
 from tests.test_cli import ROOT, assert_one_line_error, cli_env, run_cli
-from worker.local_runs import LocalRuns
-from worker.stepper import run_step
+from worker.engine.stepper import run_step
+from worker.runs.sqlite import LocalRuns
 
 
 def side_effect(node_id: str, log: Path, **params: Any) -> dict[str, Any]:

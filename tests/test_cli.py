@@ -17,7 +17,14 @@ from pocketflow import Node
 from rich.console import Console
 
 from ir.errors import BatchItemsError, RemoteError, TemplateError, ValidationError
-from scheduler.cli import CliUsageError, ProgressDisplay, WorkflowFailed, _params_text, error_lines, exit_code_for
+from scheduler.cli.commands import (
+    CliUsageError,
+    ProgressDisplay,
+    WorkflowFailed,
+    _params_text,
+    error_lines,
+    exit_code_for,
+)
 
 ROOT = Path(__file__).parents[1]
 

@@ -25,8 +25,8 @@ from typing import Any
 import pytest
 
 import scheduler
-from scheduler.dashboard import USERS_VARIABLE
 from scheduler.localcluster import Cluster, ManagedProcess, free_port
+from scheduler.ops.dashboard import USERS_VARIABLE
 
 CHROMIUM, CHROMEDRIVER = "/usr/bin/chromium", "/usr/bin/chromedriver"
 USER, PASSWORD = "ops", "s3cret-dashboard"

@@ -23,7 +23,7 @@ import scheduler
 from scheduler.localcluster import Cluster
 from tests.support.cluster import destroyable_cluster
 from tests.test_durable import VISIBILITY_TIMEOUT, until
-from worker.runstate import RunState
+from worker.cluster.state.runstate import RunState
 
 ROOT = Path(__file__).parents[1]
 
@@ -169,7 +169,7 @@ def test_a_malformed_record_is_one_line_naming_file_and_line_or_a_failed_record(
 
 
 def test_a_records_file_that_cannot_be_read_is_a_usage_error_that_records_no_run(job: dict, tmp_path: Path) -> None:
-    from worker.local_runs import LocalRuns
+    from worker.runs.sqlite import LocalRuns
 
     before = [r.run_id for r in LocalRuns.default().recent()]
     for items, error in ((tmp_path / "none.jsonl", "file not found"), (tmp_path, "is a directory, not a file")):

@@ -1,6 +1,6 @@
 """Cluster runs under failure, with a real redis-server and real worker processes (no fakes).
 
-A cluster run lives in Redis and advances through `chordflow.advance` tasks (worker/orchestrate.py), so
+A cluster run lives in Redis and advances through `chordflow.advance` tasks (worker/cluster/advance.py), so
 it must survive whatever happens to the process that submitted it and to the workers running it. Tests
 that destroy part of a cluster get their own (low visibility timeout); the others use the suite's.
 Side effects are counted in files: "ran exactly once" is a fact on disk.
@@ -26,9 +26,9 @@ from scheduler.localcluster import Cluster
 from tests.support import dist_nodes  # noqa: F401  (the test node types, in this process too)
 from tests.support.cluster import PLUGINS, destroyable_cluster
 from tests.test_cli import assert_one_line_error
-from worker.app import current_app
-from worker.cluster_runs import ClusterRuns
-from worker.runstate import RunState
+from worker.cluster.app import current_app
+from worker.cluster.state.runs import ClusterRuns
+from worker.cluster.state.runstate import RunState
 
 ROOT = Path(__file__).parents[1]
 

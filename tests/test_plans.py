@@ -15,7 +15,7 @@ import pytest
 
 from scheduler.plans import compile_plan, load_plan, run_plan
 from tests.test_cli import assert_one_line_error, cli_env, run_cli, write_wf
-from worker.runstate import RunState
+from worker.cluster.state.runstate import RunState
 
 SEED_PLAN = {
     "context": [

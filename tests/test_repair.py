@@ -22,8 +22,8 @@ from scheduler.repair import Failure, RepairRequest, Runner, diagnose, register_
 from scheduler.repair.llm_generator import build_prompt, extract_ir, fake_answer
 from tests.test_cli import run_cli
 from tests.test_durable import cli
-from worker.cluster_runs import ClusterRuns
-from worker.local_runs import LocalRuns
+from worker.cluster.state.runs import ClusterRuns
+from worker.runs.sqlite import LocalRuns
 
 MISSPELT = "${n2.lable}"
 

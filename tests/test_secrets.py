@@ -35,8 +35,8 @@ from scheduler.backends.celery import broker_errors, preflight
 from scheduler.localcluster import Cluster, RedisServer
 from tests.support import http_server
 from worker import redact, settings
-from worker.app import current_app
-from worker.local_runs import LocalRuns
+from worker.cluster.app import current_app
+from worker.runs.sqlite import LocalRuns
 
 ROOT = Path(__file__).parents[1]
 SEEN_AUTH: list[str] = []  # the Authorization headers the server received: the token really was sent
@@ -251,7 +251,7 @@ def test_cli_run_output_never_shows_the_token(error_handling, base_url, refused_
 
 
 def test_cli_one_line_error_masks_urls_in_any_exception() -> None:
-    from scheduler.cli import error_lines, error_text
+    from scheduler.cli.commands import error_lines, error_text
 
     exc = RuntimeError("404 Client Error: Not Found for url: https://api.example/x?page=2&api_key=abc123xyz")
     assert error_lines(exc) == [
@@ -299,7 +299,7 @@ def test_a_library_message_echoing_a_secret_param_is_masked_wherever_the_value_a
 
 
 def test_a_failed_items_copy_and_exception_are_masked_but_keep_their_type() -> None:
-    from worker.outcome import ItemOutcome
+    from worker.batch.outcome import ItemOutcome
 
     cause = OSError(111, "refused for http://u:pr0ds3cret@h/x")
     message = "call(api_key='k3y-v4l') sent tok-123456"  # not in the raise line: tracebacks quote source
@@ -326,7 +326,7 @@ def test_a_failed_items_copy_and_exception_are_masked_but_keep_their_type() -> N
 
 
 def test_log_filter_masks_messages_arguments_and_tracebacks(token: str) -> None:
-    """What the worker's log handlers get (hooked to Celery's after_setup_task_logger in worker/app.py)."""
+    """What the worker's log handlers get (hooked to Celery's after_setup_task_logger in worker/cluster/app.py)."""
     logger = logging.getLogger(f"test_secrets.{uuid.uuid4().hex}")
     logger.propagate = False
     logger.setLevel(logging.INFO)  # workers log at INFO

@@ -21,8 +21,8 @@ from ir.errors import SubworkflowFailed, ValidationError
 from scheduler.localcluster import Cluster
 from tests.support import nodes as tn
 from tests.test_cli import ROOT, err_lines, run_cli
-from worker.local_runs import LocalRuns
 from worker.nodes import register
+from worker.runs.sqlite import LocalRuns
 
 #: The barrier `test-params-after-wait` waits at (set by the test using it).
 GATE: dict[str, threading.Barrier | None] = {"barrier": None}

@@ -20,7 +20,8 @@ from celery import signals
 import scheduler
 from scheduler.localcluster import Cluster
 from tests.support import dist_nodes  # noqa: F401  (the test node types, in this process too)
-from worker import chunking, heartbeat
+from worker.cluster import chunking
+from worker.cluster.state import heartbeat
 
 PLUGINS = "tests.support.nodes,tests.support.dist_nodes"
 HOST = socket.gethostname()
@@ -158,7 +159,7 @@ def test_a_send_that_finds_the_broker_pool_busy_fails_clearly_instead_of_hanging
     or all of its connections, held elsewhere, a submit fails after the timeout with one clear error."""
     from ir.errors import BackendError
     from scheduler import durable
-    from worker.app import current_app
+    from worker.cluster.app import current_app
 
     monkeypatch.setenv("CHORDFLOW_POOL_TIMEOUT", "1")
     app = current_app()  # the app for these settings, with pools of its own

@@ -21,7 +21,7 @@ class Settings:
     worker_heartbeat: int = 10  # seconds between a worker's registry refreshes (its entry lives 3 beats)
     snapshot_cache_bytes: int = 256 * 2**20  # a worker process keeps decoded snapshots up to this many encoded bytes
     pool_timeout: float = 30.0  # seconds a send waits for a free broker connection before failing with a clear error
-    # The shared key that signs task messages (worker/signing.py): given itself, or the path of a file holding it.
+    # The shared key that signs task messages (worker/cluster/signing.py): given itself, or the path of a file holding it.
     secret_key: str | None = field(default=None, repr=False)
     secret_key_file: str | None = None
     insecure: bool = False  # CHORDFLOW_INSECURE: no key is needed; unsigned task messages are sent and run

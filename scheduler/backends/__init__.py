@@ -1,6 +1,6 @@
 """Batch backends, looked up by name: `scheduler/backends/<name>.py` defines `create(run_id, ctx) -> Backend`.
 
-`local` runs items in this process (worker.backend.LocalBackend); `celery` fans them out as chords.
+`local` runs items in this process (worker.batch.backend.LocalBackend); `celery` fans them out as chords.
 """
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ from __future__ import annotations
 import importlib
 
 from ir.errors import ValidationError
-from worker.backend import Backend
-from worker.context import RunContext
+from worker.batch.backend import Backend
+from worker.engine.context import RunContext
 
 NAMES = ("local", "celery")
 

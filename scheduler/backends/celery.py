@@ -19,13 +19,14 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from ir.errors import BackendError, RunCancelled
-from worker import chunking, events, redact, settings
-from worker.aggregate import BatchResult, merge
-from worker.backend import BatchJob
-from worker.context import RunContext
-from worker.dispatch import dispatch_batch
-from worker.remote import stored_batch_result
-from worker.runstate import RunState
+from worker import events, redact, settings
+from worker.batch.aggregate import BatchResult, merge
+from worker.batch.backend import BatchJob
+from worker.batch.remote import stored_batch_result
+from worker.cluster import chunking
+from worker.cluster.dispatch import dispatch_batch
+from worker.cluster.state.runstate import RunState
+from worker.engine.context import RunContext
 
 log = logging.getLogger(__name__)
 POLL_MS = 200
@@ -41,7 +42,7 @@ class CeleryBackend:
     name = "celery"
 
     def __init__(self, run_id: str, ctx: RunContext):
-        from worker.app import current_app
+        from worker.cluster.app import current_app
 
         self.settings = settings.load()
         preflight(self.settings)

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from worker.backend import LocalBackend
-from worker.context import RunContext
-from worker.local_runs import LocalRuns
+from worker.batch.backend import LocalBackend
+from worker.engine.context import RunContext
+from worker.runs.sqlite import LocalRuns
 
 
 def create(run_id: str, ctx: RunContext) -> LocalBackend:

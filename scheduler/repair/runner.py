@@ -13,9 +13,9 @@ from ir.errors import RunCancelled
 from scheduler.compiler import load
 from scheduler.engine import RunResult, new_run_id
 from scheduler.repair.failure import ERROR_ACTION, Failure
-from worker.flow import build_flow
-from worker.local_runs import LocalRuns
-from worker.resume_point import resume_point
+from worker.engine.flow import build_flow
+from worker.runs.resume_point import resume_point
+from worker.runs.sqlite import LocalRuns
 
 
 @dataclass

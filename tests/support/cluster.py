@@ -13,7 +13,7 @@ import pytest
 import redis
 
 from scheduler.localcluster import Cluster
-from worker.runstate import RunState
+from worker.cluster.state.runstate import RunState
 
 # The workers' environment: the suite's, as it is when conftest loads this plugin — not whatever a
 # monkeypatching test happens to have set when the session cluster is first started.

@@ -8,9 +8,9 @@ from typing import Any
 
 from pocketflow import Node
 
-from worker.app import task
+from worker.cluster.app import task
+from worker.cluster.state.runstate import client
 from worker.nodes import register
-from worker.runstate import client
 
 
 @register("test-slow")

@@ -22,15 +22,15 @@ import ir
 from ir import subworkflows
 from ir.errors import SubworkflowFailed, ValidationError
 from ir.inputs import apply_inputs
-from worker import context
-from worker.context import RunContext
+from worker.engine import context
+from worker.engine.context import RunContext
 from worker.nodes import registry
 from worker.store import is_dunder
 
-#: Flows kept per thread (their IR is validated once per content in a process: worker.flow.validated).
+#: Flows kept per thread (their IR is validated once per content in a process: worker.engine.flow.validated).
 CACHE_SIZE = 32
 _local = threading.local()
-#: worker.flow.WorkflowFlow: not imported here (worker.flow imports the registry, which imports this module).
+#: worker.engine.flow.WorkflowFlow: not imported here (worker.engine.flow imports the registry, which imports this module).
 Flow = Any
 
 
@@ -65,7 +65,7 @@ class WorkflowNode(Node):
     def check_params(params: dict[str, Any]) -> str | None:
         """The sub-workflow validated again with this process's node types, and its nodes' own param checks
         (`check_params`, recursively): what validation and workers check for a node of the parent."""
-        from worker.spec_check import param_problems  # it imports the registry, which imports this module
+        from worker.engine.spec_check import param_problems  # it imports the registry, which imports this module
 
         source = params.get(subworkflows.SOURCE)
         named = f"{source}: " if isinstance(source, str) and source else "sub-workflow: "
@@ -126,7 +126,7 @@ class WorkflowNode(Node):
 def _run(flow: Flow, store: dict[str, Any], call: Call) -> tuple[str, str | None, dict[str, Any]]:
     """Drive the sub-workflow to its end in this process, in a run context of its own (events dropped, batches
     in-process, no run record) that shares the parent run's cancel flag; the parent's context is left as it was."""
-    from worker.stepper import Cursor, drive, ending
+    from worker.engine.stepper import Cursor, drive, ending
 
     ctx = RunContext(cancelled=context.current().cancelled)
     with context.using(ctx):
@@ -150,7 +150,7 @@ def _flow(workflow: Any) -> Flow:
     entry = flows.get(id(workflow))
     if entry is not None and entry[0] is workflow:
         return entry[1]
-    from worker.flow import build_flow, validated
+    from worker.engine.flow import build_flow, validated
 
     flow = build_flow(validated(workflow))
     flows[id(workflow)] = (workflow, flow)  # holding `workflow` keeps its id from being reused

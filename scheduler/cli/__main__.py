@@ -1,0 +1,5 @@
+"""`python -m scheduler.cli`: the `chordflow` command."""
+
+from scheduler.cli import main
+
+main()

@@ -1,0 +1,499 @@
+"""Measuring the cluster: what `chordflow metrics` serves to Prometheus, what `chordflow top` shows, and the
+in-process metrics of a worker (`chordflow worker --metrics-port`).
+
+`ClusterView.snapshot()` reads the cluster's state from Redis at once, never one read per item:
+
+- runs: the run index (`cf:runs`) and one HMGET per run record (the workflow's name is read once per run);
+- progress of a running run: its progress stream (worker/cluster/state/runstate.py), read from where the last snapshot
+  stopped (at most STREAM_ENTRIES entries per run per snapshot), each item outcome counted once per index
+  (a redelivered chunk repeats some); a dataset job's record counts (worker/cluster/datasets.py);
+- workers: the worker registry (worker/cluster/state/heartbeat.py);
+- the broker (Redis): each queue's lists (kombu keeps one per priority step), the message at the head of
+  each (`LINDEX -1`: the next one a worker takes) for the time it was sent (`chordflow_sent_at`, stamped by
+  worker/cluster/broker_pool.py), and kombu's `unacked` hash (messages delivered and not yet acknowledged).
+
+`ClusterCollector` turns a snapshot into Prometheus metrics at scrape time. `WorkerMetrics` counts and times
+what one worker does (chunks, items, advances, time in the queue) in every process of its pool, with
+prometheus_client's multiprocess mode: a prefork worker runs tasks in child processes, and each writes its
+values to files in PROMETHEUS_MULTIPROC_DIR that the main process adds up when scraped.
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import logging
+import os
+import shutil
+import tempfile
+import threading
+import time
+from collections import Counter
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import urlsplit
+
+import redis
+
+from worker import settings
+from worker.cluster.broker_pool import SENT_AT_HEADER
+from worker.cluster.state import heartbeat
+from worker.cluster.state.runs import INDEX, key
+from worker.cluster.state.runstate import RunState
+from worker.datasets.job import RECORDS
+from worker.runs.record import STATUSES
+
+log = logging.getLogger(__name__)
+
+#: Progress stream entries read per running run per snapshot: a snapshot stays short however far behind it is
+#: (a collector started during a long run catches up over a few scrapes).
+STREAM_ENTRIES = 2000
+#: Run statuses whose runs are shown as active.
+ACTIVE = ("queued", "running")
+#: Seconds a Redis command of a snapshot may take (connecting included) before the snapshot fails.
+SCRAPE_TIMEOUT = 5.0
+#: Broker URL schemes of kombu's Redis transport that this module reads.
+REDIS_SCHEMES = ("redis", "rediss", "unix")
+
+
+# -- what the cluster is doing ---------------------------------------------------------------------------------
+
+
+@dataclass
+class BatchProgress:
+    """One batch of a run (a dataset job: its records): items, those with an outcome, those that failed."""
+
+    node: str
+    key: str  # `<node>#<step>`, the batch's key in run state
+    total: int
+    done: int = 0
+    failed: int = 0
+    finished: bool = False  # its chord body stored the merged result
+
+    @property
+    def ratio(self) -> float:
+        return self.done / self.total if self.total else 0.0
+
+
+@dataclass
+class RunView:
+    run_id: str
+    workflow: str
+    status: str
+    node: str | None
+    created: float
+    updated: float
+    dataset: bool
+    batches: list[BatchProgress] = field(default_factory=list)
+    total_known: bool = True  # False while a dataset job's file is still being read
+
+    @property
+    def done(self) -> int:
+        return sum(b.done for b in self.batches)
+
+    @property
+    def failed(self) -> int:
+        return sum(b.failed for b in self.batches)
+
+    @property
+    def items(self) -> int:
+        return sum(b.total for b in self.batches)
+
+    @property
+    def current(self) -> BatchProgress | None:
+        """The batch going on: the last one dispatched that has not finished."""
+        going = [b for b in self.batches if not b.finished]
+        return going[-1] if going else None
+
+
+@dataclass
+class QueueView:
+    name: str
+    messages: int
+    oldest_age: float | None  # seconds since the message at the head was sent; None: empty or not stamped
+
+
+@dataclass
+class ClusterSnapshot:
+    taken: float
+    runs: Counter[tuple[str, str]]  # (status, workflow) -> runs recorded in Redis
+    active: list[RunView]  # queued and running runs, oldest first
+    queues: list[QueueView]
+    unacked: int | None  # None: the broker keeps no such count (not Redis, or no ack emulation)
+    workers: dict[str, int]  # hostname -> pool processes
+
+
+class _Progress:
+    """A running run's batches as its progress stream tells them, read on from where the last read stopped."""
+
+    def __init__(self) -> None:
+        self.position = "0-0"
+        self.batches: dict[str, BatchProgress] = {}
+        self.seen: dict[str, bytearray] = {}
+
+    def batch(self, key_: str, total: int) -> BatchProgress:
+        found = self.batches.get(key_)
+        if found is None:
+            found = self.batches[key_] = BatchProgress(key_.split("#", 1)[0], key_, total)
+            self.seen[key_] = bytearray(total)
+        return found
+
+    def read(self, entries: list[tuple[bytes, dict[bytes, bytes]]], totals: dict[str, int]) -> None:
+        for entry_id, fields in entries:
+            self.position = entry_id.decode()
+            batch_key = fields.get(b"batch", b"").decode()
+            if not batch_key or batch_key not in totals:
+                continue  # the run's end marker, or a batch without a total (not one of a cluster run)
+            progress = self.batch(batch_key, totals[batch_key])
+            if b"done" in fields:
+                progress.finished = True
+            packed = fields.get(b"b")
+            if packed is None:
+                continue
+            seen = self.seen[batch_key]
+            for index, ok in RunState.unpack_outcomes(packed):
+                if 0 <= index < len(seen) and not seen[index]:
+                    seen[index] = 1
+                    progress.done += 1
+                    progress.failed += not ok
+
+
+class BrokerQueues:
+    """Queue depth, the age of each queue's head and the unacknowledged messages on a Redis broker, read the way
+    kombu's Redis transport lays them out: its defaults (`kombu.transport.redis.Channel`) overridden by the app's
+    `broker_transport_options` (global_keyprefix, priority_steps, sep, unacked_key, ack_emulation).
+
+    Other brokers (RabbitMQ) have exporters of their own: there, `read` returns no queues.
+    """
+
+    def __init__(self, broker_url: str, transport_options: dict[str, Any], queues: Iterable[str]):
+        from kombu.transport.redis import Channel
+
+        def option(name: str) -> Any:
+            return transport_options.get(name, getattr(Channel, name))
+
+        self.queues = list(dict.fromkeys(queues))
+        self.client = scrape_client(broker_url) if urlsplit(broker_url).scheme in REDIS_SCHEMES else None
+        self.prefix = option("global_keyprefix") or ""
+        self.sep = option("sep")
+        self.steps = sorted(set(option("priority_steps")))
+        self.unacked_key = option("unacked_key") if option("ack_emulation") else None
+
+    def lists(self, queue: str) -> list[str]:
+        """The Redis lists of a queue, one per priority step (kombu pushes on the left, workers pop on the right)."""
+        return [self.prefix + (f"{queue}{self.sep}{step}" if step else queue) for step in self.steps]
+
+    def read(self, now: float) -> tuple[list[QueueView], int | None]:
+        if self.client is None:
+            return [], None
+        pipe = self.client.pipeline(transaction=False)
+        for queue in self.queues:
+            for name in self.lists(queue):
+                pipe.llen(name)
+                pipe.lindex(name, -1)
+        if self.unacked_key is not None:
+            pipe.hlen(self.prefix + self.unacked_key)
+        replies = pipe.execute()
+        views, width = [], 2 * len(self.steps)
+        for position, queue in enumerate(self.queues):
+            mine = replies[position * width : (position + 1) * width]
+            sent = [t for t in (_sent_at(head) for head in mine[1::2]) if t is not None]
+            views.append(QueueView(queue, sum(mine[0::2]), max(0.0, now - min(sent)) if sent else None))
+        return views, (replies[-1] if self.unacked_key is not None else None)
+
+
+def scrape_client(url: str) -> redis.Redis:
+    """A Redis client that fails within SCRAPE_TIMEOUT instead of riding out an outage (runstate.client retries for
+    a minute): a scrape must answer before Prometheus gives up on it, saying `chordflow_up 0`."""
+    return redis.Redis.from_url(url, socket_timeout=SCRAPE_TIMEOUT, socket_connect_timeout=SCRAPE_TIMEOUT)
+
+
+def _sent_at(payload: bytes | None) -> float | None:
+    """When the message (kombu's JSON envelope) was sent: its `chordflow_sent_at` header, if it has one."""
+    if payload is None:
+        return None
+    try:
+        value = json.loads(payload).get("headers", {}).get(SENT_AT_HEADER)
+    except (ValueError, AttributeError):
+        return None
+    return float(value) if isinstance(value, int | float) else None
+
+
+class ClusterView:
+    """Snapshots of the cluster (see the module docstring); one instance keeps the progress it has read.
+
+    Parameters: the settings (its result backend holds the run state, its broker the queues) and the queues to
+    measure (default: CHORDFLOW_QUEUE)."""
+
+    def __init__(self, s: settings.Settings | None = None, queues: Iterable[str] = ()):
+        from worker.cluster.app import config
+
+        self.settings = s or settings.load()
+        self.redis = scrape_client(self.settings.result_backend)
+        options = config(self.settings)["broker_transport_options"]
+        self.broker = BrokerQueues(self.settings.broker_url, options, list(queues) or [self.settings.queue])
+        self._names: dict[str, str] = {}  # run id -> workflow name (a run's workflow never changes)
+        self._progress: dict[str, _Progress] = {}
+        self._lock = threading.Lock()
+
+    def snapshot(self) -> ClusterSnapshot:
+        with self._lock:  # concurrent scrapes: one reads the streams at a time
+            now = time.time()
+            runs, active = self._runs()
+            queues, unacked = self.broker.read(now)
+            return ClusterSnapshot(now, runs, active, queues, unacked, heartbeat.pool_sizes(self.redis))
+
+    def _runs(self) -> tuple[Counter[tuple[str, str]], list[RunView]]:
+        ids = [raw.decode() for raw in self.redis.zrange(INDEX, 0, -1)]
+        fields = ("status", "node", "created", "updated", "source", "dataset")
+        pipe = self.redis.pipeline(transaction=False)
+        for run_id in ids:
+            pipe.hmget(key(run_id, "run"), fields)
+        records = {}
+        for run_id, values in zip(ids, pipe.execute(), strict=True):
+            if values[0] is not None:  # expired since it was indexed
+                records[run_id] = dict(zip(fields, (v.decode() if v is not None else "" for v in values), strict=True))
+        self._name_runs([run_id for run_id in records if run_id not in self._names], records)
+        counts: Counter[tuple[str, str]] = Counter()
+        active = []
+        for run_id, record in records.items():
+            name = self._names.get(run_id, "workflow")
+            counts[(record["status"], name)] += 1
+            if record["status"] in ACTIVE:
+                view = RunView(
+                    run_id, name, record["status"], record["node"] or None, float(record["created"] or 0),
+                    float(record["updated"] or 0), bool(record["dataset"]),
+                )  # fmt: skip
+                active.append(view)
+        self._read_progress([v for v in active if v.status == "running"])
+        for gone in set(self._names) - set(records):
+            del self._names[gone]
+        for gone in set(self._progress) - {v.run_id for v in active}:
+            del self._progress[gone]
+        return counts, sorted(active, key=lambda v: v.created)
+
+    def _name_runs(self, ids: list[str], records: dict[str, dict[str, str]]) -> None:
+        pipe = self.redis.pipeline(transaction=False)
+        for run_id in ids:
+            pipe.hget(key(run_id, "run"), "workflow")
+        for run_id, raw in zip(ids, pipe.execute() if ids else [], strict=True):
+            try:
+                workflow = json.loads(raw) if raw else {}
+            except ValueError:
+                workflow = {}
+            self._names[run_id] = str(workflow.get("name") or records[run_id]["source"] or "workflow")
+
+    def _read_progress(self, running: list[RunView]) -> None:
+        batch_runs = [v for v in running if not v.dataset]
+        pipe = self.redis.pipeline(transaction=False)
+        for view in batch_runs:
+            progress = self._progress.setdefault(view.run_id, _Progress())
+            # The stream first: a batch's total is stored before its chunks are sent, so every batch the entries
+            # read name has its total in the read after them.
+            pipe.xread({key(view.run_id, "events"): progress.position}, count=STREAM_ENTRIES)
+            pipe.hgetall(key(view.run_id, "totals"))
+        replies = pipe.execute() if batch_runs else []
+        for position, view in enumerate(batch_runs):
+            totals = {k.decode(): int(v) for k, v in replies[2 * position + 1].items()}
+            progress = self._progress[view.run_id]
+            for _stream, entries in replies[2 * position] or []:
+                progress.read(entries, totals)
+            view.batches = list(progress.batches.values())
+        datasets = [v for v in running if v.dataset]
+        pipe = self.redis.pipeline(transaction=False)
+        for view in datasets:
+            pipe.hmget(key(view.run_id, "ds"), ["total", "read", "done", "failed"])  # worker/cluster/datasets.py
+        for view, (total, read, done, failed) in zip(datasets, pipe.execute() if datasets else [], strict=True):
+            view.total_known = total is not None
+            known = int(total if total is not None else read or 0)
+            view.batches = [BatchProgress(RECORDS, RECORDS, known, int(done or 0), int(failed or 0))]
+
+
+# -- Prometheus: the cluster, at scrape time -------------------------------------------------------------------
+
+
+class ClusterCollector:
+    """The cluster's metrics, computed from a fresh snapshot at every scrape (a prometheus_client Collector)."""
+
+    def __init__(self, view: ClusterView):
+        self.view = view
+
+    def describe(self) -> list[Any]:
+        return []  # nothing read from Redis when the collector is registered
+
+    def collect(self) -> Iterator[Any]:
+        from prometheus_client.core import GaugeMetricFamily
+
+        up = GaugeMetricFamily("chordflow_up", "1 when chordflow's Redis (state and broker) answered this scrape.")
+        try:
+            snap = self.view.snapshot()
+        except Exception as exc:  # Redis away, a wrong password...: say so in a metric, not with a 500
+            log.warning("cannot read the cluster's state: %s", exc)
+            up.add_metric([], 0)
+            yield up
+            return
+        up.add_metric([], 1)
+        yield up
+
+        runs = GaugeMetricFamily(
+            "chordflow_runs", "Cluster runs recorded in Redis (within CHORDFLOW_RUN_TTL), by status and workflow.",
+            labels=["status", "workflow"],
+        )  # fmt: skip
+        for workflow in sorted({w for _, w in snap.runs}):
+            for status in STATUSES:
+                runs.add_metric([status, workflow], snap.runs.get((status, workflow), 0))
+        yield runs
+
+        labels = ["run", "workflow"]
+        items = GaugeMetricFamily("chordflow_run_items", "Items of a running run's batches so far.", labels=labels)
+        done = GaugeMetricFamily(
+            "chordflow_run_items_done", "Items of a running run with an outcome (failed included).", labels=labels
+        )
+        failed = GaugeMetricFamily("chordflow_run_items_failed", "Items of a running run that failed.", labels=labels)
+        ratio = GaugeMetricFamily(
+            "chordflow_batch_progress_ratio", "Items with an outcome / items, of a running run's batch going on.",
+            labels=["run", "node"],
+        )  # fmt: skip
+        for view in snap.active:
+            if view.status != "running":
+                continue
+            items.add_metric([view.run_id, view.workflow], view.items)
+            done.add_metric([view.run_id, view.workflow], view.done)
+            failed.add_metric([view.run_id, view.workflow], view.failed)
+            if view.current is not None:
+                ratio.add_metric([view.run_id, view.current.node], view.current.ratio)
+        yield from (items, done, failed, ratio)
+
+        depth = GaugeMetricFamily(
+            "chordflow_queue_messages", "Task messages waiting in a chordflow queue (every priority).", labels=["queue"]
+        )
+        age = GaugeMetricFamily(
+            "chordflow_queue_oldest_message_age_seconds",
+            "Seconds since the message a worker takes next from the queue was sent (0 when the queue is empty).",
+            labels=["queue"],
+        )
+        for queue in snap.queues:
+            depth.add_metric([queue.name], queue.messages)
+            if queue.oldest_age is not None or queue.messages == 0:
+                age.add_metric([queue.name], queue.oldest_age or 0.0)
+        yield from (depth, age)
+        if snap.unacked is not None:
+            in_flight = GaugeMetricFamily(
+                "chordflow_chunks_in_flight",
+                "Task messages delivered to a worker and not yet acknowledged: chunks running or prefetched (and the "
+                "short advance and aggregate tasks while they run).",
+            )
+            in_flight.add_metric([], snap.unacked)
+            yield in_flight
+        workers = GaugeMetricFamily("chordflow_workers", "Workers in the registry (alive: heartbeat within its TTL).")
+        workers.add_metric([], len(snap.workers))
+        processes = GaugeMetricFamily("chordflow_worker_processes", "Pool processes of the registered workers.")
+        processes.add_metric([], sum(snap.workers.values()))
+        yield from (workers, processes)
+
+
+def serve_cluster_metrics(port: int, address: str, queues: Iterable[str] = ()) -> Any:
+    """Serve the cluster's metrics on http://address:port/metrics from a daemon thread; returns the server."""
+    from prometheus_client import CollectorRegistry, start_http_server
+
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(ClusterCollector(ClusterView(queues=queues)))
+    server, _thread = start_http_server(port, address, registry=registry)
+    return server
+
+
+# -- Prometheus: one worker's own work, in every process of its pool ------------------------------------------------
+
+#: Chunk durations range from milliseconds to the visibility timeout (an hour by default).
+CHUNK_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800, 3600)
+#: An advance runs nodes until a batch is dispatched: usually milliseconds, longer when its nodes are slow.
+ADVANCE_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300)
+#: Time in the queue: zero when workers keep up, minutes when they do not.
+WAIT_BUCKETS = (0.005, 0.01, 0.05, 0.1, 0.5, 1, 5, 10, 30, 60, 300, 900, 3600)
+
+
+class WorkerMetrics:
+    """The metrics of one worker: its chunks (duration, items by outcome), its advances (duration), and how long
+    its tasks waited in the queue. Labels are bounded: `node` (a workflow's node ids), `outcome` (ok, failed),
+    `task` (chordflow's task names) — never a run id, which would add series for every run a long-lived worker
+    ever ran (per-run numbers come from `chordflow metrics`, while the run is running).
+
+    Built after PROMETHEUS_MULTIPROC_DIR is set (`serve_worker_metrics`): the values live in files every pool
+    process writes."""
+
+    def __init__(self) -> None:
+        from prometheus_client import Counter as PromCounter
+        from prometheus_client import Histogram
+
+        self.chunk_seconds = Histogram(
+            "chordflow_chunk_duration_seconds", "Seconds a chunk took on this worker, by batch node ('records': a "
+            "dataset job's).", ["node"], buckets=CHUNK_BUCKETS, registry=None,
+        )  # fmt: skip
+        self.items = PromCounter(
+            "chordflow_items_processed", "Items this worker ran, by batch node and outcome (ok, failed).",
+            ["node", "outcome"], registry=None,
+        )  # fmt: skip
+        self.advance_seconds = Histogram(
+            "chordflow_advance_duration_seconds", "Seconds a chordflow.advance task ran (its nodes until a batch).",
+            buckets=ADVANCE_BUCKETS, registry=None,
+        )  # fmt: skip
+        self.wait_seconds = Histogram(
+            "chordflow_task_wait_seconds", "Seconds between sending a task and this worker starting it, by task.",
+            ["task"], buckets=WAIT_BUCKETS, registry=None,
+        )  # fmt: skip
+        self._started: dict[str, float] = {}
+
+    def on_event(self, event: str, fields: dict[str, Any]) -> None:
+        """A worker/cluster/logs.py listener: each chunk's line is counted here too."""
+        if event != "chunk":
+            return
+        node = str(fields["node"])
+        self.chunk_seconds.labels(node).observe(fields["seconds"])
+        ok = fields["items"] - fields["failed"]
+        if ok:
+            self.items.labels(node, "ok").inc(ok)
+        if fields["failed"]:
+            self.items.labels(node, "failed").inc(fields["failed"])
+
+    def task_started(self, task_id: str | None = None, task: Any = None, **_: Any) -> None:
+        name = getattr(task, "name", "") or ""
+        if not name.startswith("chordflow.") or task_id is None:
+            return
+        sent = getattr(task.request, SENT_AT_HEADER, None)
+        if isinstance(sent, int | float):
+            self.wait_seconds.labels(name).observe(max(0.0, time.time() - sent))
+        if name == "chordflow.advance":
+            self._started[task_id] = time.monotonic()
+
+    def task_ended(self, task_id: str | None = None, **_: Any) -> None:
+        started = self._started.pop(task_id or "", None)
+        if started is not None:
+            self.advance_seconds.observe(time.monotonic() - started)
+
+
+def serve_worker_metrics(port: int, address: str) -> Any:
+    """Serve this worker's metrics (`WorkerMetrics`, added up over every process of its pool) on
+    http://address:port/metrics from a daemon thread of this (the main) process; call before the worker starts,
+    so the pool processes it forks count too. Returns the server.
+
+    PROMETHEUS_MULTIPROC_DIR: an empty directory of the operator's, or a new temporary one (removed at exit)."""
+    if not os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+        directory = tempfile.mkdtemp(prefix="chordflow-worker-metrics-")
+        os.environ["PROMETHEUS_MULTIPROC_DIR"] = directory
+        owner = os.getpid()
+        atexit.register(lambda: os.getpid() == owner and shutil.rmtree(directory, ignore_errors=True))
+    from celery import signals
+    from prometheus_client import CollectorRegistry, start_http_server
+    from prometheus_client.multiprocess import MultiProcessCollector
+
+    from worker.cluster import logs
+
+    registry = CollectorRegistry()
+    MultiProcessCollector(registry)
+    server, _thread = start_http_server(port, address, registry=registry)
+    metrics = WorkerMetrics()
+    logs.listeners.append(metrics.on_event)
+    signals.task_prerun.connect(metrics.task_started, weak=False)
+    signals.task_postrun.connect(metrics.task_ended, weak=False)
+    return server

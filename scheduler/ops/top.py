@@ -1,0 +1,196 @@
+"""`chordflow top`: a live terminal view of the cluster, refreshed every second until `q`.
+
+Active runs (queued and running) with their batch going on — a progress bar, items with an outcome of the
+batch's items, items/s over the last RATE_WINDOW seconds, ETA, failed items — then the workers in the registry
+(pool processes) and the queues (waiting messages, the age of the next one, chunks in flight). Everything comes
+from one `ClusterView` snapshot per refresh (scheduler/ops/metrics.py), the same numbers `chordflow metrics` serves.
+
+Keys are read from the terminal in cbreak mode (one key at a time, no echo; Ctrl-C still works), and the
+terminal's mode is restored however top ends. Not on a terminal, top prints one view and exits (1 when Redis
+does not answer).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import select
+import sys
+import termios
+import time
+import tty
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator
+
+from rich.console import Console, Group
+from rich.live import Live
+from rich.progress_bar import ProgressBar
+from rich.table import Table
+from rich.text import Text
+
+from ir.errors import BackendError
+from scheduler.ops.metrics import ClusterSnapshot, ClusterView, RunView
+from worker import redact
+
+#: Seconds of history items/s is measured over.
+RATE_WINDOW = 10.0
+#: Keys that quit.
+QUIT = ("q", "Q")
+
+
+class Rates:
+    """Items/s of each run over the last RATE_WINDOW seconds, from the item counts of successive snapshots."""
+
+    def __init__(self, window: float = RATE_WINDOW):
+        self.window = window
+        self.samples: dict[str, deque[tuple[float, int]]] = {}
+
+    def add(self, snap: ClusterSnapshot) -> None:
+        for view in snap.active:
+            samples = self.samples.setdefault(view.run_id, deque())
+            samples.append((snap.taken, view.done))
+            while len(samples) > 2 and snap.taken - samples[1][0] >= self.window:
+                samples.popleft()
+        for gone in set(self.samples) - {v.run_id for v in snap.active}:
+            del self.samples[gone]
+
+    def rate(self, run_id: str) -> float | None:
+        samples = self.samples.get(run_id)
+        if not samples or len(samples) < 2 or samples[-1][0] <= samples[0][0]:
+            return None
+        (t0, done0), (t1, done1) = samples[0], samples[-1]
+        return max(0, done1 - done0) / (t1 - t0)
+
+
+def duration(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    seconds = round(seconds)
+    if seconds < 60:
+        return f"{seconds}s"
+    if seconds < 3600:
+        return f"{seconds // 60}m{seconds % 60:02d}s"
+    return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
+
+
+def _runs_table(snap: ClusterSnapshot, rates: Rates) -> Table:
+    table = Table(title=f"active runs ({len(snap.active)})", title_justify="left", expand=False)
+    for column in ("run", "workflow", "status", "node", "progress", "items", "items/s", "ETA", "failed"):
+        justify = "right" if column in ("items/s", "ETA", "failed") else "left"
+        table.add_column(column, no_wrap=True, justify=justify, min_width=12 if column == "run" else None)
+    for view in snap.active:
+        table.add_row(*_run_row(view, rates.rate(view.run_id)))
+    return table
+
+
+def _run_row(view: RunView, rate: float | None) -> list[str | Text | ProgressBar]:
+    batch = view.current
+    if batch is None:
+        bar: str | ProgressBar = ""
+        items = f"{view.done} done" if view.done else "-"
+        eta = None
+    else:
+        bar = ProgressBar(total=max(batch.total, 1), completed=batch.done, width=24)
+        total = f"{batch.total}" if view.total_known else f"{batch.total}+"
+        items = f"{batch.done}/{total} {batch.ratio:.0%}"
+        left = batch.total - batch.done
+        eta = left / rate if rate and view.total_known else (0.0 if not left and view.total_known else None)
+    node = batch.node if batch is not None else view.node or "-"
+    failed = Text(str(view.failed), style="bold red" if view.failed else "")
+    speed = f"{rate:.1f}" if rate is not None else "-"
+    return [view.run_id, Text(view.workflow), view.status, Text(node), bar, items, speed, duration(eta), failed]
+
+
+def _workers_table(snap: ClusterSnapshot) -> Table:
+    table = Table(title=f"workers ({len(snap.workers)})", title_justify="left")
+    table.add_column("worker", no_wrap=True)
+    table.add_column("processes", justify="right")
+    for hostname, processes in sorted(snap.workers.items()):
+        table.add_row(Text(hostname), str(processes))
+    if not snap.workers:
+        table.add_row(Text("no worker is registered", style="yellow"), "0")
+    return table
+
+
+def _cluster_line(snap: ClusterSnapshot) -> Text:
+    parts = [f"{sum(snap.workers.values())} processes"]
+    in_flight = "?" if snap.unacked is None else str(snap.unacked)
+    parts.append(f"chunks in flight {in_flight}")
+    for queue in snap.queues:
+        oldest = f" (oldest {duration(queue.oldest_age)})" if queue.oldest_age is not None and queue.messages else ""
+        parts.append(f"queue {queue.name}: {queue.messages} waiting{oldest}")
+    ended = {status: sum(n for (s, _), n in snap.runs.items() if s == status) for status in ("succeeded", "failed")}
+    parts.append(f"ended runs: {ended['succeeded']} succeeded, {ended['failed']} failed")
+    return Text(" | ".join(parts))
+
+
+def render(snap: ClusterSnapshot, rates: Rates, source: str) -> Group:
+    stamp = time.strftime("%H:%M:%S", time.localtime(snap.taken))
+    header = Text.assemble(("chordflow top", "bold"), f"  {source}  {stamp}  ", ("q", "bold"), " quits")
+    return Group(header, _runs_table(snap, rates), _workers_table(snap), _cluster_line(snap))
+
+
+@contextlib.contextmanager
+def keys(stream: object) -> Iterator[Callable[[float], str]]:
+    """A reader of single keys from `stream` (waits up to its argument's seconds; "" when none came). A terminal
+    is put in cbreak mode meanwhile, and given its mode back on the way out."""
+    fd = stream.fileno() if hasattr(stream, "fileno") else -1  # type: ignore[attr-defined]
+    saved = None
+    if fd >= 0 and os.isatty(fd):
+        saved = termios.tcgetattr(fd)
+        tty.setcbreak(fd)
+    ended = fd < 0
+
+    def read(timeout: float) -> str:
+        nonlocal ended
+        if ended:  # nothing to read keys from: just pace the refreshes
+            time.sleep(timeout)
+            return ""
+        ready, _, _ = select.select([fd], [], [], timeout)
+        if not ready:
+            return ""
+        data = os.read(fd, 32)
+        if not data:
+            ended = True
+        return data.decode(errors="replace")
+
+    try:
+        yield read
+    finally:
+        if saved is not None:
+            termios.tcsetattr(fd, termios.TCSADRAIN, saved)
+
+
+def run(interval: float = 1.0, queues: Iterable[str] = ()) -> None:
+    """Show the view until `q` (or Ctrl-C); once, when stdout is not a terminal."""
+    view = ClusterView(queues=queues)
+    source = redact.mask_url(view.settings.result_backend)
+    console = Console()
+    rates = Rates()
+
+    def frame() -> Group | Text:
+        try:
+            snap = view.snapshot()
+        except Exception as exc:  # Redis away: say so, and try again at the next refresh
+            return Text(f"chordflow top  {source}: cannot read the cluster: {redact.mask(str(exc))}", style="red")
+        rates.add(snap)
+        return render(snap, rates, source)
+
+    if not console.is_terminal:  # one view; Redis away is an error (one line on stderr, exit 1)
+        try:
+            snap = view.snapshot()
+        except Exception as exc:
+            raise BackendError(f"chordflow top: cannot read the cluster at {source}: {exc}") from None
+        rates.add(snap)
+        console.print(render(snap, rates, source))
+        return
+    with keys(sys.stdin) as read_key, Live(console=console, auto_refresh=False, screen=True) as live:
+        try:
+            while True:
+                live.update(frame(), refresh=True)
+                deadline = time.monotonic() + interval
+                while (left := deadline - time.monotonic()) > 0:
+                    if any(key in QUIT for key in read_key(left)):
+                        return
+        except KeyboardInterrupt:
+            return

@@ -1,0 +1,197 @@
+"""The shape of the code, checked from its imports (read with `ast`, inside functions too): no import
+circle, no module using another module's `_private` name, no folder of more than 15 modules, no module of
+more than 600 lines, and Redis/Celery imported only inside worker/cluster/ (docs/ARCHITECTURE.md)."""
+
+from __future__ import annotations
+
+import ast
+import pathlib
+from collections import Counter
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+PACKAGES = ("ir", "worker", "scheduler")
+CLUSTER_ONLY = ("celery", "kombu", "redis")
+
+
+def module_name(path: pathlib.Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+MODULES = {module_name(p): p for pkg in PACKAGES for p in sorted((ROOT / pkg).rglob("*.py"))}
+
+
+def owner(name: str) -> str | None:
+    """The module (or package) of ours that `name` (a dotted import path) lands in."""
+    while name and name not in MODULES:
+        name = name.rpartition(".")[0]
+    return name or None
+
+
+def type_checking_nodes(tree: ast.AST) -> set[int]:
+    """Nodes under `if TYPE_CHECKING:`: imports for annotations only, exempt from the circle check."""
+    skip: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            skip.update(id(sub) for sub in ast.walk(node))
+    return skip
+
+
+class Imports:
+    """Every module's imports of our modules, external top-level packages, and private names used."""
+
+    def __init__(self) -> None:
+        self.edges: dict[str, set[str]] = {}
+        self.external: dict[str, set[str]] = {}
+        self.private: list[str] = []
+        for name, path in MODULES.items():
+            self.read(name, ast.parse(path.read_text(), str(path)))
+
+    def read(self, name: str, tree: ast.AST) -> None:
+        skip = type_checking_nodes(tree)
+        edges = self.edges.setdefault(name, set())
+        external = self.external.setdefault(name, set())
+        aliases: dict[str, str] = {}  # local name -> our module it stands for
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                for alias in node.names:
+                    target = owner(alias.name)
+                    if target is None:
+                        external.add(alias.name.partition(".")[0])
+                    elif id(node) not in skip and target != name:
+                        edges.add(target)
+                        aliases[alias.asname or alias.name] = alias.name
+            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                if owner(node.module) is None:
+                    external.add(node.module.partition(".")[0])
+                    continue
+                for alias in node.names:
+                    full = f"{node.module}.{alias.name}"
+                    target = full if full in MODULES else owner(node.module)
+                    if full in MODULES:
+                        aliases[alias.asname or alias.name] = full
+                    elif alias.name.startswith("_") and not alias.name.startswith("__"):
+                        self.private.append(f"{name} imports {node.module}.{alias.name}")
+                    if id(node) not in skip and target != name:
+                        edges.add(target)
+        for node in ast.walk(tree):  # `module._name` through an imported module
+            if (
+                isinstance(node, ast.Attribute)
+                and isinstance(node.value, ast.Name)
+                and node.value.id in aliases
+                and node.attr.startswith("_")
+                and not node.attr.startswith("__")
+            ):
+                self.private.append(f"{name} uses {aliases[node.value.id]}.{node.attr}")
+
+    def circles(self) -> list[list[str]]:
+        """Strongly connected components of more than one module (Tarjan, iterative)."""
+        index: dict[str, int] = {}
+        low: dict[str, int] = {}
+        stack: list[str] = []
+        on_stack: set[str] = set()
+        found: list[list[str]] = []
+        counter = 0
+        for root in self.edges:
+            if root in index:
+                continue
+            work = [(root, iter(sorted(self.edges.get(root, ()))))]
+            index[root] = low[root] = counter
+            counter += 1
+            stack.append(root)
+            on_stack.add(root)
+            while work:
+                node, children = work[-1]
+                child = next(children, None)
+                if child is not None:
+                    if child not in index:
+                        index[child] = low[child] = counter
+                        counter += 1
+                        stack.append(child)
+                        on_stack.add(child)
+                        work.append((child, iter(sorted(self.edges.get(child, ())))))
+                    elif child in on_stack:
+                        low[node] = min(low[node], index[child])
+                    continue
+                work.pop()
+                if work:
+                    low[work[-1][0]] = min(low[work[-1][0]], low[node])
+                if low[node] == index[node]:
+                    component = []
+                    while True:
+                        member = stack.pop()
+                        on_stack.discard(member)
+                        component.append(member)
+                        if member == node:
+                            break
+                    if len(component) > 1:
+                        found.append(sorted(component))
+        return found
+
+
+@pytest.fixture(scope="module")
+def imports() -> Imports:
+    return Imports()
+
+
+def test_no_import_circle(imports: Imports) -> None:
+    assert imports.circles() == []
+
+
+def test_no_module_uses_another_modules_private_names(imports: Imports) -> None:
+    assert imports.private == []
+
+
+def test_no_folder_holds_more_than_15_modules() -> None:
+    folders = Counter(path.parent.relative_to(ROOT).as_posix() for path in MODULES.values())
+    assert {folder: n for folder, n in folders.items() if n > 15} == {}
+
+
+def test_no_module_is_longer_than_600_lines() -> None:
+    lengths = {name: len(path.read_text().splitlines()) for name, path in MODULES.items()}
+    assert {name: n for name, n in lengths.items() if n > 600} == {}
+
+
+def test_imports_go_scheduler_to_worker_to_ir(imports: Imports) -> None:
+    upward = [
+        f"{name} -> {target}"
+        for name, targets in imports.edges.items()
+        for target in targets
+        if (name.startswith("ir") and not target.startswith("ir"))
+        or (name.startswith("worker") and target.startswith("scheduler"))
+    ]
+    assert upward == []
+
+
+def test_only_worker_cluster_imports_redis_or_celery(imports: Imports) -> None:
+    outside = [
+        f"{name} imports {package}"
+        for name, packages in imports.external.items()
+        for package in packages & set(CLUSTER_ONLY)
+        if name.startswith(("worker", "ir")) and not name.startswith("worker.cluster")
+    ]
+    assert outside == []
+
+
+def test_local_runs_never_import_the_cluster(imports: Imports) -> None:
+    """What a local run loads (the engine, batches, runs, datasets, nodes) reaches no cluster module."""
+    local = ("worker.engine", "worker.batch", "worker.runs", "worker.datasets", "worker.nodes")
+    seen: set[str] = set()
+    todo = [name for name in MODULES if name.startswith(local)]
+    while todo:
+        name = todo.pop()
+        if name not in seen:
+            seen.add(name)
+            todo.extend(imports.edges.get(name, ()))
+    assert sorted(name for name in seen if name.startswith("worker.cluster")) == []
+
+
+def test_every_package_says_what_it_may_import() -> None:
+    silent = [
+        name
+        for name, path in MODULES.items()
+        if path.name == "__init__.py" and "import" not in (ast.get_docstring(ast.parse(path.read_text())) or "")
+    ]
+    assert silent == []

@@ -1,0 +1,278 @@
+"""`chordflow.advance`: the cluster's stepper. A submitted run lives in Redis and advances through it.
+
+Each advance loads the run's checkpoint and runs nodes until the flow ends or a batch node dispatches
+its chord; the chord body merges the chunks and enqueues the next advance. No task waits on another.
+Fencing: one lease per run (renewed while the task runs, so it outlives no dead worker) keeps two advances
+from running at once, and an advance goes on from the run's checkpoint, never from its own step: an advance
+behind the run (a duplicate, or one redelivered after its worker was SIGKILLed between two nodes it had
+checkpointed) picks the run up where it stands — where a dispatched batch or branch's mark stops it again,
+or where the dead worker stopped. So redelivery after a SIGKILL and duplicated messages are harmless.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import uuid
+from typing import Any
+
+from ir import snapshot
+from ir.branches import Section
+from ir.errors import RunCancelled
+from worker import redact
+from worker.batch.aggregate import BatchResult, merge
+from worker.batch.backend import BatchJob
+from worker.batch.remote import rebuild, stored_batch_result
+from worker.cluster import logs
+from worker.cluster.app import current_app, task
+from worker.cluster.dispatch import dispatch_batch
+from worker.cluster.state.runs import ClusterRuns, key
+from worker.cluster.state.runstate import RunState
+from worker.engine import context
+from worker.engine.context import RunContext
+from worker.engine.flow import WorkflowFlow, build_flow, validated
+from worker.engine.sections import BranchSink, BranchState, BranchSteps, StopFlag, StoredBranches, merged
+from worker.engine.stepper import Cursor, Step, batch_nodes, drive, ending
+from worker.runs.record import FINAL, RECORD_STATUS, StepJournal
+
+log = logging.getLogger(__name__)
+#: Seconds a run's lease lasts without renewal (the holder renews it every third of that).
+LEASE_SECONDS = 15
+
+
+class Suspended(BaseException):  # a control-flow signal, not an error: nodes must not catch it
+    """A batch was dispatched; this advance ends and the chord body enqueues the next one."""
+
+
+class Lease:
+    """One advance at a time per run: a Redis key with a TTL, renewed by a thread while held."""
+
+    def __init__(self, runs: ClusterRuns, run_id: str, name: str = "lease"):
+        self.redis, self.name, self.token = runs.redis, key(run_id, name), uuid.uuid4().hex
+        self.stop = threading.Event()
+
+    def acquire(self) -> bool:
+        if not self.redis.set(self.name, self.token, nx=True, ex=LEASE_SECONDS):
+            return False
+        threading.Thread(target=self._renew, daemon=True, name="chordflow-lease").start()
+        return True
+
+    def _renew(self) -> None:
+        while not self.stop.wait(LEASE_SECONDS / 3):
+            if self.redis.get(self.name) == self.token.encode():
+                self.redis.expire(self.name, LEASE_SECONDS)
+
+    def release(self) -> None:
+        self.stop.set()
+        if self.redis.get(self.name) == self.token.encode():
+            self.redis.delete(self.name)
+
+
+class ClusterBatches:
+    """The backend inside an advance: a batch's stored result when its chord has finished, else dispatch
+    the chord for the items without an outcome and suspend."""
+
+    name = "celery"
+
+    def __init__(
+        self, run_id: str, ctx: RunContext, runs: ClusterRuns, state: RunState, branch: tuple[str, str] | None = None
+    ):
+        self.run_id, self.ctx, self.runs, self.state = run_id, ctx, runs, state
+        self.branch = branch  # (section key, branch): a branch's batch continues that branch's cursor
+
+    def run_batch(self, job: BatchJob) -> BatchResult:
+        if not job.items:
+            return merge([], 0, job.batch.fail_fast)
+        stored = self.state.batch_result(job.key)
+        if stored is not None:
+            return stored_batch_result(stored)
+        if self.state.mark_dispatched(job.key):
+            job.done = [c for c in self.runs.saved_chunks(self.run_id, job.key) if not c.failures]
+            # The next advance starts at this batch node's step (not this advance's first step: nodes
+            # before it in this advance were checkpointed, and the step fence must let it through).
+            dispatch_batch(job, self.run_id, advance_step=self.ctx.step, branch=self.branch)
+        raise Suspended
+
+
+@task(name="chordflow.advance", bind=True, max_retries=None, acks_late=True)
+def advance(self: Any, run_id: str, step: int) -> str:
+    """Advance run `run_id` from `step` until the flow ends or a batch is dispatched."""
+    runs = ClusterRuns()
+    record = runs.get(run_id)
+    if record is None or record.status in FINAL or record.step < step:
+        return "fenced"
+    lease = Lease(runs, run_id)
+    if not lease.acquire():
+        raise self.retry(countdown=LEASE_SECONDS / 3)
+    record = runs.get(run_id)  # again, under the lease: the holder before us may have moved the run on
+    if record is None or record.status in FINAL or record.step < step:
+        lease.release()
+        return "fenced"
+    state = RunState(run_id)
+    ctx = RunContext()
+    try:
+        if state.cancelled():
+            runs.set_status(run_id, "cancelled", "run cancelled")
+            _ended(runs, run_id, record.status, "cancelled", record.node)
+            return "cancelled"
+        flow = _flow(record.workflow)
+        store = runs.load_store(run_id)
+        ctx.backend = ClusterBatches(run_id, ctx, runs, state)
+        ctx.cancelled = StopFlag(state.cancelled)  # the run's cancel flag in Redis, read between nodes
+        ctx.sections = ClusterSections(run_id, runs, state)
+        runs.set_status(run_id, "running", node=record.node)
+        if record.status != "running":
+            logs.transition(run_id, record.status, "running", node=record.node, steps=record.step)
+        journal = StepJournal(runs, run_id, batch_nodes(flow))
+        with context.using(ctx):
+            cursor = drive(flow, Cursor(record.node, record.step), store, ctx, journal)
+        status, error, _ = ending(flow, cursor, store, ctx.last_node)
+        runs.set_status(run_id, RECORD_STATUS[status], error, ctx.last_node if error else None)
+        _ended(runs, run_id, "running", RECORD_STATUS[status], ctx.last_node, error)
+        return RECORD_STATUS[status]
+    except Suspended:
+        return "dispatched"
+    except RunCancelled:
+        runs.set_status(run_id, "cancelled", "run cancelled", ctx.last_node)
+        _ended(runs, run_id, "running", "cancelled", ctx.last_node)
+        return "cancelled"
+    except Exception as exc:
+        runs.set_exception(run_id, exc)  # first: `wait` re-raises it as soon as it sees the status
+        error = redact.mask(f"{type(exc).__name__}: {exc}")
+        runs.set_status(run_id, "failed", error, ctx.last_node)
+        _ended(runs, run_id, "running", "failed", ctx.last_node, error)
+        return "failed"
+    finally:
+        lease.release()
+
+
+def _ended(runs: ClusterRuns, run_id: str, before: str, after: str, node: str | None, error: str | None = None) -> None:
+    """The run's transition line, with its steps and the item counts of its finished batches."""
+    record = runs.get(run_id)
+    items, failed = logs.batch_items(record.batches if record else None)
+    steps = record.step if record else None
+    logs.transition(run_id, before, after, node=node, steps=steps, items=items, failed=failed, error=error)
+
+
+# -- parallel sections: each branch is a cursor of its own ------------------------------------------------------
+
+
+class ClusterSections:
+    """A parallel section of a cluster run. The first time the run's cursor reaches it, each branch becomes a
+    cursor of its own, advanced by `chordflow.advance_branch` tasks (its batches dispatch their own chords),
+    and this advance ends. The last branch to finish (an atomic join in Redis) enqueues the run's advance at
+    the section again, which finds every branch ended and merges them — or, fail_fast, fails the run."""
+
+    def __init__(self, run_id: str, runs: ClusterRuns, state: RunState):
+        self.run_id, self.runs, self.state = run_id, runs, state
+
+    def run(self, flow: Any, section: Section, store: dict[str, Any], ctx: RunContext) -> Step:
+        key = ctx.batch_key(section.node_id)
+        saved = StoredBranches(self.runs, self.run_id).load(key)
+        states = [saved.get(b) or BranchState(b, b, ctx.step) for b in section.branches]
+        if self.state.mark_dispatched(key):  # the first time here, or a resume: start every unfinished branch
+            todo = [s for s in states if not s.finished]
+            for branch in todo:
+                branch.status, branch.error, branch.kind = "running", None, None
+                self.runs.save_branch(self.run_id, key, branch.branch, _encoded(branch))
+            self.runs.reset_join(self.run_id, key, [s.branch for s in states if s.finished])
+            for branch in todo:
+                current_app().send_task("chordflow.advance_branch", (self.run_id, key, branch.branch, branch.step))
+            log.info("run %s: section %s -> %d branches", self.run_id, section.node_id, len(todo))
+            raise Suspended
+        if any(s.status == "running" for s in states):  # a duplicate advance while the branches run
+            raise Suspended
+        if any(s.status == "cancelled" for s in states) and self.state.cancelled():
+            raise RunCancelled("run cancelled")
+        failed = [s for s in states if s.status in ("failed", "cancelled")]
+        if section.fail_fast and failed:
+            first = next((s for s in failed if s.kind), failed[0])
+            raise rebuild(*first.kind) if first.kind else RuntimeError(f"branch '{first.branch}': {first.error}")
+        return merged(section, states)
+
+
+def _encoded(state: BranchState) -> bytes:
+    return snapshot.encode(state.to_wire(), label=f"branch '{state.branch}'")
+
+
+@task(name="chordflow.advance_branch", bind=True, max_retries=None, acks_late=True)
+def advance_branch(self: Any, run_id: str, key: str, branch: str, step: int) -> str:
+    """Advance one branch of a parallel section from `step` until it reaches the fan-in (then join), fails,
+    or dispatches a batch (whose chord body enqueues this task again). Like `advance`, it goes on from the
+    branch's checkpoint: a redelivered task picks the branch up where it stands."""
+    runs = ClusterRuns()
+    record = runs.get(run_id)
+    state = _branch_state(runs, run_id, key, branch)
+    if record is None or record.status in FINAL or state is None or state.step < step:
+        return "fenced"
+    if state.status != "running":  # it ended, and this is a redelivery: join again (a duplicate joins once)
+        _join(runs, run_id, key, branch, len(_section(record.workflow, key).branches))
+        return "joined"
+    lease = Lease(runs, run_id, f"lease:{key}:{branch}")
+    if not lease.acquire():
+        raise self.retry(countdown=LEASE_SECONDS / 3)
+    rstate = RunState(run_id)
+    try:
+        state = _branch_state(runs, run_id, key, branch)
+        if state is None or state.step < step:
+            return "fenced"
+        if state.status != "running":  # it ended while this task waited for the lease
+            _join(runs, run_id, key, branch, len(_section(record.workflow, key).branches))
+            return "joined"
+        flow = _flow(record.workflow)
+        section = _section(record.workflow, key, flow)
+        store = runs.load_store(run_id)
+        for name in state.deleted:
+            store.pop(name, None)
+        store.update(state.changed)
+        sink = BranchSink(lambda event: rstate.publish_branch_event(event), branch)
+        # A branch stops when the run is cancelled or (fail_fast) another branch of its section failed.
+        ctx = RunContext(sink=sink, cancelled=StopFlag(lambda: rstate.should_stop(key)))
+        ctx.backend = ClusterBatches(run_id, ctx, runs, rstate, branch=(key, branch))
+        journal = BranchSteps(state, lambda kept: runs.save_branch(run_id, key, branch, _encoded(kept)))
+        try:
+            with context.using(ctx):
+                cursor = drive(
+                    flow, Cursor(state.node, state.step), store, ctx, journal, stop_before=section.fan_in.__eq__
+                )
+            state.status, state.node = "done", cursor.node
+        except Suspended:
+            return "dispatched"
+        except RunCancelled:
+            state.status = "cancelled"
+        except Exception as exc:
+            kind = type(exc)
+            state.status, state.kind = "failed", [kind.__module__, kind.__name__, redact.mask(str(exc))]
+            state.error = redact.mask(f"{kind.__name__}: {exc}")
+            if not sink.erred:
+                sink({"type": "error", "node": ctx.last_node, "error": state.error})
+            if section.fail_fast:
+                rstate.abort(key)
+        runs.save_branch(run_id, key, branch, _encoded(state))
+        rstate.publish_branch_event({"type": "branch_complete", "branch": branch, "ok": state.status == "done"})
+        _join(runs, run_id, key, branch, len(section.branches))
+        return state.status
+    finally:
+        lease.release()
+
+
+def _flow(workflow: dict[str, Any]) -> WorkflowFlow:
+    """An advance's flow: node instances of this task's own, from the run's workflow validated once per
+    content on this process (every advance and branch advance of a run reads the same one)."""
+    return build_flow(validated(workflow))
+
+
+def _section(workflow: dict[str, Any], key: str, flow: WorkflowFlow | None = None) -> Section:
+    """The section a branch key (`<fork>:parallel#<step>`) names."""
+    flow = flow or _flow(workflow)
+    return flow.sections[key.rsplit("#", 1)[0]]
+
+
+def _join(runs: ClusterRuns, run_id: str, key: str, branch: str, branches: int) -> None:
+    """The branch has ended: the last of the section's branches to end hands the run back to the fan-in."""
+    if runs.join(run_id, key, branch) >= branches:
+        current_app().send_task("chordflow.advance", (run_id, int(key.rsplit("#", 1)[1])))
+
+
+def _branch_state(runs: ClusterRuns, run_id: str, key: str, branch: str) -> BranchState | None:
+    return StoredBranches(runs, run_id).load(key).get(branch)

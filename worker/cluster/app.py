@@ -1,0 +1,268 @@
+"""The Celery app: `celery -A worker.app worker` (or `chordflow worker`) runs chordflow chunks.
+
+Configured from the environment (worker.settings). Reliability choices: late acks and
+reject-on-worker-lost so a killed worker's chunk is delivered again; a visibility timeout above
+the longest chunk; prefetch 1 (chunks are long); msgpack/json only, never pickle; ordered chords;
+task events on for Flower.
+
+One app per settings value (`create_app`, `current_app`): the module's `app` is built from the
+environment at import; a process whose environment changes later gets a new app, never a reconfigured
+one. Every live worker keeps its pool size in the worker registry (worker/cluster/state/heartbeat.py).
+
+Every task message is signed with the shared key and verified by workers (worker/cluster/signing.py); a worker
+without a key refuses to start unless CHORDFLOW_INSECURE=1 (`chordflow worker --insecure`).
+
+Every log line of a worker has its secrets masked; CHORDFLOW_LOG_FORMAT=json makes each one a JSON object
+(worker/cluster/logs.py).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import logging
+import threading
+import weakref
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from celery import Celery, signals
+from celery.backends.redis import RedisBackend
+from celery.local import Proxy
+
+from worker import settings
+from worker.cluster import logs, signing
+from worker.cluster.state import heartbeat, runstate
+from worker.nodes import registry
+
+log = logging.getLogger(__name__)
+
+
+def config(s: settings.Settings) -> dict:
+    return {
+        "broker_url": s.broker_url,
+        "result_backend": s.result_backend,
+        "task_serializer": "msgpack",
+        "result_serializer": "msgpack",
+        "accept_content": ["msgpack", "json"],
+        "result_accept_content": ["msgpack", "json"],
+        "task_acks_late": True,
+        "task_reject_on_worker_lost": True,
+        "worker_prefetch_multiplier": 1,
+        "broker_transport_options": {
+            "visibility_timeout": s.visibility_timeout,
+            # Sweep for lost (unacked, past the timeout) chunks every few seconds, scanning each time;
+            # kombu's default sweep is ~100 s apart, which would delay recovery far past the timeout.
+            "unacked_restore_interval": max(1, min(10, s.visibility_timeout // 4)),
+            "unacked_restore_throttle": 1,
+            # A broker that vanishes without closing the socket must not hang a publish forever.
+            "socket_timeout": 15,
+            "socket_connect_timeout": 5,
+        },
+        "result_backend_transport_options": {"retry_policy": {"timeout": float(runstate.OUTAGE_SECONDS)}},
+        "result_chord_ordered": True,
+        "result_expires": s.run_ttl,
+        "result_chord_expires": s.run_ttl,
+        "result_chord_join_timeout": 30.0,
+        "task_default_queue": s.queue,
+        "task_track_started": True,
+        "task_send_sent_event": True,
+        "worker_send_task_events": True,
+        "worker_soft_shutdown_timeout": 30.0,
+        "worker_enable_soft_shutdown_on_idle": True,
+        "worker_hijack_root_logger": False,
+        # A send waits this long at most for a free producer of the pool (broker_pool_limit, 10), and again
+        # for its connection (worker/cluster/broker_pool.py), then fails with one clear error instead of hanging.
+        "broker_pool_acquire_timeout": s.pool_timeout,
+        "broker_connection_retry_on_startup": True,
+        # Redis outages: a worker reconnects to the broker forever (with backoff), never exits; a publish
+        # (a chord, the next advance) retries for about a minute; result writes retry across the outage.
+        "broker_connection_max_retries": None,
+        "task_publish_retry_policy": {"max_retries": 40, "interval_start": 0, "interval_step": 0.5, "interval_max": 2},
+        "result_backend_always_retry": True,
+        "result_backend_max_retries": 40,
+        "result_backend_max_sleep_between_retries_ms": 2000,
+    }
+
+
+class RunResultBackend(RedisBackend):
+    """The Redis result backend, minus pub/sub subscriptions for chordflow's own chords.
+
+    Celery subscribes to the result channel of every task it sends and of every chord member. The
+    scheduler never waits that way (it reads the run's progress stream), so inside `quiet()` those
+    subscriptions are skipped: they would cost a round trip per chunk and linger until exit. Outside
+    it — any other task sent with this app — `AsyncResult.get()` works as usual.
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        self._quiet = threading.local()
+        # Every command (a chord's counter included, which Celery does not retry itself) rides out a restart.
+        self.connparams.update(runstate.outage_retry())
+
+    @contextlib.contextmanager
+    def quiet(self) -> Iterator[None]:
+        self._quiet.on = True
+        try:
+            yield
+        finally:
+            self._quiet.on = False
+
+    def _is_quiet(self) -> bool:
+        return getattr(self._quiet, "on", False)
+
+    def on_task_call(self, producer: Any, task_id: str) -> None:
+        if not self._is_quiet():
+            super().on_task_call(producer, task_id)
+
+    def add_pending_result(self, result: Any, weak: bool = False, start_drainer: bool = True) -> Any:
+        if self._is_quiet():
+            return result
+        return super().add_pending_result(result, weak=weak, start_drainer=start_drainer)
+
+
+class ChordflowCelery(Celery):
+    """chordflow's Celery app: every message it sends is signed, every task on it runs signed messages only."""
+
+    amqp_cls = "worker.cluster.broker_pool:ChordflowAMQP"
+    task_cls = "worker.cluster.signing:SignedTask"
+
+    def __init__(self, *args: Any, chordflow_settings: settings.Settings | None = None, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        self.chordflow_settings = chordflow_settings or settings.load()
+        self.insecure = self.chordflow_settings.insecure
+
+    @functools.cached_property
+    def signer(self) -> signing.Signer | None:
+        """From the key in the settings, read once (raises SigningKeyError if it cannot be used)."""
+        return signing.signer_for(self.chordflow_settings)
+
+    def _get_backend(self) -> RunResultBackend:
+        return RunResultBackend(app=self, url=self.conf.result_backend)
+
+
+# Tasks defined with `task()`, registered on every app `create_app` builds (before or after the definition).
+_tasks: list[tuple[Callable[..., Any], dict[str, Any]]] = []
+_built: weakref.WeakSet[ChordflowCelery] = weakref.WeakSet()
+_apps: dict[settings.Settings, ChordflowCelery] = {}  # current_app's, one per settings value
+_lock = threading.RLock()
+
+
+def create_app(s: settings.Settings) -> ChordflowCelery:
+    """A Celery app configured once from `s`, with every task defined so far (and later) registered on it."""
+    new = ChordflowCelery(
+        "chordflow",
+        include=["worker.cluster.tasks", "worker.cluster.advance", "worker.cluster.datasets"],
+        set_as_current=False,
+        chordflow_settings=s,
+    )
+    new.conf.update(config(s))
+    with _lock:
+        for fun, options in _tasks:
+            new.task(shared=False, **options)(fun)
+        _built.add(new)
+    return new
+
+
+def current_app(s: settings.Settings | None = None) -> ChordflowCelery:
+    """The app for the settings in the environment now (or `s`): one app per settings value, built once.
+
+    A scheduler process may be pointed elsewhere after import (tests apply a cluster's environment);
+    it then gets a new app for the new settings, never a reconfigured old one.
+    """
+    s = s or settings.load()
+    found = _apps.get(s)
+    if found is None:
+        with _lock:
+            found = _apps.get(s)
+            if found is None:
+                found = _apps[s] = create_app(s)
+    return found
+
+
+def task(*, name: str, **options: Any) -> Callable[[Callable[..., Any]], Any]:
+    """Define a task on every chordflow app (`@task(name="x.y")`), like Celery's `shared_task`.
+
+    Returns a proxy to the task on `current_app()`, so `.delay()` or `.signature()` go to the broker of
+    the environment at call time, not the one at import.
+    """
+
+    def define(fun: Callable[..., Any]) -> Any:
+        with _lock:
+            _tasks.append((fun, {"name": name, **options}))
+            for each in list(_built):
+                each.task(shared=False, name=name, **options)(fun)
+        return Proxy(lambda: current_app().tasks[name], __doc__=fun.__doc__)
+
+    return define
+
+
+#: The app `celery -A worker.app worker` runs: built from the environment at import.
+app = current_app()
+
+
+@signals.celeryd_init.connect
+def _refuse_to_start_unsigned(instance: Any, **_: object) -> None:
+    """A worker without a key would run whatever anyone who can write to the broker sends: it does not start
+    (one line on stderr, exit 1) unless that is asked for with CHORDFLOW_INSECURE=1."""
+    if not isinstance(instance.app, ChordflowCelery):
+        return
+    try:
+        signing.worker_may_start(instance.app)
+    except signing.SigningKeyError as exc:
+        raise SystemExit(f"error: {exc}") from None
+
+
+@signals.celeryd_init.connect
+def _log_format(instance: Any, **_: object) -> None:
+    """CHORDFLOW_LOG_FORMAT=json: every line the worker writes is a JSON object, so no banner (not a log line).
+    A value other than text or json stops the worker at start, with one line."""
+    if not isinstance(instance.app, ChordflowCelery):
+        return
+    try:
+        json_lines = logs.json_format()
+    except ValueError as exc:
+        raise SystemExit(f"error: {exc}") from None
+    if json_lines:
+        instance.quiet = True
+        logs.json_lines_only()
+
+
+#: Secrets are masked in every log line, and CHORDFLOW_LOG_FORMAT=json makes each one a JSON object (worker/cluster/logs.py).
+signals.after_setup_logger.connect(logs.configure, weak=False)
+signals.after_setup_task_logger.connect(logs.configure, weak=False)
+
+
+@signals.worker_ready.connect
+def _warn_when_insecure(sender: Any, **_: object) -> None:
+    if isinstance(sender.app, ChordflowCelery) and sender.app.signer is None:
+        log.warning("running INSECURE (CHORDFLOW_INSECURE): unsigned task messages are accepted and run")
+
+
+@signals.worker_process_init.connect
+@signals.worker_init.connect
+def _load_plugins(**_: object) -> None:
+    """User node types (CHORDFLOW_PLUGINS) must exist on every worker before a chunk arrives."""
+    registry.load_plugins()
+
+
+_heartbeats: dict[str, heartbeat.Heartbeat] = {}
+
+
+@signals.worker_ready.connect
+def _register_worker(sender: Any, **_: object) -> None:
+    """Announce this worker's pool size in the registry (chunk sizing reads it), refreshed until shutdown."""
+    hostname = sender.hostname
+    if hostname in _heartbeats:
+        return
+    s = settings.load()
+    processes = int(sender.pool.info.get("max-concurrency") or 1)
+    beat = heartbeat.Heartbeat(runstate.client(s.result_backend), hostname, processes, s.worker_heartbeat)
+    _heartbeats[hostname] = beat
+    beat.start()
+
+
+@signals.worker_shutdown.connect
+def _unregister_worker(**_: object) -> None:
+    while _heartbeats:
+        _heartbeats.popitem()[1].stop()

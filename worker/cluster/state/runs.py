@@ -1,0 +1,278 @@
+"""Run records and checkpoints of cluster runs, in Redis: the same interface as the embedded store.
+
+Every key of a run carries the hash tag `{<run_id>}` (`cf:{r1}:run`, `cf:{r1}:store`...), so a script
+touches one slot and the state can move to Redis Cluster sharded by run id. The store is a hash of
+top-level key -> snapshot-codec bytes; a checkpoint (worker/cluster/state/lua/checkpoint.lua) writes only the keys a
+node changed, fenced on the step number, with the step's action and hashes (`steps`) and what the keys
+it overwrote held before (`undo`, for `rewind`). `cf:runs` (created time per run id) lists recent runs.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import re
+import time
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+import redis
+
+from ir import snapshot
+from worker import settings
+from worker.batch.aggregate import ChunkResult
+from worker.batch.rows import Row, rows_of_aggregate, rows_of_chunks
+from worker.cluster.state.runstate import RunState, client, script
+from worker.engine.stepper import Step
+from worker.runs.record import FINAL, RunRecord, TrailStep, trail_action
+from worker.runs.sqlite import Unrecoverable
+
+INDEX = "cf:runs"
+#: The step of a per-batch key's name after the run's prefix (`result:b#3`, `snap:b#3:<sha>`, `chunks:b#3`).
+BATCH_STEP = re.compile(r"#(\d+)(?::|$)")
+
+
+def key(run_id: str, name: str) -> str:
+    return f"cf:{{{run_id}}}:{name}"
+
+
+class ClusterRuns:
+    def __init__(self, redis_client: redis.Redis | None = None, ttl: int | None = None):
+        self.redis = redis_client or client()
+        self.ttl = ttl or settings.load().run_ttl
+        self._checkpoint = script(self.redis, "checkpoint")
+
+    # -- records ------------------------------------------------------------------------------------
+    def create(self, record: RunRecord, store: Mapping[str, Any], encoded: Mapping[str, bytes] | None = None) -> None:
+        """Record a new run with its first store: `store` values, and `encoded` ones already in the codec."""
+        now = time.time()
+        record.created = record.updated = now
+        fields = {
+            "run_id": record.run_id, "workflow": json.dumps(record.workflow), "backend": record.backend,
+            "status": record.status, "node": record.node or "", "step": record.step, "error": "",
+            "created": now, "updated": now, "source": record.source or "", "batches": "{}",
+            "dataset": json.dumps(record.dataset) if record.dataset else "",
+        }  # fmt: skip
+        pipe = self.redis.pipeline()
+        values = {**(encoded or {}), **{k: snapshot.encode(v, label=k) for k, v in store.items()}}
+        if values:
+            pipe.hset(key(record.run_id, "store"), mapping=values)
+            pipe.expire(key(record.run_id, "store"), self.ttl)
+        pipe.hset(key(record.run_id, "run"), mapping=fields)
+        pipe.expire(key(record.run_id, "run"), self.ttl)
+        pipe.zadd(INDEX, {record.run_id: now})
+        pipe.execute()
+
+    def get(self, run_id: str) -> RunRecord | None:
+        raw = self.redis.hgetall(key(run_id, "run"))
+        return _record(raw) if raw else None
+
+    def recent(self, status: str | None = None, limit: int = 20) -> list[RunRecord]:
+        """Newest first; ids whose record expired are dropped from the index on the way."""
+        found: list[RunRecord] = []
+        for run_id in self.redis.zrevrange(INDEX, 0, -1):
+            record = self.get(run_id.decode())
+            if record is None:
+                self.redis.zrem(INDEX, run_id)
+                continue
+            if status is None or record.status == status:
+                found.append(record)
+                if len(found) >= limit:
+                    break
+        return found
+
+    def set_status(self, run_id: str, status: str, error: str | None = None, node: str | None = None) -> None:
+        fields: dict[str, Any] = {"status": status, "error": error or "", "updated": time.time()}
+        if status in ("queued", "running"):
+            self.redis.hdel(key(run_id, "run"), "exception")
+        if node is not None:
+            fields["node"] = node
+        pipe = self.redis.pipeline()
+        pipe.hset(key(run_id, "run"), mapping=fields)
+        if status in FINAL:  # wake whoever follows the run's stream (`wait`) now, not at its next poll
+            pipe.xadd(key(run_id, "events"), {"batch": "", "end": status})
+            pipe.expire(key(run_id, "events"), self.ttl)
+        pipe.execute()
+        if status in FINAL:
+            RunState(run_id, self.redis).drop_snapshots()
+
+    def set_exception(self, run_id: str, exc: BaseException) -> None:
+        """What `wait` raises again for a run that failed with an exception (module, type, message)."""
+        kind = type(exc)
+        self.redis.hset(key(run_id, "run"), "exception", json.dumps([kind.__module__, kind.__name__, str(exc)]))
+
+    def exception(self, run_id: str) -> tuple[str, str, str] | None:
+        raw = self.redis.hget(key(run_id, "run"), "exception")
+        return tuple(json.loads(raw)) if raw else None  # type: ignore[return-value]
+
+    # -- checkpoints --------------------------------------------------------------------------------
+    def checkpoint(self, run_id: str, step: int, result: Step, batch: dict[str, int] | None = None) -> bool:
+        args: list[Any] = [step, result.next_node or "", result.node, time.time(), self.ttl]
+        entry = json.dumps([trail_action(result.action), result.config, result.reads])  # this step in the `steps` list
+        args += [json.dumps(batch) if batch else "", entry]
+        args += [len(result.deleted), *result.deleted]
+        for name, value in result.changed.items():
+            args += [name, snapshot.encode(value, label=f"store key '{name}'")]
+        keys = [key(run_id, name) for name in ("run", "store", "trail", "steps", "undo")]
+        return bool(self._checkpoint(keys=keys, args=args))
+
+    def load_store(self, run_id: str) -> dict[str, Any]:
+        return {k.decode(): snapshot.decode(v) for k, v in self.redis.hgetall(key(run_id, "store")).items()}
+
+    def trail(self, run_id: str) -> list[str]:
+        return [n.decode() for n in self.redis.lrange(key(run_id, "trail"), 0, -1)]
+
+    def steps(self, run_id: str) -> list[TrailStep]:
+        """The steps completed so far, in order, with their actions and hashes (steps recorded before
+        checkpoints kept them come first, without)."""
+        nodes = self.trail(run_id)
+        found = [json.loads(raw) for raw in self.redis.lrange(key(run_id, "steps"), 0, -1)]
+        unlogged = len(nodes) - len(found)
+        return [TrailStep(n) if i < unlogged else TrailStep(n, *found[i - unlogged]) for i, n in enumerate(nodes)]
+
+    # -- a run taken back to an earlier step (resume with an edited workflow) ---------------------------
+    def rewind(self, run_id: str, step: int) -> None:
+        """Undo the steps from `step` on: the store as it was before that step (from the undo log), the
+        trail cut there, and the batches from that step on forgotten (their outcomes, totals, flags), so
+        they run again. The run is not running (a resume does this before it enqueues the advance)."""
+        if len(self.trail(run_id)) - self.redis.llen(key(run_id, "steps")) > step:
+            raise Unrecoverable(
+                f"run {run_id}: step {step} on cannot be rolled back (recorded by a chordflow without an undo log); "
+                "run the workflow again"
+            )
+        undo = key(run_id, "undo")
+        first: dict[bytes, tuple[int, bytes]] = {}  # key -> (its first step from `step` on, that undo field)
+        dropped = []
+        for field in self.redis.hkeys(undo):
+            at, _, name = field.partition(b":")
+            if int(at) >= step:
+                dropped.append(field)
+                if name not in first or int(at) < first[name][0]:
+                    first[name] = (int(at), field)
+        olds = self.redis.hmget(undo, [field for _, field in first.values()]) if first else []
+        batches = self._batch_keys(run_id, step)
+        pipe = self.redis.pipeline()
+        for name, old in zip(first, olds, strict=True):
+            if old is not None and old.startswith(b"v"):
+                pipe.hset(key(run_id, "store"), name, old[1:])
+            else:
+                pipe.hdel(key(run_id, "store"), name)
+        if dropped:
+            pipe.hdel(undo, *dropped)
+        for name in ("trail", "steps"):
+            if step:
+                pipe.ltrim(key(run_id, name), 0, step - 1)
+            else:
+                pipe.delete(key(run_id, name))
+        if batches["keys"]:
+            pipe.delete(*batches["keys"])
+        if batches["totals"]:
+            pipe.hdel(key(run_id, "totals"), *batches["totals"])
+        pipe.hset(key(run_id, "run"), mapping={"step": step, "updated": time.time()})
+        pipe.execute()
+
+    def _batch_keys(self, run_id: str, step: int) -> dict[str, list[Any]]:
+        """The Redis keys (and `totals` fields) of the run's batches keyed `<node>#<n>` with n >= step."""
+        prefix = key(run_id, "")
+        stale = [
+            name
+            for name in self.redis.scan_iter(match=prefix + "*#*", count=1000)
+            if (found := BATCH_STEP.search(name.decode()[len(prefix) :])) and int(found.group(1)) >= step
+        ]
+        totals = [f for f in self.redis.hkeys(key(run_id, "totals")) if int(f.rsplit(b"#", 1)[1]) >= step]
+        return {"keys": stale, "totals": totals}
+
+    def set_workflow(self, run_id: str, workflow: dict[str, Any], source: str | None, node: str | None) -> None:
+        """Give a run an edited workflow and the node it goes on with (None: the flow has ended)."""
+        fields = {"workflow": json.dumps(workflow), "node": node or "", "updated": time.time()}
+        if source:
+            fields["source"] = source
+        self.redis.hset(key(run_id, "run"), mapping=fields)
+
+    # -- branches of a parallel section (worker/cluster/advance.py ClusterSections) ---------------------------
+    def save_branch(self, run_id: str, section: str, branch: str, value: bytes) -> None:
+        pipe = self.redis.pipeline()
+        pipe.hset(key(run_id, f"branches:{section}"), branch, value)
+        pipe.expire(key(run_id, f"branches:{section}"), self.ttl)
+        pipe.execute()
+
+    def load_branches(self, run_id: str, section: str) -> dict[str, Any]:
+        raw = self.redis.hgetall(key(run_id, f"branches:{section}"))
+        return {b.decode(): snapshot.decode(v) for b, v in raw.items()}
+
+    def reset_join(self, run_id: str, section: str, finished: list[str]) -> None:
+        """Before the branches start (again): only the finished ones count as joined."""
+        name = key(run_id, f"joined:{section}")
+        pipe = self.redis.pipeline()
+        pipe.delete(name)
+        if finished:
+            pipe.sadd(name, *finished)
+        pipe.expire(name, self.ttl)
+        pipe.execute()
+
+    def join(self, run_id: str, section: str, branch: str) -> int:
+        """An ended branch joins its section; returns how many have (atomic: MULTI/EXEC). A branch counted
+        twice (a redelivered task) counts once, so only the last branch to end sees them all."""
+        name = key(run_id, f"joined:{section}")
+        pipe = self.redis.pipeline(transaction=True)
+        pipe.sadd(name, branch)
+        pipe.scard(name)
+        pipe.expire(name, self.ttl)
+        _, count, _ = pipe.execute()
+        return int(count)
+
+    # -- batch outcomes, stored per chunk -------------------------------------------------------------
+    def keep_chunks(self, run_id: str, batch: str, blobs: list[bytes]) -> list[ChunkResult]:
+        """Store a batch's new chunk outcomes (the chord's results, as they came) beside those an earlier,
+        cut-short dispatch kept; returns the chunks the batch's outcomes are made of, in index order: the
+        new ones and the earlier ones they do not overlap (those the new ones cover are dropped)."""
+        name = key(run_id, f"chunks:{batch}")
+        new = [(chunk, blob) for blob in blobs if (chunk := ChunkResult.from_wire(snapshot.decode(blob))).results]
+        spans = [(c.start, c.start + len(c.results)) for c, _ in new]
+        kept, stale = [], []
+        for chunk in self.saved_chunks(run_id, batch):
+            end = chunk.start + len(chunk.results)
+            covered = any(start < end and chunk.start < stop for start, stop in spans)
+            (stale if covered else kept).append(chunk)
+        pipe = self.redis.pipeline()
+        if stale:
+            pipe.hdel(name, *[str(c.start) for c in stale])
+        if new:
+            pipe.hset(name, mapping={str(c.start): blob for c, blob in new})
+        pipe.expire(name, self.ttl)
+        pipe.execute()
+        return sorted([*kept, *(c for c, _ in new)], key=lambda c: c.start)
+
+    def saved_chunks(self, run_id: str, batch: str) -> list[ChunkResult]:
+        blobs = self.redis.hgetall(key(run_id, f"chunks:{batch}"))
+        chunks = [ChunkResult.from_wire(snapshot.decode(blob)) for blob in blobs.values()]
+        return sorted(chunks, key=lambda c: c.start)
+
+    def batch_rows(self, run_id: str, node: str) -> Iterator[Row]:
+        """The items of node's last batch, streamed from its stored chunks a few at a time (what finished,
+        for a batch cut short); LookupError when the node has no batch results."""
+        dispatches = [b.decode() for b in self.redis.hkeys(key(run_id, "totals")) if b.decode().split("#")[0] == node]
+        if dispatches:
+            name = key(run_id, f"chunks:{max(dispatches, key=lambda b: int(b.rsplit('#', 1)[1]))}")
+            starts = sorted(int(start) for start in self.redis.hkeys(name))
+            if starts:
+                return rows_of_chunks(self._chunks(name, starts))
+        blob = self.redis.hget(key(run_id, "store"), node)  # a batch that dispatched nothing (no items)
+        if blob is None:
+            raise LookupError(f"run {run_id} has no batch results for node '{node}'")
+        return rows_of_aggregate(lambda: io.BytesIO(blob))
+
+    def _chunks(self, name: str, starts: list[int], per_read: int = 8) -> Iterator[ChunkResult]:
+        for i in range(0, len(starts), per_read):
+            for blob in self.redis.hmget(name, [str(s) for s in starts[i : i + per_read]]):
+                if blob is not None:
+                    yield ChunkResult.from_wire(snapshot.decode(blob))
+
+
+def _record(raw: dict[bytes, bytes]) -> RunRecord:
+    f = {k.decode(): v.decode() for k, v in raw.items()}
+    return RunRecord(
+        f["run_id"], json.loads(f["workflow"]), f["backend"], f["status"], f["node"] or None, int(f["step"]),
+        f["error"] or None, float(f["created"]), float(f["updated"]), f["source"] or None, json.loads(f["batches"]),
+        json.loads(f["dataset"]) if f.get("dataset") else None,
+    )  # fmt: skip

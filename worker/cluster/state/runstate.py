@@ -1,0 +1,216 @@
+"""Per-run state in Redis: progress stream, cancel/abort flags, snapshots, permits, chunk ids.
+
+Every key lives under `cf:{<run_id>}:` (the hash tag keeps a run's keys, and so each Lua script, in one
+Redis Cluster slot; snapshots under `cf:{<run_id>}:snap:<batch>:<sha256>`) and expires after `run_ttl`.
+The Lua scripts sit beside this module in worker/cluster/state/lua/.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import msgpack
+import redis
+from redis.backoff import ExponentialBackoff
+from redis.retry import Retry
+
+from worker import settings
+
+_LUA = Path(__file__).with_name("lua")
+
+
+@cache
+def _script_source(name: str) -> str:
+    return (_LUA / f"{name}.lua").read_text()
+
+
+def script(redis_client: redis.Redis, name: str) -> Any:
+    """A Lua script of worker/cluster/state/lua/, registered on a client (its KEYS/ARGV are documented in the file)."""
+    return redis_client.register_script(_script_source(name))
+
+
+_clients: dict[str, redis.Redis] = {}
+#: How long a Redis command keeps retrying a lost connection (a restart, a failover) before it fails.
+OUTAGE_SECONDS = 60
+
+
+def outage_retry() -> dict[str, Any]:
+    """Connection options that ride out a Redis outage of up to OUTAGE_SECONDS: each command is retried
+    on connection errors and timeouts, backing off to 1 s between tries (a few tries in the first second)."""
+    return {
+        "retry": Retry(ExponentialBackoff(cap=1.0, base=0.05), retries=OUTAGE_SECONDS + 5),
+        "retry_on_error": [redis.ConnectionError, redis.TimeoutError],
+    }
+
+
+def client(url: str | None = None) -> redis.Redis:
+    """One Redis client per URL per process (the result backend's server holds run state)."""
+    url = url or settings.load().result_backend
+    if url not in _clients:
+        _clients[url] = redis.Redis.from_url(
+            url, socket_timeout=10, socket_connect_timeout=5, health_check_interval=30, **outage_retry()
+        )
+    return _clients[url]
+
+
+class RunState:
+    def __init__(self, run_id: str, redis_client: redis.Redis | None = None, ttl: int | None = None):
+        self.run_id = run_id
+        self.redis = redis_client or client()
+        self.ttl = ttl or settings.load().run_ttl
+        self.prefix = f"cf:{{{run_id}}}:"  # the hash tag: every key of a run lives in one Redis Cluster slot
+        self._acquire = self.redis.register_script(_script_source("acquire_permit"))
+        self._publish = self.redis.register_script(_script_source("publish_progress"))
+        self._finish = self.redis.register_script(_script_source("finish_batch"))
+
+    def key(self, name: str) -> str:
+        return self.prefix + name
+
+    # -- flags ------------------------------------------------------------------------------
+    def cancel(self) -> None:
+        self.redis.set(self.key("cancel"), 1, ex=self.ttl)
+
+    def cancelled(self) -> bool:
+        return bool(self.redis.exists(self.key("cancel")))
+
+    def abort(self, batch: str) -> None:
+        """fail_fast: the first failed item stops every other chunk of this batch."""
+        self.redis.set(self.key(f"abort:{batch}"), 1, ex=self.ttl)
+
+    def mark_dispatched(self, batch: str) -> bool:
+        """True the first time for a batch key: a redelivered advance must not dispatch its chord again."""
+        return bool(self.redis.set(self.key(f"dispatched:{batch}"), 1, nx=True, ex=self.ttl))
+
+    def clear_stops(self) -> None:
+        """Before a resume: no cancel flag, abort flag, dispatch mark, failure count or stored result stays."""
+        stale = [self.key("cancel")]
+        for pattern in ("abort:*", "dispatched:*", "result:*", "failed:*"):
+            stale.extend(self.redis.scan_iter(match=self.key(pattern), count=1000))
+        self.redis.delete(*stale)
+
+    def set_batch_total(self, batch: str, total: int) -> None:
+        self.redis.hset(self.key("totals"), batch, total)
+        self.redis.expire(self.key("totals"), self.ttl)
+
+    def batch_total(self, batch: str) -> int:
+        return int(self.redis.hget(self.key("totals"), batch) or 0)
+
+    def should_stop(self, batch: str) -> bool:
+        return bool(self.redis.exists(self.key("cancel"), self.key(f"abort:{batch}")))
+
+    # -- progress ---------------------------------------------------------------------------
+    def publish(
+        self, batch: str, outcomes: list[tuple[int, bool]], failures: tuple[int, int, int] | None = None
+    ) -> None:
+        """Append outcomes to the run's stream. `failures` (chunk start, the chunk's failed items so far,
+        the most the batch tolerates): also count them, and abort the batch once it has more."""
+        keys, args = [self.key("events")], [batch, msgpack.packb(outcomes), self.ttl]
+        if failures is not None:
+            keys += [self.key(f"failed:{batch}"), self.key(f"abort:{batch}")]
+            args += list(failures)
+        self._publish(keys=keys, args=args)
+
+    def read_progress(self, last_id: str, block_ms: int) -> tuple[str, list[tuple[str, bytes | None]]]:
+        """Entries after `last_id` (waits up to block_ms): (new last id, [(batch, packed outcomes)]).
+
+        Outcomes stay packed (`unpack_outcomes`) so a scheduler nobody listens to skips decoding them;
+        an entry with `None` instead marks the end of that batch: its result is stored.
+        """
+        reply = self.redis.xread({self.key("events"): last_id}, block=block_ms or None, count=1000)
+        batches: list[tuple[str, bytes | None]] = []
+        for _stream, entries in reply or []:
+            for entry_id, fields in entries:
+                last_id = entry_id.decode() if isinstance(entry_id, bytes) else entry_id
+                batches.append((fields[b"batch"].decode(), fields.get(b"b")))
+        return last_id, batches
+
+    def publish_branch_event(self, event: dict[str, Any]) -> None:
+        """A parallel branch's event (`parallel_state` without its state, `parallel_error`, `branch_complete`)
+        on the run's branch stream, for whoever follows the run (`wait`)."""
+        fields = {
+            k: str(v) for k, v in event.items() if k in ("type", "branch", "node", "error", "ok") and v is not None
+        }
+        pipe = self.redis.pipeline()
+        pipe.xadd(self.key("branch_events"), fields)
+        pipe.expire(self.key("branch_events"), self.ttl)
+        pipe.execute()
+
+    def read_branch_events(self, last_id: str) -> tuple[str, list[dict[str, Any]]]:
+        """Branch events after `last_id` (no wait): (new last id, events)."""
+        reply = self.redis.xread({self.key("branch_events"): last_id}, count=1000)
+        found = []
+        for _stream, entries in reply or []:
+            for entry_id, fields in entries:
+                last_id = entry_id.decode() if isinstance(entry_id, bytes) else entry_id
+                event: dict[str, Any] = {k.decode(): v.decode() for k, v in fields.items()}
+                if "ok" in event:
+                    event["ok"] = event["ok"] == "True"
+                found.append(event)
+        return last_id, found
+
+    @staticmethod
+    def unpack_outcomes(packed: bytes) -> list[tuple[int, bool]]:
+        return msgpack.unpackb(packed)
+
+    def finish_batch(self, batch: str, result: bytes) -> None:
+        """Store a batch's merged result, then announce it on the stream (one atomic script)."""
+        self._finish(keys=[self.key(f"result:{batch}"), self.key("events")], args=[result, batch, self.ttl])
+
+    def batch_result(self, batch: str) -> bytes | None:
+        return self.redis.get(self.key(f"result:{batch}"))
+
+    # -- snapshots ---------------------------------------------------------------------------
+    def store_snapshot(self, blob: bytes, batch: str = "") -> str:
+        """Stores the bytes once per batch under their content hash; chunk messages carry only the key.
+        Deleted when the batch is merged (`drop_snapshot`) or the run ends (`drop_snapshots`)."""
+        key = self.key(f"snap:{batch}:{hashlib.sha256(blob).hexdigest()}")
+        self.redis.set(key, blob, ex=self.ttl)
+        return key
+
+    def drop_snapshot(self, key: str) -> None:
+        self.redis.delete(key)
+
+    def drop_snapshots(self) -> None:
+        """Every snapshot of the run: none is needed once it ended (a resume stores its batch's again)."""
+        stale = list(self.redis.scan_iter(match=self.key("snap:*"), count=1000))
+        if stale:
+            self.redis.delete(*stale)
+
+    def load_snapshot(self, key: str) -> bytes:
+        blob = self.redis.get(key)
+        if blob is None:
+            raise LookupError(f"snapshot {key} is missing from Redis (expired after {self.ttl}s, or flushed)")
+        return blob
+
+    # -- chunks and permits -----------------------------------------------------------------
+    def record_chunks(self, task_ids: list[str]) -> None:
+        pipe = self.redis.pipeline()
+        pipe.rpush(self.key("chunks"), *task_ids)
+        pipe.expire(self.key("chunks"), self.ttl)
+        pipe.execute()
+
+    def chunk_ids(self) -> list[str]:
+        return [t.decode() for t in self.redis.lrange(self.key("chunks"), 0, -1)]
+
+    def acquire_permit(self, batch: str, token: str, limit: int, lease: float) -> bool:
+        now = time.time()
+        granted = self._acquire(keys=[self.key(f"permits:{batch}")], args=[token, limit, now + lease, now, self.ttl])
+        return bool(granted)
+
+    def release_permit(self, batch: str, token: str) -> None:
+        self.redis.zrem(self.key(f"permits:{batch}"), token)
+
+    def exists(self) -> bool:
+        """Whether the run's state is in Redis (its metadata, written when it dispatches a batch)."""
+        return bool(self.redis.exists(self.key("meta")))
+
+    def describe(self, **fields: Any) -> None:
+        """Run metadata for `chordflow status`."""
+        pipe = self.redis.pipeline()
+        pipe.hset(self.key("meta"), mapping={k: str(v) for k, v in fields.items()})
+        pipe.expire(self.key("meta"), self.ttl)
+        pipe.execute()

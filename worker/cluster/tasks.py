@@ -1,0 +1,135 @@
+"""The two Celery tasks of a distributed batch: `chordflow.run_chunk` (header) and
+`chordflow.aggregate` (chord body). Chunks never raise for item failures; they return outcomes.
+
+Defined with `worker.app.task`: registered on every chordflow app, whatever settings it was built from.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import time
+from collections import OrderedDict
+from typing import Any
+
+from ir import snapshot
+from ir.models import NodeSpec
+from worker import redact, settings
+from worker.batch.aggregate import ChunkResult, merge
+from worker.batch.executor import ItemExecutor, run_items
+from worker.batch.middleware import item_middleware, tolerance_of
+from worker.cluster import chunk_lease, logs
+from worker.cluster.app import current_app, task
+from worker.cluster.snapshot_cache import SnapshotCache
+from worker.cluster.state.runs import ClusterRuns
+from worker.cluster.state.runstate import RunState
+from worker.engine.build import item_chain
+from worker.engine.spec_check import checked_spec
+
+_CACHE_SIZE = 8
+_chains: OrderedDict[str, tuple[NodeSpec, Any]] = OrderedDict()
+
+
+def _remember(cache: OrderedDict, key: str, value: Any) -> Any:
+    cache[key] = value
+    while len(cache) > _CACHE_SIZE:
+        cache.popitem(last=False)
+    return value
+
+
+def chunk_executor(wire: dict[str, Any], shared: dict[str, Any]) -> ItemExecutor:
+    """An executor over a per-item chain compiled once per spec on this process (cloned per chunk).
+
+    The spec is checked as validation checks it before it is built (a bad one is an error naming the node)."""
+    key = json.dumps(wire, sort_keys=True, default=str)
+    compiled = _chains.get(key)
+    if compiled is None:
+        spec = checked_spec(wire)
+        compiled = _remember(_chains, key, (spec, item_chain(spec)))
+    spec, chain = compiled
+    return ItemExecutor(spec, chain, shared).clone()  # its own instances: safe under any worker pool
+
+
+def _snapshot(ref: bytes | dict[str, str], state: RunState) -> dict[str, Any]:
+    """Inline bytes, or a content-hash reference fetched once per process (kept within a byte budget)."""
+    if isinstance(ref, bytes):
+        return snapshot.decode(ref)
+    key = ref["ref"]
+    return _snapshot_cache().get(key, lambda: state.load_snapshot(key), snapshot.decode)
+
+
+@functools.cache
+def _snapshot_cache() -> SnapshotCache:
+    return SnapshotCache(settings.load().snapshot_cache_bytes)
+
+
+@task(name="chordflow.run_chunk", bind=True)
+def run_chunk(self: Any, job: dict[str, Any]) -> bytes:
+    """Run items[start:start+len] of one batch node; return their outcomes (codec bytes).
+
+    Held under a lease while it runs: a chunk longer than the visibility timeout is not delivered again
+    while this worker lives (worker/cluster/chunk_lease.py)."""
+    began = time.monotonic()
+    with chunk_lease.held(self):
+        state = RunState(job["run"])
+        batch = job["batch"]
+        if state.should_stop(batch):
+            logs.chunk(job["run"], batch.split("#", 1)[0], batch, job["start"], 0, 0, time.monotonic() - began)
+            return snapshot.encode(ChunkResult(job["start"], [], [], {}).to_wire())
+        executor = chunk_executor(job["node"], _snapshot(job["snap"], state))
+        spec = executor.spec.batch
+        assert spec is not None
+        items = snapshot.decode(job["items"])
+        hooks = item_middleware(
+            executor.node_id, len(items), spec.fail_fast, state=state, batch=batch, chunk=job["start"],
+            max_concurrent=spec.max_concurrent, tolerance=tolerance_of(spec),
+        )  # fmt: skip
+        chunk = run_items(executor, items, job["start"], hooks)
+        seconds = time.monotonic() - began
+        logs.chunk(job["run"], executor.node_id, batch, job["start"], len(chunk.results), len(chunk.failures), seconds)
+        return snapshot.encode(chunk.to_wire(), label=f"batch '{executor.node_id}' results")
+
+
+@task(name="chordflow.aggregate")
+def aggregate(chunk_results: list[bytes], job: dict[str, Any]) -> str:
+    """Chord body: merge the chunks by index (the same merge as in-process), store the batch result
+    in Redis and wake whoever goes on: the waiting scheduler (through the run's stream) or, for a run
+    that lives in the cluster (`advance` in the job), the next `chordflow.advance`.
+
+    A cluster run's chunk outcomes are kept per batch: `results --node` streams them, a batch cut short
+    (cancelled) resumes with only the items that have no outcome, and one resumed merges them with its new chunks.
+    A batch stopped by its failure threshold has items without an outcome too: merge reports it (`stopped`)
+    and the batch node fails with the threshold's verdict.
+    """
+    run_id, batch = job["run"], job["batch"]
+    state = RunState(run_id)
+    if "snapshot" in job:  # every chunk has run: the batch's snapshot is needed no more
+        state.drop_snapshot(job["snapshot"])
+    if "advance" in job:
+        runs = ClusterRuns()
+        chunks = runs.keep_chunks(run_id, batch, chunk_results)
+        if state.cancelled():
+            runs.set_status(run_id, "cancelled", "run cancelled", job["node"])
+            logs.transition(run_id, "running", "cancelled", node=job["node"])
+            return "cancelled"
+    else:
+        chunks = [ChunkResult.from_wire(snapshot.decode(blob)) for blob in chunk_results]
+    result = merge(chunks, job["count"], job["fail_fast"])
+    blob = snapshot.encode(result.to_wire(), label=f"batch '{job['node']}' aggregate")
+    state.finish_batch(batch, blob)
+    if "branch" in job:  # a batch inside a parallel branch: that branch's cursor goes on
+        current_app().send_task("chordflow.advance_branch", (run_id, *job["branch"], job["advance"]))
+    elif "advance" in job:
+        current_app().send_task("chordflow.advance", (run_id, job["advance"]))
+    return "stored"
+
+
+@task(name="chordflow.batch_failed")
+def batch_failed(request: Any, exc: BaseException, traceback: Any, job: dict[str, Any]) -> str:
+    """Chord error callback of a cluster run's batch: a chunk raised (not an item failure: e.g. a result that
+    cannot travel back), so the body will never run and no advance follows. Fail the run, naming the cause."""
+    error = redact.mask(f"batch node '{job['node']}': a chunk failed on a worker: {exc}")
+    RunState(job["run"]).drop_snapshots()
+    ClusterRuns().set_status(job["run"], "failed", error, job["node"])
+    logs.transition(job["run"], "running", "failed", node=job["node"], error=error)
+    return "failed"

@@ -1,0 +1,236 @@
+"""Dataset jobs: a whole workflow run once per record of a file, in chunks of records (issue 9, seed 001).
+
+A dataset job is a batch over a `workflow` node whose items are the records: each record is one isolated
+instance of the workflow, run by the ONE per-item executor, and its result is the workflow's declared
+outputs. Unlike a batch node, the records never sit in a store: the client reads the file in windows of
+`chunk_size` records and stores each window as a chunk (embedded store or Redis); a chunk's outcomes
+(worker/aggregate.ChunkResult) are stored beside it. So no process holds all records or all results.
+
+This module holds what both backends share: the job's description (Dataset), the per-record node spec,
+running one chunk (`run_chunk`, also for a redrive that re-runs only its failed records), the rows of
+`results`, and the run's final verdict.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any, Protocol
+
+from ir import snapshot
+from ir.models import NodeSpec
+from worker.batch.aggregate import ChunkResult
+from worker.batch.executor import ItemExecutor, ItemMiddleware, run_items
+from worker.batch.outcome import ItemOutcome
+from worker.batch.rows import Row, rows_of_chunks
+from worker.batch.thresholds import Tolerance
+
+#: The per-record item alias, and the per-record node's id (also the batch key of the job's progress).
+RECORD = "record"
+RECORDS = "records"
+#: Records per chunk unless `--chunk-size` says otherwise: large enough that a chunk's task overhead
+#: (a few ms) is small next to its records, small enough that `results --done` moves often.
+DEFAULT_CHUNK_SIZE = 500
+#: `results` of a finished run: records that never ran (the run was cancelled or stopped by its threshold).
+NOT_RUN = "not run: the run ended before this record ran (chordflow redrive RUN runs it)"
+#: How often `results` on a running job looks again for a chunk not stored or not finished yet.
+POLL_SECONDS = 0.2
+
+
+@dataclass
+class Dataset:
+    """What a dataset job is, kept in its run record: how records become inputs, chunking, tolerance."""
+
+    as_: str = RECORD  # the workflow input each record is given as; "-": the record's fields are the inputs
+    chunk_size: int = DEFAULT_CHUNK_SIZE
+    tolerated_failure_percent: float | None = None
+    tolerated_failure_count: int | None = None
+    source: str | None = None  # the records file, as the user named it
+    inputs: list[str] = field(default_factory=list)  # inputs common to every record (in the run's store)
+
+    @property
+    def tolerance(self) -> Tolerance:
+        return Tolerance(self.tolerated_failure_percent, self.tolerated_failure_count)
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Dataset:
+        return cls(**data)
+
+    def record_spec(self, workflow: dict[str, Any]) -> NodeSpec:
+        """The node one record runs: the workflow (inline IR) on a fresh store seeded from the record."""
+        if self.as_ == "-":
+            inputs: Any = "${" + RECORD + "}"
+        else:
+            inputs = {**{name: "${" + name + "}" for name in self.inputs}, self.as_: "${" + RECORD + "}"}
+        return NodeSpec.model_validate(
+            {
+                "id": RECORDS,
+                "type": "workflow",
+                "params": {"workflow": workflow, "inputs": inputs},
+                "batch": {"items": "${" + RECORDS + "}", "as": RECORD, "error_handling": "continue"},
+            }
+        )
+
+
+# -- a chunk's records ---------------------------------------------------------------------------------
+def pack_records(records: Sequence[Any], bad: dict[int, str]) -> bytes:
+    """A window of records as stored: the records (None where one was bad) and {offset: error} of the bad."""
+    return snapshot.encode([list(records), bad], label="records")
+
+
+def unpack_records(blob: bytes) -> tuple[list[Any], dict[int, str]]:
+    records, bad = snapshot.decode(blob)
+    return records, {int(k): v for k, v in bad.items()}
+
+
+def run_chunk(
+    executor: ItemExecutor,
+    records: list[Any],
+    bad: dict[int, str],
+    start: int,
+    done: ChunkResult | None,
+    hooks: Callable[[int], Sequence[ItemMiddleware]],
+) -> ChunkResult:
+    """Run a chunk's records that have no successful outcome in `done` (all of them the first time) and
+    return the chunk's outcomes, `done`'s successes kept as they were (a redrive never runs them again).
+
+    Records run in ascending runs of consecutive offsets, each through `run_items` with fresh `hooks(n)`;
+    a hook that stops one (cancel, threshold) ends the chunk there: its outcomes stay a contiguous prefix.
+    """
+    results = list(done.results) if done else []
+    failures = {f.index: f for f in done.failures} if done else {}
+    todo = sorted({f.index - start for f in failures.values()} | set(range(len(results), len(records))))
+    for first, last in _runs(todo):
+        ran = _run_span(executor, records, bad, start, first, last, hooks)
+        for offset, result in enumerate(ran.results, first):
+            if offset < len(results):
+                results[offset] = result
+            else:
+                results.append(result)
+            failures.pop(start + offset, None)
+        failures.update((f.index, f) for f in ran.failures)
+        if len(ran.results) < last - first:
+            break
+    return ChunkResult(start, results, [failures[i] for i in sorted(failures)], {})
+
+
+def _run_span(
+    executor: ItemExecutor,
+    records: list[Any],
+    bad: dict[int, str],
+    start: int,
+    first: int,
+    last: int,
+    hooks: Callable[[int], Sequence[ItemMiddleware]],
+) -> ChunkResult:
+    """Records [first, last) of the chunk; a bad record (unreadable in the file) fails without running."""
+    results: list[Any] = []
+    failures: list[ItemOutcome] = []
+    offset = first
+    while offset < last:
+        if offset in bad:
+            results.append(None)
+            failures.append(ItemOutcome(start + offset, None, bad[offset], "BadRecord"))
+            offset += 1
+            continue
+        end = next((o for o in range(offset, last) if o in bad), last)
+        part = run_items(executor, records[offset:end], start + offset, hooks(end - offset))
+        results.extend(part.results)
+        failures.extend(part.failures)
+        if len(part.results) < end - offset:
+            break
+        offset = end
+    return ChunkResult(start + first, results, failures, {})
+
+
+def _runs(offsets: list[int]) -> Iterator[tuple[int, int]]:
+    """[1, 2, 3, 7, 8] -> (1, 4), (7, 9): runs of consecutive offsets as half-open spans."""
+    if not offsets:
+        return
+    first = previous = offsets[0]
+    for offset in offsets[1:]:
+        if offset != previous + 1:
+            yield first, previous + 1
+            first = offset
+        previous = offset
+    yield first, previous + 1
+
+
+# -- what a dataset store offers, and what is built on it ------------------------------------------------
+class DatasetStore(Protocol):
+    """A dataset job's chunks and counts: the embedded store (local runs) or Redis (cluster runs)."""
+
+    def chunk_count(self) -> int: ...
+
+    def chunk_length(self, n: int) -> int: ...
+
+    def outcomes(self, ns: Sequence[int]) -> list[ChunkResult | None]: ...
+
+    def counts(self) -> dict[str, Any]: ...
+
+
+def rows(store: DatasetStore, chunk_size: int, *, ended: Callable[[], bool], done_only: bool) -> Iterator[Row]:
+    """`{"index", "result", "error"}` per record in input order, read a few chunks at a time.
+
+    `done_only`: only the records whose chunk has finished (skipping the others). Otherwise a chunk not
+    finished yet is polled for (every POLL_SECONDS) while the run goes on; once the run has ended its
+    records are NOT_RUN. `ended` is asked before the store is read: what a run stored before it ended is
+    then always seen.
+    """
+    n = 0
+    while True:
+        over = done_only or ended()
+        count = store.chunk_count()
+        if n >= count:
+            if over:
+                return
+            time.sleep(POLL_SECONDS)  # the client is still reading the file
+            continue
+        ns = list(range(n, min(n + 8, count)))
+        for m, chunk in zip(ns, store.outcomes(ns), strict=True):
+            while chunk is None and not done_only:  # not finished when the few chunks were read: wait
+                over = ended()
+                chunk = store.outcomes([m])[0]
+                if chunk is not None or over:
+                    break
+                time.sleep(POLL_SECONDS)
+            start, stop = m * chunk_size, m * chunk_size + store.chunk_length(m)
+            if chunk is not None:
+                yield from rows_of_chunks([chunk])
+                start = chunk.start + len(chunk.results)
+            if not done_only:
+                yield from _not_run(start, stop)
+        n = ns[-1] + 1
+
+
+def _not_run(start: int, stop: int) -> Iterator[Row]:
+    return ({"index": i, "result": None, "error": NOT_RUN} for i in range(start, stop))
+
+
+def verdict(dataset: Dataset, counts: dict[str, Any], cancelled: bool) -> tuple[str, str | None]:
+    """(record status, error) of a dataset job that ended."""
+    if cancelled:
+        return "cancelled", "run cancelled"
+    if counts["total"] is None:
+        where = dataset.source or "the records"
+        return "failed", f"the client reading {where} stopped after {counts['read']} records: submit the job again"
+    total = counts["total"]
+    not_run = total - counts["done"]
+    error = dataset.tolerance.verdict(counts["failed"], total)
+    if not_run:  # stopped by the threshold (or a chunk was lost): say how many never ran
+        error = f"{error} ({not_run} not run)" if error else f"{not_run} of {total} records did not run"
+    return ("failed", error) if error else ("succeeded", None)
+
+
+def progress(counts: dict[str, Any], started: float, now: float) -> dict[str, Any]:
+    """The `records` object of `status`: total (None until the file is read), read, done, failed, rate
+    (records/s from `started` to `now`), eta_s."""
+    elapsed = max(now - started, 1e-9)
+    rate = counts["done"] / elapsed if counts["done"] else 0.0
+    total = counts["total"]
+    eta = (total - counts["done"]) / rate if rate and total is not None else None
+    return {**counts, "rate": round(rate, 1), "eta_s": None if eta is None else round(eta, 1)}

@@ -1,0 +1,251 @@
+"""Running a parallel section (ir/branches.py) and merging its branches at the fan-in.
+
+Each branch runs on its own shallow copy of the store, driven by the same stepper up to the fan-in. Here
+the branches are threads of this process (the local backend, and a client-orchestrated celery run whose
+batches still go to chords); a cluster run forks them into cursors of their own (worker/cluster/advance.py).
+Both end in `merged`: the namespaces every branch wrote go into the store, root-level keys written by
+several branches are taken in branch declaration order (the last one's value stays, with a warning), and
+`__parallel_results__` lists each branch's outcome in declaration order. A branch that raises stops that
+branch only; with `fan_in_error_handling: fail_fast` the first failure stops the others and fails the run.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from ir import snapshot
+from ir.branches import Section
+from ir.errors import RunCancelled, SnapshotError
+from worker import redact
+from worker.batch.backend import Backend, LocalBackend
+from worker.engine import context
+from worker.engine.context import RunContext
+from worker.engine.stepper import Cursor, Step, drive
+
+log = logging.getLogger(__name__)
+RESULTS_KEY = "__parallel_results__"
+
+
+@dataclass
+class BranchState:
+    """Where one branch stands: its cursor, what it changed in the store so far, and how it ended."""
+
+    branch: str
+    node: str | None
+    step: int = 0
+    status: str = "running"  # running | done | failed | cancelled
+    error: str | None = None
+    changed: dict[str, Any] = field(default_factory=dict)
+    deleted: list[str] = field(default_factory=list)
+    kind: list[str] | None = None  # a failure's [module, type, message]: the cluster raises it again at the fan-in
+    exception: BaseException | None = None  # in-process only
+
+    @property
+    def finished(self) -> bool:
+        """Done: a resumed section keeps it; a failed or cut-short branch runs again from where it stood."""
+        return self.status == "done"
+
+    def record(self, result: Step) -> None:
+        """Fold one step of the branch into what it changed."""
+        for key in result.deleted:
+            self.changed.pop(key, None)
+            self.deleted.append(key)
+        self.changed.update(result.changed)
+
+    def to_wire(self) -> list[Any]:
+        return [self.branch, self.node, self.step, self.status, self.error, self.changed, self.deleted, self.kind]
+
+    @classmethod
+    def from_wire(cls, data: list[Any]) -> BranchState:
+        return cls(*data)
+
+
+class BranchJournal(Protocol):
+    """Where branch progress is kept, so a resumed run does not run a finished branch again."""
+
+    def load(self, key: str) -> dict[str, BranchState]: ...
+
+    def save(self, key: str, state: BranchState) -> None: ...
+
+
+class StoredBranches:
+    """A BranchJournal in a run's store (`load_branches` / `save_branch` / `forget_branches` of LocalRuns or
+    ClusterRuns). A branch whose store values cannot be encoded is not kept: a resume runs it again."""
+
+    def __init__(self, runs: Any, run_id: str):
+        self.runs, self.run_id = runs, run_id
+
+    def load(self, key: str) -> dict[str, BranchState]:
+        return {b: BranchState.from_wire(w) for b, w in self.runs.load_branches(self.run_id, key).items()}
+
+    def save(self, key: str, state: BranchState) -> None:
+        try:
+            blob = snapshot.encode(state.to_wire(), label=f"branch '{state.branch}'")
+        except SnapshotError:
+            return
+        self.runs.save_branch(self.run_id, key, state.branch, blob)
+
+
+class BranchSink:
+    """A branch's events as DESIGN section 6 names them: `parallel_state` / `parallel_error`, with the branch."""
+
+    def __init__(self, sink: Callable[[dict[str, Any]], None] | None, branch: str):
+        self.sink, self.branch = sink, branch
+        self.erred = False  # a `parallel_error` was sent (a node raised)
+
+    def __call__(self, event: dict[str, Any]) -> None:
+        kind = event.get("type")
+        if kind == "state":
+            event = {"type": "parallel_state", "branch": self.branch, "node": event["node"], "state": event["state"]}
+        elif kind in ("error", "parallel_error"):
+            self.erred = True
+            event = {"type": "parallel_error", "branch": self.branch, "node": event["node"], "error": event["error"]}
+        else:
+            event = {**event, "branch": self.branch}
+        if self.sink is not None:
+            self.sink(event)
+
+
+class StopFlag(threading.Event):
+    """An event that also reads as set when `stopped()` says so: a branch's stop (the run cancelled, or its
+    section stopped by fail_fast), as its stepper and batches read it, whether held in memory or in Redis."""
+
+    def __init__(self, stopped: Callable[[], bool]):
+        super().__init__()
+        self.stopped = stopped
+
+    def is_set(self) -> bool:
+        return super().is_set() or self.stopped()
+
+
+class ThreadedSections:
+    """Runs each branch of a section on a thread of its own; the stepper calls `run` at a section's cursor."""
+
+    def __init__(
+        self,
+        journal: BranchJournal | None = None,
+        backend_for: Callable[[RunContext], Backend] | None = None,
+    ):
+        self.journal = journal
+        self.backend_for = backend_for or (lambda ctx: LocalBackend(ctx.cancelled, ctx.sink))
+
+    def run(self, flow: Any, section: Section, store: dict[str, Any], ctx: RunContext) -> Step:
+        key = ctx.batch_key(section.node_id)
+        saved = self.journal.load(key) if self.journal else {}
+        stop = threading.Event()
+        states = [saved.get(b) or BranchState(b, b, ctx.step) for b in section.branches]
+        for state in states:
+            if not state.finished:
+                state.status, state.error = "running", None
+        failures: list[BranchState] = []  # in the order they happened
+        lock = threading.Lock()
+
+        def go(state: BranchState) -> None:
+            self._branch(flow, section, store, ctx, state, stop, key)
+            if state.status == "failed":
+                with lock:
+                    failures.append(state)
+                if section.fail_fast:
+                    stop.set()
+
+        threads = [
+            threading.Thread(target=go, args=(s,), name=f"branch-{s.branch}", daemon=True)
+            for s in states
+            if not s.finished
+        ]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        if ctx.cancelled.is_set():
+            raise RunCancelled("run cancelled")
+        if section.fail_fast and failures:
+            first = failures[0]
+            if first.exception is not None:
+                raise first.exception
+            raise RuntimeError(f"branch '{first.branch}' failed: {first.error}")
+        return merged(section, states)  # its checkpoint moves the run past `key`: its branches are not read again
+
+    def _branch(
+        self,
+        flow: Any,
+        section: Section,
+        store: dict[str, Any],
+        parent: RunContext,
+        state: BranchState,
+        stop: threading.Event,
+        key: str,
+    ) -> None:
+        branch = state.branch
+        bstore = dict(store)
+        for name in state.deleted:
+            bstore.pop(name, None)
+        bstore.update(state.changed)
+        sink = BranchSink(parent.sink, branch)
+        ctx = RunContext(sink=sink, cancelled=StopFlag(lambda: parent.cancelled.is_set() or stop.is_set()))
+        ctx.backend = self.backend_for(ctx)
+        journal = BranchSteps(state, functools.partial(self.journal.save, key) if self.journal else None)
+        try:
+            with context.using(ctx):
+                cursor = drive(
+                    flow, Cursor(state.node, state.step), bstore, ctx, journal, stop_before=section.fan_in.__eq__
+                )
+            state.status, state.node = "done", cursor.node
+        except RunCancelled:
+            state.status = "cancelled"
+        except Exception as exc:
+            state.status, state.exception = "failed", exc
+            state.error = redact.mask(f"{type(exc).__name__}: {exc}")
+            if not sink.erred:  # raised outside a node's own error event (e.g. the step limit)
+                sink({"type": "error", "node": ctx.last_node, "error": state.error})
+        if self.journal is not None and state.status != "cancelled":
+            self.journal.save(key, state)
+        if state.status != "cancelled":
+            parent.emit({"type": "branch_complete", "branch": branch, "ok": state.status == "done"})
+
+
+class BranchSteps:
+    """A branch's stepper journal, in-process and on the cluster: folds each step into the branch state,
+    then hands it to `save` (when the branch is kept somewhere)."""
+
+    def __init__(self, state: BranchState, save: Callable[[BranchState], None] | None = None):
+        self.state, self.save = state, save
+
+    def checkpoint(self, step: int, result: Step) -> None:
+        self.state.record(result)
+        self.state.node, self.state.step = result.next_node, step + 1
+        if self.save is not None:
+            self.save(self.state)
+
+
+def merged(section: Section, states: list[BranchState]) -> Step:
+    """The section as one step of the run: the branches' writes in declaration order, and their results."""
+    changed: dict[str, Any] = {}
+    writers: dict[str, list[str]] = {}
+    for state in states:
+        for name, value in state.changed.items():
+            if name == RESULTS_KEY:
+                continue
+            changed[name] = value
+            writers.setdefault(name, []).append(state.branch)
+    for name, branches in writers.items():
+        if len(branches) > 1 and section.branch_of(name) is None:
+            log.warning(
+                "root key '%s' is written by branches %s: the value of '%s' (declared last) is kept",
+                name, ", ".join(f"'{b}'" for b in branches), branches[-1],
+            )  # fmt: skip
+    changed[RESULTS_KEY] = [
+        {
+            "branch": s.branch,
+            "ok": s.status == "done",
+            "error": s.error,
+            "state": {n: v for n, v in s.changed.items() if n in section.members[s.branch]},
+        }
+        for s in states
+    ]
+    return Step(section.node_id, "default", section.fan_in, changed, [])

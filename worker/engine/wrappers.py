@@ -1,0 +1,100 @@
+"""The wrappers every compiled node wears, outermost first:
+InstrumentedNode > [PflowBatchNode >] NamespacedNode > TemplateNode > the actual node.
+
+Each exposes what it wraps as `.inner` and can `clone()` itself with fresh inner instances
+(worker/batch/cloning.py says why).
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+from pocketflow import BaseNode
+
+from ir.templates import CompiledParams
+from worker import redact
+from worker.batch.cloning import clone_node
+from worker.engine import context
+from worker.node_error import NodeError
+from worker.store import NamespacedStore
+
+
+class _Wrapper(BaseNode):
+    def __init__(self, inner: BaseNode):
+        super().__init__()
+        self.inner = inner
+
+    def clone(self) -> _Wrapper:
+        twin = copy.copy(self)
+        twin.inner = clone_node(self.inner)
+        return twin
+
+    def set_params(self, params: dict[str, Any]) -> None:
+        """Flow-level params are ignored: a node's params come from the IR (and its templates)."""
+
+
+class TemplateNode(_Wrapper):
+    """Resolves the IR params' `${...}` templates against the store, then runs the node with them."""
+
+    def __init__(self, inner: BaseNode, params: CompiledParams):
+        super().__init__(inner)
+        self.compiled = params
+        self.dynamic = params.has_templates
+        if not self.dynamic:
+            inner.params = params.resolve({})
+
+    def _run(self, shared: Any) -> Any:
+        if self.dynamic:
+            self.inner.params = self.compiled.resolve(shared)
+        return self.inner._run(shared)
+
+
+class NamespacedNode(_Wrapper):
+    """Gives the node a NamespacedStore view so its writes land in `shared[node_id]`."""
+
+    def __init__(self, inner: BaseNode, node_id: str):
+        super().__init__(inner)
+        self.node_id = node_id
+
+    def _run(self, shared: Any) -> Any:
+        return self.inner._run(NamespacedStore(shared, self.node_id))
+
+
+class InstrumentedNode(_Wrapper):
+    """Outermost: emits `state`/`error` events and routes failures to an `error` edge (seed 003).
+
+    With an `error` successor, a node that raises (after its retries) yields a NodeError stored in
+    `shared["_error"]` and the flow follows `error`; without one, the original exception propagates.
+    """
+
+    def __init__(self, inner: BaseNode, node_id: str):
+        super().__init__(inner)
+        self.node_id = node_id
+
+    def actual(self) -> BaseNode:
+        node = self.inner
+        while hasattr(node, "inner"):  # the wrappers and PflowBatchNode
+            node = node.inner
+        return node
+
+    def _run(self, shared: Any) -> Any:
+        ctx = context.current()
+        ctx.last_node = self.node_id
+        if ctx.on_node_start is not None:
+            ctx.on_node_start(self.node_id)
+        try:
+            action = self.inner._run(shared)
+        except Exception as raised:
+            exc = redact.scrub_exception(raised, redact.node_secrets(self.inner, shared))  # no secret goes on
+            if "error" not in self.successors:
+                ctx.emit({"type": "error", "node": self.node_id, "error": f"{type(exc).__name__}: {exc}"})
+                if exc is raised:
+                    raise
+                raise exc from None
+            actual = self.actual()
+            retries = getattr(actual, "cur_retry", 0) + 1
+            shared["_error"] = NodeError.from_exception(exc, self.node_id, retries, getattr(actual, "max_retries", 1))
+            action = "error"
+        ctx.emit({"type": "state", "node": self.node_id, "state": dict(shared)})
+        return action

@@ -1,0 +1,79 @@
+"""A run's record: what `status`, `runs` and `resume` read, whichever store recorded it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+#: Statuses a run record goes through; the last three are final.
+STATUSES = ("queued", "running", "succeeded", "failed", "cancelled")
+FINAL = ("succeeded", "failed", "cancelled")
+#: RunResult.status (the `scheduler.run` contract) -> the run record's status.
+RECORD_STATUS = {"success": "succeeded", "failed": "failed", "cancelled": "cancelled"}
+
+
+@dataclass
+class RunRecord:
+    run_id: str
+    workflow: dict[str, Any]  # the validated IR, as wire JSON
+    backend: str
+    status: str = "queued"
+    node: str | None = None  # the next node to run (while running: the one running)
+    step: int = 0  # steps completed
+    error: str | None = None
+    created: float = 0.0
+    updated: float = 0.0
+    source: str | None = None  # the workflow file it came from, if any
+    batches: dict[str, dict[str, int]] = field(default_factory=dict)  # node -> {total, done, failed}
+    dataset: dict[str, Any] | None = None  # a dataset job (worker/datasets/job.py Dataset), else None
+
+    @property
+    def name(self) -> str:
+        return str(self.workflow.get("name") or self.source or "workflow")
+
+    def status_dict(self) -> dict[str, Any]:
+        """The `chordflow status --json` object."""
+        return {
+            "run_id": self.run_id,
+            "status": self.status,
+            "node": self.node,
+            "steps": self.step,
+            "batches": self.batches,
+            "error": self.error,
+            "created": self.created,
+            "updated": self.updated,
+            "workflow": self.name,
+            "backend": self.backend,
+            "dataset": self.dataset,
+        }
+
+
+@dataclass(frozen=True)
+class TrailStep:
+    """One completed step as its checkpoint recorded it: the node, the action it returned, and the hashes
+    of its configuration and of the values it read (worker/engine/config_hash.py). `config` is None for a step
+    recorded before checkpoints kept hashes (such a step cannot be rolled back either)."""
+
+    node: str
+    action: str | None = None
+    config: str | None = None
+    reads: str | None = None
+
+
+def trail_action(action: Any) -> str:
+    """A step's action as the trail keeps it (what the flow followed: None is `default`)."""
+    return "default" if action is None else str(action)
+
+
+class StepJournal:
+    """The stepper's journal for a recorded run: each step to its run store, with batch counts."""
+
+    def __init__(self, runs: Any, run_id: str, batch_nodes: set[str]):
+        self.runs, self.run_id, self.batch_nodes = runs, run_id, batch_nodes
+
+    def checkpoint(self, step: int, result: Any) -> None:
+        counts = None
+        aggregate = result.changed.get(result.node) if result.node in self.batch_nodes else None
+        if isinstance(aggregate, dict) and "count" in aggregate:
+            counts = {"total": aggregate["count"], "done": aggregate["count"], "failed": aggregate["error_count"]}
+        self.runs.checkpoint(self.run_id, step, result, counts)

@@ -1,0 +1,302 @@
+"""The embedded store of local runs: run records, checkpoints and cut-short batches in SQLite.
+
+One file, `$CHORDFLOW_HOME/runs.db` (default `~/.chordflow`). A checkpoint is one transaction that
+writes only the top-level keys a node changed, fenced on the step number so a stale writer changes
+nothing. Values are stored with the snapshot codec; a value it cannot encode is recorded as such, and
+only resuming that run needs it. Each step's trail entry keeps the node's action and hashes
+(worker/engine/config_hash.py), and an undo log keeps what the keys a step overwrote held before, so a resume
+with an edited workflow can take the run back to before its first changed node (`rewind`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import sqlite3
+import threading
+import time
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+from ir import snapshot
+from ir.errors import SnapshotError
+from worker.batch.aggregate import ChunkResult
+from worker.batch.rows import Row, rows_of_aggregate, rows_of_chunks
+from worker.engine.stepper import Step
+from worker.runs.record import RunRecord, TrailStep, trail_action
+
+COLUMNS = "run_id, workflow, backend, status, node, step, error, created, updated, source, batches, dataset"
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS runs (
+  run_id TEXT PRIMARY KEY, workflow TEXT NOT NULL, backend TEXT NOT NULL, status TEXT NOT NULL,
+  node TEXT, step INTEGER NOT NULL, error TEXT, created REAL NOT NULL, updated REAL NOT NULL,
+  source TEXT, batches TEXT NOT NULL DEFAULT '{}', dataset TEXT);
+CREATE INDEX IF NOT EXISTS runs_by_created ON runs (created);
+CREATE TABLE IF NOT EXISTS store (run_id TEXT, key TEXT, value BLOB, type TEXT, PRIMARY KEY (run_id, key));
+CREATE TABLE IF NOT EXISTS trail (run_id TEXT, step INTEGER, node TEXT, action TEXT, config TEXT, reads TEXT,
+  keys TEXT, PRIMARY KEY (run_id, step));
+CREATE TABLE IF NOT EXISTS undo (run_id TEXT, step INTEGER, key TEXT, value BLOB, type TEXT,
+  PRIMARY KEY (run_id, step, key));
+CREATE TABLE IF NOT EXISTS chunks (run_id TEXT, batch TEXT, start INTEGER, value BLOB,
+  PRIMARY KEY (run_id, batch, start));
+CREATE TABLE IF NOT EXISTS branches (run_id TEXT, section TEXT, branch TEXT, value BLOB,
+  PRIMARY KEY (run_id, section, branch));
+"""
+
+
+#: SQL for the step number of a batch key (`<node id>#<step>`) held in `column`.
+_STEP_OF = "CAST(substr({column}, instr({column}, '#') + 1) AS INTEGER)"
+
+
+def home() -> Path:
+    return Path(os.environ.get("CHORDFLOW_HOME") or Path.home() / ".chordflow")
+
+
+class Unrecoverable(LookupError):
+    """A run cannot go on from its checkpoint (a value could not be stored, or the run is unknown)."""
+
+
+class LocalRuns:
+    """Run records and checkpoints of local runs. Thread-safe; one connection per process and file."""
+
+    _open: dict[Path, LocalRuns] = {}
+    _open_lock = threading.Lock()
+
+    def __init__(self, path: Path):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.path = path
+        self.lock = threading.Lock()
+        self.db = sqlite3.connect(path, check_same_thread=False, isolation_level=None, timeout=30)
+        self.db.execute("PRAGMA journal_mode=WAL")
+        self.db.execute("PRAGMA synchronous=NORMAL")
+        self.db.executescript(SCHEMA)
+        if "dataset" not in {row[1] for row in self.db.execute("PRAGMA table_info(runs)")}:  # a file from before
+            self.db.execute("ALTER TABLE runs ADD COLUMN dataset TEXT")
+        trail = {row[1] for row in self.db.execute("PRAGMA table_info(trail)")}
+        for column in ("action", "config", "reads", "keys"):  # a file from before step hashes
+            if column not in trail:
+                self.db.execute(f"ALTER TABLE trail ADD COLUMN {column} TEXT")
+
+    @classmethod
+    def default(cls) -> LocalRuns:
+        path = home() / "runs.db"
+        with cls._open_lock:
+            if path not in cls._open:
+                cls._open[path] = cls(path)
+            return cls._open[path]
+
+    # -- records ------------------------------------------------------------------------------------
+    def create(self, record: RunRecord, store: Mapping[str, Any]) -> None:
+        now = time.time()
+        record.created = record.updated = now
+        with self.lock:
+            self.db.execute("BEGIN")
+            self.db.execute(
+                f"INSERT INTO runs ({COLUMNS}) VALUES (?,?,?,?,?,?,?,?,?,?,?,?)",
+                (record.run_id, json.dumps(record.workflow), record.backend, record.status, record.node,
+                 record.step, record.error, now, now, record.source, "{}",
+                 json.dumps(record.dataset) if record.dataset else None),
+            )  # fmt: skip
+            self._write_keys(record.run_id, dict(store), [])
+            self.db.execute("COMMIT")
+
+    def get(self, run_id: str) -> RunRecord | None:
+        with self.lock:
+            row = self.db.execute(
+                f"SELECT {COLUMNS} FROM runs WHERE run_id = ?",
+                (run_id,),
+            ).fetchone()
+        return _record(row) if row else None
+
+    def recent(self, status: str | None = None, limit: int = 20) -> list[RunRecord]:
+        query = f"SELECT {COLUMNS} FROM runs"
+        args: tuple[Any, ...] = ()
+        if status:
+            query, args = query + " WHERE status = ?", (status,)
+        with self.lock:
+            rows = self.db.execute(query + " ORDER BY created DESC LIMIT ?", (*args, limit)).fetchall()
+        return [_record(row) for row in rows]
+
+    def set_status(self, run_id: str, status: str, error: str | None = None, node: str | None = None) -> None:
+        with self.lock:
+            self.db.execute(
+                "UPDATE runs SET status = ?, error = ?, node = COALESCE(?, node), updated = ? WHERE run_id = ?",
+                (status, error, node, time.time(), run_id),
+            )
+            if status == "succeeded":  # only a resume reads the branches kept mid-section
+                self.db.execute("DELETE FROM branches WHERE run_id = ?", (run_id,))
+
+    # -- checkpoints --------------------------------------------------------------------------------
+    def checkpoint(self, run_id: str, step: int, result: Step, batch: dict[str, int] | None = None) -> bool:
+        """Record one finished step; False (nothing written) when the run is no longer at `step`."""
+        with self.lock:
+            self.db.execute("BEGIN")
+            moved = self.db.execute(
+                "UPDATE runs SET step = ?, node = ?, status = 'running', updated = ? WHERE run_id = ? AND step = ?",
+                (step + 1, result.next_node, time.time(), run_id, step),
+            ).rowcount
+            if not moved:
+                self.db.execute("ROLLBACK")
+                return False
+            touched = [*map(str, result.changed), *result.deleted]
+            self._log_undo(run_id, step, [key for key in touched if key not in result.created])
+            self._write_keys(run_id, result.changed, result.deleted)
+            entry = (result.node, trail_action(result.action), result.config, result.reads, json.dumps(touched))
+            self.db.execute(
+                "INSERT OR REPLACE INTO trail (run_id, step, node, action, config, reads, keys) VALUES (?,?,?,?,?,?,?)",
+                (run_id, step, *entry),
+            )
+            if batch is not None:
+                self.db.execute(
+                    "UPDATE runs SET batches = json_set(batches, '$.' || json_quote(?), json(?)) WHERE run_id = ?",
+                    (result.node, json.dumps(batch), run_id),
+                )
+            self.db.execute("COMMIT")
+            return True
+
+    def _write_keys(self, run_id: str, changed: Mapping[str, Any], deleted: list[str]) -> None:
+        rows = []
+        for key, value in changed.items():
+            try:
+                rows.append((run_id, str(key), snapshot.encode(value, label=str(key)), None))
+            except SnapshotError:
+                rows.append((run_id, str(key), None, type(value).__name__))
+        self.db.executemany("INSERT OR REPLACE INTO store VALUES (?,?,?,?)", rows)
+        if deleted:
+            self.db.executemany("DELETE FROM store WHERE run_id = ? AND key = ?", [(run_id, k) for k in deleted])
+
+    def _log_undo(self, run_id: str, step: int, keys: list[str]) -> None:
+        """Keep what the keys a step is about to overwrite or delete held before it, so `rewind` can take
+        the store back to before that step (a key the trail lists without an undo row was absent). Copied
+        inside SQLite, nothing encoded; a step writing only new keys (a node's namespace, the first time
+        it runs) copies nothing and costs no statement."""
+        copy = "INSERT OR IGNORE INTO undo SELECT run_id, ?, key, value, type FROM store WHERE run_id = ? AND key "
+        if len(keys) == 1:  # the usual step: one key, looked up directly (no JSON to build and parse)
+            self.db.execute(copy + "= ?", (step, run_id, keys[0]))
+        elif keys:
+            self.db.execute(copy + "IN (SELECT value FROM json_each(?))", (step, run_id, json.dumps(keys)))
+
+    def load_store(self, run_id: str) -> dict[str, Any]:
+        with self.lock:
+            rows = self.db.execute("SELECT key, value, type FROM store WHERE run_id = ?", (run_id,)).fetchall()
+        store: dict[str, Any] = {}
+        for key, value, kind in rows:
+            if value is None:
+                raise Unrecoverable(f"run {run_id}: the store key '{key}' (a {kind}) could not be checkpointed")
+            store[key] = snapshot.decode(value)
+        return store
+
+    def trail(self, run_id: str) -> list[str]:
+        """The nodes completed so far, in step order."""
+        with self.lock:
+            rows = self.db.execute("SELECT node FROM trail WHERE run_id = ? ORDER BY step", (run_id,)).fetchall()
+        return [row[0] for row in rows]
+
+    # -- branches of a parallel section that has not reached its fan-in (worker/engine/sections.py) -------------
+    def save_branch(self, run_id: str, section: str, branch: str, value: bytes) -> None:
+        with self.lock:
+            self.db.execute("INSERT OR REPLACE INTO branches VALUES (?,?,?,?)", (run_id, section, branch, value))
+
+    def load_branches(self, run_id: str, section: str) -> dict[str, Any]:
+        with self.lock:
+            rows = self.db.execute(
+                "SELECT branch, value FROM branches WHERE run_id = ? AND section = ?", (run_id, section)
+            ).fetchall()
+        return {branch: snapshot.decode(value) for branch, value in rows}
+
+    def steps(self, run_id: str) -> list[TrailStep]:
+        """The steps completed so far, in order, with their actions and hashes."""
+        with self.lock:
+            rows = self.db.execute(
+                "SELECT node, action, config, reads FROM trail WHERE run_id = ? ORDER BY step", (run_id,)
+            ).fetchall()
+        return [TrailStep(*row) for row in rows]
+
+    # -- a run taken back to an earlier step (resume with an edited workflow) ---------------------------
+    def rewind(self, run_id: str, step: int) -> None:
+        """Undo the steps from `step` on: the store as it was before that step (from the undo log), the
+        trail cut there, and the outcomes of batches from that step on dropped (they run again)."""
+        with self.lock:
+            self.db.execute("BEGIN")
+            try:
+                old = self.db.execute(
+                    "SELECT node FROM trail WHERE run_id = ? AND step >= ? AND config IS NULL LIMIT 1", (run_id, step)
+                ).fetchone()
+                if old is not None:
+                    raise Unrecoverable(
+                        f"run {run_id}: step {step} on cannot be rolled back (recorded by a chordflow without an "
+                        "undo log); run the workflow again"
+                    )
+                first: dict[str, int] = {}  # each key touched from `step` on -> the first step that touched it
+                for at, keys in self.db.execute(
+                    "SELECT step, keys FROM trail WHERE run_id = ? AND step >= ? ORDER BY step", (run_id, step)
+                ):
+                    for key in json.loads(keys or "[]"):
+                        first.setdefault(key, at)
+                for key, at in first.items():
+                    old = self.db.execute(
+                        "SELECT value, type FROM undo WHERE run_id = ? AND step = ? AND key = ?", (run_id, at, key)
+                    ).fetchone()
+                    if old is None:  # absent before that step
+                        self.db.execute("DELETE FROM store WHERE run_id = ? AND key = ?", (run_id, key))
+                    else:
+                        self.db.execute("INSERT OR REPLACE INTO store VALUES (?,?,?,?)", (run_id, key, *old))
+                for table in ("undo", "trail"):
+                    self.db.execute(f"DELETE FROM {table} WHERE run_id = ? AND step >= ?", (run_id, step))
+                for table, column in (("chunks", "batch"), ("branches", "section")):  # keyed `<node>#<step>`
+                    where = f"run_id = ? AND {_STEP_OF.format(column=column)} >= ?"
+                    self.db.execute(f"DELETE FROM {table} WHERE {where}", (run_id, step))
+                self.db.execute("UPDATE runs SET step = ?, updated = ? WHERE run_id = ?", (step, time.time(), run_id))
+            except BaseException:
+                self.db.execute("ROLLBACK")
+                raise
+            self.db.execute("COMMIT")
+
+    def set_workflow(self, run_id: str, workflow: dict[str, Any], source: str | None, node: str | None) -> None:
+        """Give a run an edited workflow and the node it goes on with (None: the flow has ended)."""
+        with self.lock:
+            self.db.execute(
+                "UPDATE runs SET workflow = ?, source = COALESCE(?, source), node = ?, updated = ? WHERE run_id = ?",
+                (json.dumps(workflow), source, node, time.time(), run_id),
+            )
+
+    # -- batches cut short --------------------------------------------------------------------------
+    def save_chunks(self, run_id: str, batch: str, chunks: list[ChunkResult]) -> None:
+        rows = [(run_id, batch, c.start, snapshot.encode(c.to_wire())) for c in chunks if c.results]
+        with self.lock:
+            self.db.executemany("INSERT OR REPLACE INTO chunks VALUES (?,?,?,?)", rows)
+
+    def saved_chunks(self, run_id: str, batch: str) -> list[ChunkResult]:
+        with self.lock:
+            rows = self.db.execute(
+                "SELECT value FROM chunks WHERE run_id = ? AND batch = ? ORDER BY start", (run_id, batch)
+            ).fetchall()
+        return [ChunkResult.from_wire(snapshot.decode(row[0])) for row in rows]
+
+    def batch_rows(self, run_id: str, node: str) -> Iterator[Row]:
+        """The items of node's batch, streamed from the stored aggregate (or, for a batch cut short, from
+        the chunks it kept); LookupError when the node has no batch results."""
+        with self.lock:
+            found = self.db.execute(
+                "SELECT rowid FROM store WHERE run_id = ? AND key = ? AND value IS NOT NULL", (run_id, node)
+            ).fetchone()
+            batches = self.db.execute(
+                "SELECT DISTINCT batch FROM chunks WHERE run_id = ? AND batch LIKE ?", (run_id, f"{node}#%")
+            ).fetchall()
+        if found is not None:
+            with contextlib.suppress(LookupError):
+                return rows_of_aggregate(lambda: self.db.blobopen("store", "value", found[0], readonly=True))
+        if batches:
+            last = max((b for (b,) in batches), key=lambda b: int(b.rsplit("#", 1)[1]))
+            return rows_of_chunks(self.saved_chunks(run_id, last))
+        raise LookupError(f"run {run_id} has no batch results for node '{node}'")
+
+
+def _record(row: tuple[Any, ...]) -> RunRecord:
+    run_id, workflow, backend, status, node, step, error, created, updated, source, batches, dataset = row
+    return RunRecord(
+        run_id, json.loads(workflow), backend, status, node, step, error, created, updated, source,
+        json.loads(batches), json.loads(dataset) if dataset else None,
+    )  # fmt: skip
