@@ -115,3 +115,7 @@ class BatchThresholdExceeded(ChordflowError, RuntimeError):
 
 class SubworkflowFailed(ChordflowError, RuntimeError):
     """A `workflow` node's sub-workflow ended failed (an unhandled `error` action): the node raises this."""
+
+
+class WaitTimeout(ChordflowError, TimeoutError):
+    """`wait` gave up before the run ended (the run goes on)."""

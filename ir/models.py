@@ -39,7 +39,7 @@ class _Model(BaseModel):
 
 
 class BatchSpec(_Model):
-    """`batch` on a node: run the node once per item of `items` (DESIGN section 3)."""
+    """`batch` on a node: run the node once per item of `items` (docs/ARCHITECTURE.md, the batch contract)."""
 
     items: str | None = Field(None, validate_default=True, description="Template reference to an array")
     as_: str = Field("item", alias="as", validate_default=True, description="Item alias (identifier)")

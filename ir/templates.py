@@ -21,7 +21,8 @@ from ir.names import SEGMENT as _SEGMENT
 MAX_INDEX_DIGITS = 18
 TEMPLATE_RE = re.compile(r"\$\{\s*(" + _SEGMENT + r"(?:\." + _SEGMENT + r"|\[\d+\])*)\s*\}")
 _PATH_PART_RE = re.compile(r"\.?(" + _SEGMENT + r")|\[(\d+)\]")
-_MISSING = object()
+#: What `lookup` returns for a path the context does not hold (None is a value).
+MISSING = object()
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,19 +84,19 @@ def is_single_template(text: str) -> bool:
 
 
 def lookup(context: Mapping[str, Any], path: tuple[str | int, ...]) -> Any:
-    """Walk `path` through `context`; returns the module-private _MISSING sentinel when absent."""
-    value: Any = context.get(path[0], _MISSING) if hasattr(context, "get") else _MISSING
+    """Walk `path` through `context`; returns the MISSING sentinel when absent."""
+    value: Any = context.get(path[0], MISSING) if hasattr(context, "get") else MISSING
     for part in path[1:]:
-        if value is _MISSING:
-            return _MISSING
+        if value is MISSING:
+            return MISSING
         if isinstance(part, int):
-            value = value[part] if isinstance(value, list | tuple) and -len(value) <= part < len(value) else _MISSING
+            value = value[part] if isinstance(value, list | tuple) and -len(value) <= part < len(value) else MISSING
         elif isinstance(value, Mapping):
-            value = value.get(part, _MISSING)
+            value = value.get(part, MISSING)
         elif part.startswith("_") or isinstance(value, str | int | float):
-            value = _MISSING  # no private attributes of objects, no attributes of scalars
+            value = MISSING  # no private attributes of objects, no attributes of scalars
         else:
-            value = getattr(value, part, _MISSING)
+            value = getattr(value, part, MISSING)
     return value
 
 
@@ -132,7 +133,7 @@ class _Resolver:
 
 def _value(context: Mapping[str, Any], ref: Reference, where: str) -> Any:
     value = lookup(context, ref.path)
-    if value is _MISSING:
+    if value is MISSING:
         keys = sorted(k for k in context if isinstance(k, str) and not k.startswith("__"))
         raise TemplateError(
             f"{where}: cannot resolve {ref.text}: '{'.'.join(map(str, ref.path))}' not found "

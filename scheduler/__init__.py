@@ -1,10 +1,13 @@
-"""Compile workflows, run and stream them on a backend, durable runs, and the `chordflow` CLI."""
+"""Compile workflows, run and stream them, submit and follow durable runs, and the `chordflow` CLI.
 
-from typing import Any
+The public functions come from scheduler/api.py, which loads the cluster half (Celery, Redis) only when
+a call needs it: a local run never imports it. `scheduler` may import `worker` and `ir`, never the reverse.
+"""
 
 from ir.errors import RemoteError, RunCancelled
+from scheduler.api import redrive, resume, run, status, stream, submit, wait
 from scheduler.compiler import compile
-from scheduler.engine import RunResult, resume, run, stream
+from worker.runs.record import RunResult
 
 __all__ = [
     "RemoteError",
@@ -19,14 +22,3 @@ __all__ = [
     "submit",
     "wait",
 ]
-_DURABLE = ("submit", "status", "wait", "redrive")
-
-
-def __getattr__(name: str) -> Any:
-    """`submit`, `status`, `wait` (scheduler/durable.py) import Celery: loaded when first asked for, so a
-    local run never pays for it."""
-    if name in _DURABLE:
-        from scheduler import durable
-
-        return getattr(durable, name)
-    raise AttributeError(f"module 'scheduler' has no attribute {name!r}")

@@ -19,9 +19,8 @@ from ir.errors import ValidationError
 from ir.limits import check_value
 from ir.names import is_identifier
 from scheduler.backends.celery import broker_errors
-from scheduler.compiler import load
-from scheduler.engine import RunResult, new_run_id, source_of
 from scheduler.inputs import unknown_input
+from scheduler.lookup import find_run, local_runs
 from scheduler.records import BadRecord, read_records, windows
 from worker import settings
 from worker.batch.executor import ItemExecutor
@@ -35,8 +34,8 @@ from worker.datasets import job as datasets
 from worker.datasets.job import RECORD, RECORDS, Dataset, run_chunk, verdict
 from worker.datasets.sqlite import LocalDataset
 from worker.engine.build import item_chain
-from worker.runs.record import FINAL, RunRecord
-from worker.runs.sqlite import LocalRuns
+from worker.engine.loader import load, source_of
+from worker.runs.record import FINAL, RESULT_STATUS, RunRecord, RunResult, new_run_id
 
 Items = str | Path | Iterable[Any]
 
@@ -161,12 +160,10 @@ def redrive(run_id: str, **hooks: Any) -> RunResult | int:
     """Run a finished job's failed records (and those never run) again, under the same run id; every
     success is kept and not run again. A local job runs here (returns its RunResult); a cluster job is
     handed to the workers (returns how many records will run)."""
-    from scheduler.durable import find_run  # durable imports this module
-
     record, runs = find_run(run_id)
     _check_redrivable(record)
-    if isinstance(runs, LocalRuns):
-        return _redrive_local(record, runs, **hooks)
+    if not runs.durable:
+        return _redrive_local(record, **hooks)
     with broker_errors(settings.load().result_backend):
         ds = ClusterDataset(run_id)
         if ds.counts()["total"] is None:
@@ -199,7 +196,7 @@ def run_local(
     """Run the job in this process as the file is read, a window at a time; returns when it ended."""
     started = time.perf_counter()
     record, dataset, common, chunks = prepare(workflow, inputs, items, backend="local", run_id=run_id, **options)
-    runs = LocalRuns.default()
+    runs = local_runs()
     runs.create(record, common)
     ds = LocalDataset(record.run_id, runs)
     ds.start(dataset.chunk_size)
@@ -219,8 +216,9 @@ def run_local(
     return job.end(started)
 
 
-def _redrive_local(record: RunRecord, runs: LocalRuns, **hooks: Any) -> RunResult:
+def _redrive_local(record: RunRecord, **hooks: Any) -> RunResult:
     started = time.perf_counter()
+    runs = local_runs()
     dataset = Dataset.from_json(record.dataset or {})
     ds = LocalDataset(record.run_id, runs)
     ds.stop(None)
@@ -280,14 +278,14 @@ class _LocalJob:
     def end(self, started: float) -> RunResult:
         counts = self.ds.counts()
         status, error = verdict(self.dataset, counts, self.cancelled.is_set())
-        LocalRuns.default().set_status(self.record.run_id, status, error)
+        local_runs().set_status(self.record.run_id, status, error)
         return _result(self.record.run_id, status, error, counts, time.perf_counter() - started)
 
 
 def _result(run_id: str, status: str, error: str | None, counts: dict[str, Any], duration: float) -> RunResult:
     """A job's RunResult: no store of its own; its outputs are the record counts (`results` has the rest)."""
     outputs = {k: counts[k] for k in ("total", "done", "failed")}
-    return RunResult({}, {"succeeded": "success"}.get(status, status), error, outputs, run_id, duration)
+    return RunResult({}, RESULT_STATUS.get(status, status), error, outputs, run_id, duration)
 
 
 # -- reading a job, either backend ----------------------------------------------------------------------

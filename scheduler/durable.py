@@ -1,6 +1,6 @@
-"""Runs that live in the cluster: `submit` records a run in Redis and enqueues its first advance; the
-workers take it from there (worker/cluster/advance.py). `wait` follows a run from any process; `status`,
-`find_run` and `cancel_run` find a run in whichever store recorded it (embedded store, then Redis).
+"""Durable runs: `submit` records a run in Redis and enqueues its first advance; the workers take it from
+there (worker/cluster/advance.py). `wait`, `status`, `cancel_run` and `resume_cluster` act on a run found
+in whichever store recorded it (scheduler/lookup.py); a local run is followed through the embedded store.
 """
 
 from __future__ import annotations
@@ -11,40 +11,27 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from ir.errors import BackendError, ValidationError
+from ir.errors import BackendError, ValidationError, WaitTimeout
 from scheduler import datasets
-from scheduler.backends.celery import broker_errors, preflight
-from scheduler.compiler import load
-from scheduler.engine import RunResult, new_run_id, resumable, source_of
+from scheduler.backends.celery import broker_errors
 from scheduler.inputs import apply_inputs
 from scheduler.inputs_file import read_encoded
+from scheduler.lookup import cluster_runs, find_run
 from worker import events, settings
 from worker.batch.remote import rebuild
 from worker.cluster import chunking, signing
 from worker.cluster.app import current_app
-from worker.cluster.state.runs import ClusterRuns
 from worker.cluster.state.runstate import RunState
 from worker.engine.flow import build_flow
-from worker.engine.stepper import Cursor, ending
-from worker.runs.record import FINAL, RunRecord
+from worker.engine.loader import load, source_of
+from worker.engine.stepper import outputs as recorded_outputs
+from worker.runs.record import FINAL, RESULT_STATUS, RunRecord, RunResult, new_run_id, resumable
 from worker.runs.resume_point import go_on_under
-from worker.runs.sqlite import LocalRuns
+from worker.runs.store import RunStore
 
 POLL_MS = 200
 #: How often `wait` checks whether a dataset job ended with nobody left to say so (its reader died).
 SETTLE_SECONDS = 2
-#: RunRecord status -> RunResult status (the `scheduler.run` contract).
-RESULT_STATUS = {"succeeded": "success", "failed": "failed", "cancelled": "cancelled"}
-
-
-class WaitTimeout(TimeoutError):
-    """`wait` gave up before the run ended (the run goes on)."""
-
-
-def _cluster() -> ClusterRuns:
-    s = settings.load()
-    preflight(s)
-    return ClusterRuns()
 
 
 def submit(
@@ -53,25 +40,17 @@ def submit(
     *,
     run_id: str | None = None,
     inputs_file: str | Path | None = None,
-    items: datasets.Items | None = None,
-    as_: str = datasets.RECORD,
-    **dataset_options: Any,
 ) -> str:
     """Validate, record the run in Redis, enqueue its first step; returns the run id at once.
 
     `inputs_file`: a JSON object of inputs, under `inputs` (which win where both name a key), read
     straight into the run's stored bytes: a large input is never built as objects in this process.
-    `items`: a dataset job, the workflow once per record of this file (or iterable): scheduler/datasets.py,
-    with its options (`format`, `skip_bad_records`, `tolerated_failure_percent`, `tolerated_failure_count`,
-    `chunk_size`); returns once every record is stored in Redis.
     """
-    if items is not None:
-        return datasets.submit(workflow, inputs, items, as_=as_, run_id=run_id, **datasets.options(dataset_options))
     wf = load(workflow)
     from_file = read_encoded(inputs_file) if inputs_file is not None else {}
     store: dict[str, Any] = {}
     apply_inputs(wf, store, inputs, encoded=from_file)
-    runs = _cluster()
+    runs = cluster_runs()
     signing.publishing_signer(current_app())  # a client without the key fails before it records anything
     run_id = run_id or new_run_id()
     record = RunRecord(run_id, wf.wire(), "celery", "queued", wf.start_id(), source=source_of(workflow))
@@ -86,30 +65,9 @@ def submit(
     return run_id
 
 
-def redrive(run_id: str) -> RunResult | int:
-    """Run a finished dataset job's failed (and never run) records again; see scheduler/datasets.py."""
-    return datasets.redrive(run_id)
-
-
 def workers_registered() -> int:
     """Worker processes in the registry now (0: a submitted run waits in the queue for one)."""
     return chunking.registered_processes(settings.load().result_backend)
-
-
-def find_run(run_id: str) -> tuple[RunRecord, Any]:
-    """(record, the store that holds it): the embedded store first, then the cluster's Redis."""
-    local = LocalRuns.default()
-    record = local.get(run_id)
-    if record is not None:
-        return record, local
-    runs = _cluster()
-    record = runs.get(run_id)
-    if record is None:
-        raise ValidationError(
-            f"unknown run '{run_id}' (not in {local.path} nor in Redis; finished runs expire, and a Redis restarted "
-            "without persistence forgets its runs)"
-        )
-    return record, runs
 
 
 def status(run_id: str) -> dict[str, Any]:
@@ -128,7 +86,7 @@ def wait(
     (its own type when importable, else RemoteError). Raises WaitTimeout when `timeout` passes first."""
     record, runs = find_run(run_id)
     deadline = None if timeout is None else time.monotonic() + timeout
-    if not isinstance(runs, ClusterRuns):
+    if not runs.durable:
         return _wait_local(record, runs, deadline, timeout)
     state = RunState(run_id)
     position, done, seen = "0-0", {}, {}
@@ -172,7 +130,7 @@ def wait(
             raise WaitTimeout(f"run {run_id} is still {record.status} after {timeout:g}s (it goes on)")
 
 
-def _wait_local(record: RunRecord, runs: LocalRuns, deadline: float | None, timeout: float | None) -> RunResult:
+def _wait_local(record: RunRecord, runs: RunStore, deadline: float | None, timeout: float | None) -> RunResult:
     """A local run ends in the process running it; another process follows its record in the embedded
     store (SQLite has no notifications: it reads the record every POLL_MS)."""
     while record.status not in FINAL:
@@ -183,20 +141,19 @@ def _wait_local(record: RunRecord, runs: LocalRuns, deadline: float | None, time
     return _result(record, runs)
 
 
-def _result(record: RunRecord, runs: Any) -> RunResult:
+def _result(record: RunRecord, runs: RunStore) -> RunResult:
     if record.dataset is not None:
         return datasets.result_of(record)
     store = runs.load_store(record.run_id)
     status = RESULT_STATUS[record.status]
     if status == "cancelled":
         return RunResult(store, "cancelled", "run cancelled", {}, record.run_id, record.updated - record.created)
-    exception = runs.exception(record.run_id) if isinstance(runs, ClusterRuns) else None
+    exception = runs.exception(record.run_id)
     if status == "failed" and exception is not None:
         raise rebuild(*exception)
     outputs: dict[str, Any] = {}
     if status == "success":
-        flow = build_flow(load(record.workflow))
-        _, _, outputs = ending(flow, Cursor(None), store, None)
+        outputs = recorded_outputs(load(record.workflow), store)
     return RunResult(store, status, record.error, outputs, record.run_id, record.updated - record.created)
 
 
@@ -219,21 +176,13 @@ def cancel_run(run_id: str) -> int:
     if record.dataset is not None:
         datasets.settle(record)
         return 0
-    chunks = [] if isinstance(runs, ClusterRuns) else state.chunk_ids()
+    chunks = [] if runs.durable else state.chunk_ids()
     if chunks:
         current_app().control.revoke(chunks)
     state.describe(status="cancelled")
-    if isinstance(runs, ClusterRuns) and record.status == "queued":
+    if runs.durable and record.status == "queued":
         runs.set_status(run_id, "cancelled", "run cancelled")
     return len(chunks)
-
-
-def recent(status: str | None = None, limit: int = 20) -> list[RunRecord]:
-    """Recent runs from both stores, newest first (the cluster's only when its Redis answers)."""
-    records = LocalRuns.default().recent(status, limit)
-    with contextlib.suppress(BackendError):
-        records += _cluster().recent(status, limit)
-    return sorted(records, key=lambda r: r.created, reverse=True)[:limit]
 
 
 def resume_cluster(run_id: str, workflow: Any = None) -> None:

@@ -21,6 +21,8 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
+from worker import settings
+
 START_TIMEOUT = 60.0
 
 
@@ -165,7 +167,7 @@ class Cluster:
             "CHORDFLOW_BROKER_URL": self.redis.url,
             "CHORDFLOW_RESULT_BACKEND": self.redis.url,
             "CHORDFLOW_VISIBILITY_TIMEOUT": str(visibility_timeout),
-            "CHORDFLOW_PLUGINS": plugins or os.environ.get("CHORDFLOW_PLUGINS", ""),
+            "CHORDFLOW_PLUGINS": plugins or settings.get("plugins"),
             "PYTHONPATH": os.pathsep.join(filter(None, [os.getcwd(), os.environ.get("PYTHONPATH")])),
             "CHORDFLOW_SECRET_KEY": secrets.token_hex(32),
         }

@@ -461,7 +461,7 @@ def run_plan(plan: Any, backend: str = "local", **options: Any) -> dict[str, Any
     `options` go to `scheduler.run` (`run_id`, `on_event`, `cancelled`, ...). A tool call that fails
     fails the run with its own exception, as a fail_fast batch does.
     """
-    from scheduler.engine import run
+    from scheduler.api import run
 
     result = run(compile_plan(plan), backend=backend, **options)
     if result.status == "cancelled":

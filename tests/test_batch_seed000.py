@@ -1,4 +1,4 @@
-"""Seed 000 (batch node processing): one test per Test Criterion 1-29, plus the DESIGN section 3 details.
+"""Seed 000 (batch node processing): one test per Test Criterion 1-29, plus the batch contract (docs/ARCHITECTURE.md).
 
 Tests that go through `scheduler.run` take the `backend` fixture and assert on the returned store only.
 Tests that must watch each item's execution (criteria 6, 8, 9, 11, 13, 26) run the compiled flow
@@ -241,7 +241,7 @@ def test_c14_error_string_detected_and_next_item_runs(backend):
 
 def test_c15_none_result_is_success(backend):
     """The item result is the item's namespace dict: a node returning None and writing nothing gives an
-    empty namespace, which counts as a success (DESIGN section 3: "None or an empty namespace")."""
+    empty namespace, which counts as a success (the batch contract: "None or an empty namespace")."""
     wf = _wf_one(batch_node(node_type="test-none", params={}, error_handling="continue"))
     agg = _agg(scheduler.run(wf, shared={"x": ["a", "b", "c"]}, backend=backend))
     assert agg["results"] == [{}, {}, {}]
@@ -390,7 +390,7 @@ def test_c29_multiple_batches_own_namespaces(backend):
     assert set(result.shared) == {"x", "y", "first", "second", "third"}
 
 
-# --- DESIGN section 3 details ---------------------------------------------------------------------------
+# --- the batch contract's details ---------------------------------------------------------------------------
 
 
 def test_design_index_injected(backend):

@@ -20,7 +20,7 @@ import pytest
 
 import ir
 import scheduler
-from scheduler import durable, engine
+from scheduler import api, durable
 from tests.support.cluster import destroyable_cluster
 from tests.test_durable import VISIBILITY_TIMEOUT, until
 from worker.runs.sqlite import LocalRuns
@@ -264,7 +264,7 @@ def test_closing_the_stream_early_cancels_every_branch(tmp_path: Path) -> None:
 
 
 def test_a_slow_consumer_holds_the_run_back(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    monkeypatch.setattr(engine, "STREAM_BUFFER", 3)
+    monkeypatch.setattr(api, "STREAM_BUFFER", 3)
     log = tmp_path / "log"
     node = log_node("b", log, label="${item}")
     node["batch"] = {"items": "${start.items}"}

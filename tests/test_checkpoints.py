@@ -18,7 +18,7 @@ import pytest
 
 import scheduler
 from ir.errors import StepLimitExceeded
-from scheduler.engine import cached_nodes
+from scheduler.api import cached_nodes
 from tests.test_cli import ROOT, assert_one_line_error, cli_env, run_cli
 from worker.engine.stepper import run_step
 from worker.runs.sqlite import LocalRuns

@@ -17,14 +17,9 @@ from pocketflow import Node
 from rich.console import Console
 
 from ir.errors import BatchItemsError, RemoteError, TemplateError, ValidationError
-from scheduler.cli.commands import (
-    CliUsageError,
-    ProgressDisplay,
-    WorkflowFailed,
-    _params_text,
-    error_lines,
-    exit_code_for,
-)
+from scheduler.cli.errors import CliUsageError, WorkflowFailed, error_lines, exit_code_for
+from scheduler.cli.follow import ProgressDisplay
+from scheduler.cli.running import _params_text
 
 ROOT = Path(__file__).parents[1]
 

@@ -81,7 +81,7 @@ READY = {"redis-server": "Ready to accept connections", "worker": "ready.", "flo
 
 def commands() -> dict[str, click.Command]:
     """The `chordflow` commands (`chordflow --help`)."""
-    from scheduler.cli.commands import cli
+    from scheduler.cli import cli
 
     return dict(cli.commands)
 

@@ -117,7 +117,7 @@ def test_run_completes_after_the_submitting_process_exits(celery_cluster: Cluste
     assert proc.returncode == 0, proc.stderr
     run_id = proc.stdout.strip()
     assert proc.stdout == run_id + "\n" and re.fullmatch(r"[0-9a-f]{12}", run_id), proc.stdout  # the id only
-    result = scheduler.wait(run_id, timeout=60)  # the public API (DESIGN section 2)
+    result = scheduler.wait(run_id, timeout=60)  # the public API (scheduler/api.py)
     assert result.status == "success" and result.run_id == run_id
     assert scheduler.status(run_id)["status"] == "succeeded"
     aggregate = result.shared["b"]

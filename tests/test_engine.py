@@ -104,7 +104,7 @@ def test_error_action_without_error_edge_fails_run():
 
 
 def test_error_action_failed_run_with_outputs_returns_failed_result():
-    """An unhandled `error` action ends the run with status "failed" (DESIGN section 2), even when the workflow
+    """An unhandled `error` action ends the run with status "failed" (`scheduler.run`), even when the workflow
     declares outputs that the failed run never produced: the caller gets the RunResult, not a TemplateError."""
     wf = workflow(
         {"id": "check", "type": "test-error-action", "params": {"value": "v"}},

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 import scheduler
-from scheduler.engine import cached_nodes
+from scheduler.api import cached_nodes
 from scheduler.localcluster import Cluster
 from scheduler.repair import Failure, RepairRequest, Runner, diagnose, register_generator, repair
 from scheduler.repair.llm_generator import build_prompt, extract_ir, fake_answer

@@ -251,7 +251,7 @@ def test_cli_run_output_never_shows_the_token(error_handling, base_url, refused_
 
 
 def test_cli_one_line_error_masks_urls_in_any_exception() -> None:
-    from scheduler.cli.commands import error_lines, error_text
+    from scheduler.cli.errors import error_lines, error_text
 
     exc = RuntimeError("404 Client Error: Not Found for url: https://api.example/x?page=2&api_key=abc123xyz")
     assert error_lines(exc) == [

@@ -1,4 +1,4 @@
-"""Templates (DESIGN section 4): type-preserving single templates, paths, interpolation, errors."""
+"""Templates (ir/templates.py): type-preserving single templates, paths, interpolation, errors."""
 
 from __future__ import annotations
 

@@ -10,8 +10,8 @@ import pytest
 
 import ir
 import scheduler
-from scheduler.compiler import load as compiler_load
 from tests.support import batch_node, workflow
+from worker.engine.loader import load as compiler_load
 
 
 def _problems(source, *, via=scheduler.compile) -> ir.ValidationError:
@@ -46,7 +46,7 @@ def test_plugin_node_types_are_known():
 
 
 def test_ir_load_alone_does_not_know_node_types():
-    """`ir` knows no node types: the registry check happens in scheduler.compile / scheduler.compiler.load."""
+    """`ir` knows no node types: the registry check happens in scheduler.compile / worker.engine.loader.load."""
     wf = ir.load(workflow({"id": "a", "type": "ecoh"}))
     assert wf.nodes[0].type == "ecoh"
     err = _problems(workflow({"id": "a", "type": "ecoh"}), via=lambda s: ir.load(s, node_types=["echo"]))
@@ -176,7 +176,7 @@ def test_template_to_earlier_node_alias_and_dunder_ok():
         ),
         _echo("after", r="${b.results}", e="${_error.message}"),
     )
-    assert [n.id for n in scheduler.compiler.load(wf).nodes] == ["prev", "b", "after"]
+    assert [n.id for n in compiler_load(wf).nodes] == ["prev", "b", "after"]
 
 
 def test_alias_shadowing_node_id():

@@ -21,7 +21,7 @@ import scheduler
 from scheduler.localcluster import Cluster
 from tests.support import dist_nodes  # noqa: F401  (the test node types, in this process too)
 from worker.cluster import chunking
-from worker.cluster.state import heartbeat
+from worker.cluster.state import heartbeat, keys
 
 PLUGINS = "tests.support.nodes,tests.support.dist_nodes"
 HOST = socket.gethostname()
@@ -64,7 +64,7 @@ def test_live_workers_register_their_pool_size_and_a_killed_ones_entry_expires(f
     assert heartbeat.pool_sizes(client) == {f"r1@{HOST}": 3, f"r2@{HOST}": 1}  # registered before "ready."
     events = key_removals(client)
     fast_cluster.workers["r1"].kill(signal.SIGKILL)  # no shutdown: nothing deletes its entry
-    assert wait_for_removal(events, heartbeat.key(f"r1@{HOST}"), time.monotonic() + 30) == "expired"
+    assert wait_for_removal(events, keys.worker_key(f"r1@{HOST}"), time.monotonic() + 30) == "expired"
     assert heartbeat.pool_sizes(client) == {f"r2@{HOST}": 1}  # r2's heartbeat kept it alive meanwhile
 
 
@@ -74,7 +74,7 @@ def test_a_worker_that_shuts_down_deletes_its_entry(fast_cluster: Cluster) -> No
     assert heartbeat.pool_sizes(client) == {f"r3@{HOST}": 1}
     events = key_removals(client)
     fast_cluster.workers["r3"].kill(signal.SIGTERM)  # warm shutdown
-    assert wait_for_removal(events, heartbeat.key(f"r3@{HOST}"), time.monotonic() + 30) == "del"
+    assert wait_for_removal(events, keys.worker_key(f"r3@{HOST}"), time.monotonic() + 30) == "del"
     assert heartbeat.pool_sizes(client) == {}
 
 

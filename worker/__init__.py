@@ -1,2 +1,5 @@
-"""The node runtime (registry, node types, wrappers, the per-item executor, the aggregate merge)
-and the Celery app with its tasks. Imports only `ir`."""
+"""What runs nodes, in a worker or in this process, in packages by concept (docs/ARCHITECTURE.md):
+engine/ (one process runs one flow), batch/ (per-item semantics), nodes/, runs/, datasets/, and cluster/,
+the only package importing celery, kombu or redis. Top-level modules (settings, redact, events, store,
+node_error) are shared vocabulary: they import only `ir`. `worker` may import `ir`, never `scheduler`;
+`worker/app.py` is the address `celery -A worker.app` names."""

@@ -1,4 +1,4 @@
-"""Builders for the event dicts of DESIGN section 6, so every producer spells them the same way."""
+"""Builders for the event dicts (docs/ARCHITECTURE.md, events), so every producer spells them the same way."""
 
 from __future__ import annotations
 

@@ -1,6 +1,7 @@
 """Batch backends, looked up by name: `scheduler/backends/<name>.py` defines `create(run_id, ctx) -> Backend`.
 
 `local` runs items in this process (worker.batch.backend.LocalBackend); `celery` fans them out as chords.
+May import `worker` and `ir`; only `celery.py` imports the cluster half.
 """
 
 from __future__ import annotations

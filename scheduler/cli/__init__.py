@@ -1,8 +1,16 @@
 """The `chordflow` command line: one module per group of commands, assembled into one click group.
 
 May import `scheduler` (its api and ops), `worker` and `ir`; a command module never imports another
-command module's names (shared helpers live in a module of their own)."""
+command module's names (shared helpers live in a module of their own).
 
-from scheduler.cli.commands import cli, main
+- group.py: the `cli` group and `main`, assembled from the command modules (nothing imports it back)
+- running.py: run, submit, validate, schema, nodes
+- runs.py: status, runs, wait, results, cancel, resume, redrive, repair (runs found by run id)
+- workers.py: worker, flower; ops.py: metrics, top; dashboard.py: dashboard; plans.py: run-plan, plan-to-ir
+- shared helpers: errors.py (exit codes, error lines), output.py (printing), follow.py (following a run),
+  options.py (inputs, --items), repair.py (`run --repair` and the repair flow)
+"""
+
+from scheduler.cli.group import cli, main
 
 __all__ = ["cli", "main"]

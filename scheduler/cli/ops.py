@@ -1,6 +1,6 @@
 """`chordflow metrics` and `chordflow top`: watching the cluster (scheduler/ops/metrics.py, scheduler/ops/top.py).
 
-Standalone click commands, added to the `cli` group by scheduler/cli/commands.py. prometheus_client is imported only
+Standalone click commands, added to the `cli` group by scheduler/cli/group.py. prometheus_client is imported only
 when a command runs: a worker started with `--metrics-port` must set PROMETHEUS_MULTIPROC_DIR before it is.
 """
 

@@ -1,8 +1,7 @@
 """`chordflow run-plan` and `chordflow plan-to-ir`: plans (seed 001) from the command line.
 
-Standalone click commands, added to the `cli` group by scheduler/cli/commands.py. The group turns their exceptions
-into one-line errors and exit codes (2 for an invalid plan); cli.py's helpers are imported when a command
-runs, so cli.py can import this module at its top.
+Standalone click commands, added to the `cli` group by scheduler/cli/group.py. The group turns their
+exceptions into one-line errors and exit codes (2 for an invalid plan).
 """
 
 from __future__ import annotations
@@ -13,6 +12,10 @@ import sys
 import threading
 
 import click
+
+from scheduler.cli.errors import DEBUG_KEY
+from scheduler.cli.follow import ProgressDisplay, cancel_on_sigint, make_event_handler
+from scheduler.cli.output import escape_surrogates, jsonable, stderr_console, to_json
 
 
 @click.command("run-plan")
@@ -27,21 +30,20 @@ def run_plan(ctx: click.Context, plan: str, backend: str, debug: bool) -> None:
     chord with --backend celery). Exit 2 when the plan is invalid, 1 when a tool call fails.
     """
     from scheduler import plans
-    from scheduler.cli import commands as cli
 
     if debug:
-        ctx.meta[cli.DEBUG_KEY] = True
-    display = cli.ProgressDisplay(cli._stderr()) if sys.stderr.isatty() else None
+        ctx.meta[DEBUG_KEY] = True
+    display = ProgressDisplay(stderr_console()) if sys.stderr.isatty() else None
     cancelled = threading.Event()
-    with cli._cancel_on_sigint(cancelled), display or contextlib.nullcontext():
+    with cancel_on_sigint(cancelled), display or contextlib.nullcontext():
         states = plans.run_plan(
             plan,
             backend=backend,
-            on_event=cli._make_event_handler(ctx.meta, display),
+            on_event=make_event_handler(ctx.meta, display),
             on_node_start=display.node_started if display else None,
             cancelled=cancelled,
         )
-    click.echo(cli.to_json(states))
+    click.echo(to_json(states))
 
 
 @click.command("plan-to-ir")
@@ -51,9 +53,8 @@ def run_plan(ctx: click.Context, plan: str, backend: str, debug: bool) -> None:
 def plan_to_ir(ctx: click.Context, plan: str, debug: bool) -> None:
     """Print the IR workflow a plan compiles to (`chordflow run` runs it; its output `states` is the result)."""
     from scheduler import plans
-    from scheduler.cli import commands as cli
 
     if debug:
-        ctx.meta[cli.DEBUG_KEY] = True
+        ctx.meta[DEBUG_KEY] = True
     workflow = plans.compile_plan(plan)
-    click.echo(cli._escape_surrogates(json.dumps(cli.jsonable(workflow), indent=2, ensure_ascii=False)))
+    click.echo(escape_surrogates(json.dumps(jsonable(workflow), indent=2, ensure_ascii=False)))

@@ -1,10 +1,11 @@
-"""`chordflow run --repair` and `chordflow repair RUN`: the repair flow (scheduler/repair/) from the command line.
+"""`chordflow run --repair` and `chordflow repair RUN`: the repair flow (scheduler/repair/) on the command line.
 
 `repair_options` gives `run` its three options and keeps them in the click context; `repairing` is the one
-hook where a run fails: without --repair it hands back the run unchanged. On stderr the repair says what it
-tried, what it changed (a unified diff of the IR) and how many nodes came from the checkpoint; the exit
-code is the repaired run's (or, not repaired, the original failure's). cli.py's helpers are imported when a
-command runs, so cli.py can import this module at its top.
+hook where a run fails: without --repair it hands back the run unchanged; `run_repair` is what both commands
+do with a failure. On stderr the repair says what it tried, what it changed (a unified diff of the IR) and
+how many nodes came from the checkpoint; the exit code is the repaired run's (or, not repaired, the original
+failure's). No command lives here: `run` (scheduler/cli/running.py) and `repair` (scheduler/cli/runs.py)
+both use it.
 """
 
 from __future__ import annotations
@@ -18,6 +19,9 @@ from typing import Any
 
 import click
 
+from scheduler.cli.errors import FAILED_NODE_KEY
+from scheduler.cli.options import parse_inputs
+
 #: ctx.meta key of the repair options of `run` (absent: no --repair).
 REPAIR_KEY = "chordflow.repair"
 
@@ -28,14 +32,16 @@ class RepairOptions:
     generator: str | None = None  # --repair-generator (default: CHORDFLOW_REPAIR_GENERATOR, else auto)
 
 
-def _generator_option(command: Callable[..., Any]) -> Callable[..., Any]:
+def generator_option(command: Callable[..., Any]) -> Callable[..., Any]:
+    """`--repair-generator`, the same for `run --repair` and `repair`."""
     return click.option(
         "--repair-generator", default=None, metavar="NAME",
         help="deterministic, llm, auto (default: CHORDFLOW_REPAIR_GENERATOR, else auto) or a plugin's.",
     )(command)  # fmt: skip
 
 
-def _out_option(command: Callable[..., Any]) -> Callable[..., Any]:
+def out_option(command: Callable[..., Any]) -> Callable[..., Any]:
+    """`--repair-out`, the same for `run --repair` and `repair`."""
     return click.option(
         "--repair-out", default=None, metavar="FIXED.json", type=click.Path(dir_okay=False),
         help="Save the repaired workflow here.",
@@ -61,7 +67,7 @@ def repair_options(command: Callable[..., Any]) -> Callable[..., Any]:
         return command(*args, **kwargs)
 
     flag = click.option("--repair", is_flag=True, help="On failure, repair the workflow and resume the run.")
-    return flag(_out_option(_generator_option(with_repair)))
+    return flag(out_option(generator_option(with_repair)))
 
 
 def repairing(
@@ -81,7 +87,6 @@ def repairing(
 
     def start_with_repair(**hooks: Any) -> Any:
         from ir.errors import RunCancelled
-        from scheduler.cli import commands as cli
         from scheduler.repair import Failure, Runner
 
         runner = Runner(backend, None, run_id, hooks)
@@ -93,13 +98,13 @@ def repairing(
             if type(exc).__name__ == "CliUsageError":  # bad usage (of `scheduler.cli`, or of it run as __main__)
                 raise
             recorded = runner.find(run_id)
-            node = recorded[0].node if recorded else ctx.meta.get(cli.FAILED_NODE_KEY)
+            node = recorded[0].node if recorded else ctx.meta.get(FAILED_NODE_KEY)
             failure = Failure.from_exception(exc, run_id if recorded else None, node)
             original = _raw(workflow) or (recorded[0].workflow if recorded else None)
             if original is None:
                 raise
             if recorded is None:
-                runner.inputs = cli.parse_inputs(*inputs, None)
+                runner.inputs = parse_inputs(*inputs, None)
             return run_repair(ctx, original, failure, runner, options, Path(workflow).name, store)
         if result.status != "failed":
             return wf, result
@@ -124,9 +129,8 @@ def run_repair(
     """The repair flow on a failure, reported on stderr; (workflow, RunResult) of the repaired run, or the
     original failure again (raised, or its failed RunResult) when not repaired."""
     import ir
-    from scheduler.cli import commands as cli
-    from scheduler.engine import RunResult
     from scheduler.repair import repair
+    from worker.runs.record import RunResult
 
     def note(line: str) -> None:
         click.echo(line, err=True)
@@ -149,7 +153,7 @@ def run_repair(
     if reported.run_id is not None:
         store.clear()
         store.update(runner.store(reported.run_id) or {})
-        ctx.meta[cli.FAILED_NODE_KEY] = reported.node
+        ctx.meta[FAILED_NODE_KEY] = reported.node
     if reported.exception is not None:
         raise reported.exception
     failed = reported.result or RunResult(dict(store), "failed", reported.error, {}, reported.run_id or "")
@@ -169,33 +173,3 @@ def _raw(workflow: str) -> dict[str, Any] | None:
     except (OSError, ValueError):
         return None
     return value if isinstance(value, dict) else None
-
-
-@click.command("repair")
-@click.argument("run_id")
-@_out_option
-@_generator_option
-@click.option("--output", type=click.Choice(["text", "json"]), default="text", show_default=True)
-@click.pass_context
-def repair_run(ctx: click.Context, run_id: str, repair_out: str | None, repair_generator: str | None, output: str):
-    """Repair a failed run's workflow and resume the run from its checkpoint (what `run --repair` does when
-    a run fails): completed nodes the repair leaves unchanged are not run again."""
-    from scheduler import durable
-    from scheduler.cli import commands as cli
-    from scheduler.repair import Failure, Runner, generator_named
-    from worker.runs.sqlite import LocalRuns
-
-    generator_named(repair_generator)
-    record, runs = durable.find_run(run_id)
-    if record.status != "failed":
-        usage_error(f"run {run_id} is {record.status}; only a failed run can be repaired")
-    failure = Failure.from_error_line(record.error or "failed", run_id, record.node)
-    options = RepairOptions(repair_out, repair_generator)
-    store: dict[str, Any] = {}
-
-    def start(**hooks: Any) -> Any:
-        runner = Runner("local" if isinstance(runs, LocalRuns) else "celery", None, run_id, hooks)
-        name = Path(record.source).name if record.source else f"run {run_id}"
-        return run_repair(ctx, record.workflow, failure, runner, options, name, store)
-
-    cli._follow(ctx, output, run_id, store, start)

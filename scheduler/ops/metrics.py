@@ -39,7 +39,7 @@ import redis
 from worker import settings
 from worker.cluster.broker_pool import SENT_AT_HEADER
 from worker.cluster.state import heartbeat
-from worker.cluster.state.runs import INDEX, key
+from worker.cluster.state.keys import RUNS, run_key
 from worker.cluster.state.runstate import RunState
 from worker.datasets.job import RECORDS
 from worker.runs.record import STATUSES
@@ -245,11 +245,11 @@ class ClusterView:
             return ClusterSnapshot(now, runs, active, queues, unacked, heartbeat.pool_sizes(self.redis))
 
     def _runs(self) -> tuple[Counter[tuple[str, str]], list[RunView]]:
-        ids = [raw.decode() for raw in self.redis.zrange(INDEX, 0, -1)]
+        ids = [raw.decode() for raw in self.redis.zrange(RUNS, 0, -1)]
         fields = ("status", "node", "created", "updated", "source", "dataset")
         pipe = self.redis.pipeline(transaction=False)
         for run_id in ids:
-            pipe.hmget(key(run_id, "run"), fields)
+            pipe.hmget(run_key(run_id, "run"), fields)
         records = {}
         for run_id, values in zip(ids, pipe.execute(), strict=True):
             if values[0] is not None:  # expired since it was indexed
@@ -276,7 +276,7 @@ class ClusterView:
     def _name_runs(self, ids: list[str], records: dict[str, dict[str, str]]) -> None:
         pipe = self.redis.pipeline(transaction=False)
         for run_id in ids:
-            pipe.hget(key(run_id, "run"), "workflow")
+            pipe.hget(run_key(run_id, "run"), "workflow")
         for run_id, raw in zip(ids, pipe.execute() if ids else [], strict=True):
             try:
                 workflow = json.loads(raw) if raw else {}
@@ -291,8 +291,8 @@ class ClusterView:
             progress = self._progress.setdefault(view.run_id, _Progress())
             # The stream first: a batch's total is stored before its chunks are sent, so every batch the entries
             # read name has its total in the read after them.
-            pipe.xread({key(view.run_id, "events"): progress.position}, count=STREAM_ENTRIES)
-            pipe.hgetall(key(view.run_id, "totals"))
+            pipe.xread({run_key(view.run_id, "events"): progress.position}, count=STREAM_ENTRIES)
+            pipe.hgetall(run_key(view.run_id, "totals"))
         replies = pipe.execute() if batch_runs else []
         for position, view in enumerate(batch_runs):
             totals = {k.decode(): int(v) for k, v in replies[2 * position + 1].items()}
@@ -303,7 +303,7 @@ class ClusterView:
         datasets = [v for v in running if v.dataset]
         pipe = self.redis.pipeline(transaction=False)
         for view in datasets:
-            pipe.hmget(key(view.run_id, "ds"), ["total", "read", "done", "failed"])  # worker/cluster/datasets.py
+            pipe.hmget(run_key(view.run_id, "ds"), ["total", "read", "done", "failed"])  # worker/cluster/datasets.py
         for view, (total, read, done, failed) in zip(datasets, pipe.execute() if datasets else [], strict=True):
             view.total_known = total is not None
             known = int(total if total is not None else read or 0)

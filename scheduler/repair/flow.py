@@ -24,7 +24,7 @@ from scheduler.repair.nodes import (
     ResultPreparation,
     RuntimeExecutor,
     StaticValidator,
-    _quiet,
+    quiet,
 )
 from scheduler.repair.outcome import RepairOutcome
 from scheduler.repair.runner import Runner
@@ -34,7 +34,7 @@ MAX_ATTEMPTS = 3
 
 
 def create_repair_flow(
-    generator: Generator, runner: Runner, max_attempts: int = MAX_ATTEMPTS, notify: Notify = _quiet
+    generator: Generator, runner: Runner, max_attempts: int = MAX_ATTEMPTS, notify: Notify = quiet
 ) -> Flow:
     error_analyzer = ErrorAnalyzer(notify)
     repair_generator = RepairGenerator(generator, runner, notify)
@@ -65,7 +65,7 @@ def repair(
     runner: Runner | None = None,
     generator: Generator | str | None = None,
     max_attempts: int = MAX_ATTEMPTS,
-    notify: Notify = _quiet,
+    notify: Notify = quiet,
 ) -> RepairOutcome:
     """Repair `workflow` (IR, wire JSON) after `failure` and run it (resuming the failed run when there is
     one); the outcome says whether it worked. `generator`: an object or a registered name."""

@@ -1,4 +1,4 @@
-"""Repair generators: what proposes a repaired workflow. Pluggable, like node types.
+"""Repair generators' vocabulary: the request, the protocol, and the registry they are looked up in.
 
 A generator is an object with `generate(request) -> dict | None`: the whole repaired IR, or None when it
 has nothing to propose. Built in: `deterministic` (what needs no model), `llm` (a model through the `llm`
@@ -11,18 +11,19 @@ CHORDFLOW_PLUGINS registers another:
     class Mine:
         def generate(self, request): ...
 
-`CHORDFLOW_REPAIR_GENERATOR` (or `--repair-generator`) picks one; the default is `auto`.
+`CHORDFLOW_REPAIR_GENERATOR` (or `--repair-generator`) picks one; the default is `auto`. Generators
+import this module and never the reverse: the package's __init__ imports the built-in ones, which registers them.
 """
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from ir.errors import ValidationError
 from scheduler.repair.failure import Failure
+from worker import settings
 from worker.nodes import registry
 
 #: The generator used when neither `--repair-generator` nor CHORDFLOW_REPAIR_GENERATOR names one.
@@ -84,22 +85,8 @@ def names() -> list[str]:
 
 def generator_named(name: str | None = None) -> Generator:
     """The generator `name`, else CHORDFLOW_REPAIR_GENERATOR's, else the default (`auto`)."""
-    chosen = name or os.environ.get("CHORDFLOW_REPAIR_GENERATOR") or DEFAULT
+    chosen = name or settings.get("repair_generator") or DEFAULT
     known = names()
     if chosen not in _GENERATORS:
         raise ValidationError(f"repair generator: unknown generator '{chosen}' (choose from {', '.join(known)})")
     return _GENERATORS[chosen]()
-
-
-@register_generator("auto")
-class AutoGenerator:
-    """The default: the deterministic generator; when it has nothing and a model is configured, the model."""
-
-    def generate(self, request: RepairRequest) -> dict[str, Any] | None:
-        from scheduler.repair.deterministic import DeterministicGenerator
-        from scheduler.repair.llm_generator import LlmGenerator, configured_model
-
-        found = DeterministicGenerator().generate(request)
-        if found is None and configured_model():
-            return LlmGenerator().generate(request)
-        return found

@@ -11,12 +11,12 @@ model needs — and corrects the reference the error names to the closest availa
 from __future__ import annotations
 
 import json
-import os
 import re
 from typing import Any
 
 from scheduler.repair.failure import closest
 from scheduler.repair.generators import GeneratorError, RepairRequest, register_generator
+from worker import settings
 from worker.nodes.llm import FAKE, llm_package
 
 SYSTEM = "You repair workflow definitions. You answer with JSON only."
@@ -50,7 +50,7 @@ _JSON_BLOCK = re.compile(r"```json\s*\n(.*?)\n```", re.DOTALL)
 
 
 def configured_model() -> str | None:
-    return os.environ.get("CHORDFLOW_REPAIR_MODEL") or os.environ.get("CHORDFLOW_LLM_MODEL") or None
+    return settings.get("repair_model") or settings.get("llm_model")
 
 
 def build_prompt(request: RepairRequest) -> str:
@@ -88,7 +88,7 @@ class LlmGenerator:
         return extract_ir(self.ask(build_prompt(request)))
 
     def ask(self, prompt: str) -> str:
-        if FAKE in (self.model, os.environ.get("CHORDFLOW_LLM_MODEL")):
+        if FAKE in (self.model, settings.get("llm_model")):
             return fake_answer(prompt)
         package = llm_package()
         if package is None:

@@ -14,23 +14,24 @@ from typing import Any
 from pocketflow import Node
 
 from ir.errors import NodeTypeError, ValidationError
-from scheduler.compiler import load
 from scheduler.repair.failure import diagnose
 from scheduler.repair.generators import Generator, RepairRequest
 from scheduler.repair.outcome import RepairOutcome
 from scheduler.repair.runner import Runner
+from worker.engine.loader import load
 
+#: Where the flow reports its progress, a line at a time (the CLI prints them).
 Notify = Callable[[str], None]
 
 
-def _quiet(line: str) -> None:
+def quiet(line: str) -> None:
     """The default `notify`: repair progress goes nowhere."""
 
 
 class ErrorAnalyzer(Node):
     """Is the failure a mistake in the workflow? Anything else fails at once, with no attempt."""
 
-    def __init__(self, notify: Notify = _quiet):
+    def __init__(self, notify: Notify = quiet):
         super().__init__()
         self.notify = notify
 
@@ -51,7 +52,7 @@ class ErrorAnalyzer(Node):
 class RepairGenerator(Node):
     """Asks the generator for a repaired workflow. The same error twice, or no proposal, ends the loop."""
 
-    def __init__(self, generator: Generator, runner: Runner, notify: Notify = _quiet, max_retries: int = 2):
+    def __init__(self, generator: Generator, runner: Runner, notify: Notify = quiet, max_retries: int = 2):
         super().__init__(max_retries=max_retries)
         self.generator, self.runner, self.notify = generator, runner, notify
 
@@ -92,7 +93,7 @@ class RepairGenerator(Node):
 class StaticValidator(Node):
     """Validates the proposal as `chordflow validate` would; a refused one goes back to the generator."""
 
-    def __init__(self, max_attempts: int, notify: Notify = _quiet):
+    def __init__(self, max_attempts: int, notify: Notify = quiet):
         super().__init__()
         self.max_attempts, self.notify = max_attempts, notify
 
@@ -123,7 +124,7 @@ class RuntimeExecutor(Node):
     """Runs the proposal: the failed run resumed from its checkpoint under it (no completed node it leaves
     unchanged runs again), or a new run when the failed one never started."""
 
-    def __init__(self, runner: Runner, max_attempts: int, notify: Notify = _quiet):
+    def __init__(self, runner: Runner, max_attempts: int, notify: Notify = quiet):
         super().__init__()
         self.runner, self.max_attempts, self.notify = runner, max_attempts, notify
 

@@ -7,8 +7,8 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from scheduler.engine import RunResult
 from scheduler.repair.failure import Failure
+from worker.runs.record import RunResult
 
 
 @dataclass

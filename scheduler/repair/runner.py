@@ -8,14 +8,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-import scheduler
 from ir.errors import RunCancelled
-from scheduler.compiler import load
-from scheduler.engine import RunResult, new_run_id
+from scheduler import api, lookup
 from scheduler.repair.failure import ERROR_ACTION, Failure
-from worker.engine.flow import build_flow
-from worker.runs.resume_point import resume_point
-from worker.runs.sqlite import LocalRuns
+from worker.runs.record import RunResult, new_run_id
 
 
 @dataclass
@@ -36,16 +32,13 @@ class Runner:
     hooks: dict[str, Any] = field(default_factory=dict)  # on_event, on_node_start, cancelled (a display)
 
     def find(self, run_id: str) -> tuple[Any, Any] | None:
-        """(record, runs) of a recorded run: the embedded store first, then the cluster's."""
-        record = LocalRuns.default().get(run_id)
-        if record is not None:
-            return record, LocalRuns.default()
+        """(record, RunStore) of a recorded run, or None (a local runner never asks the cluster)."""
         if self.backend == "local":
-            return None
-        from scheduler import durable
-
+            runs = lookup.local_runs()
+            record = runs.get(run_id)
+            return (record, runs) if record is not None else None
         try:
-            return durable.find_run(run_id)
+            return lookup.find_run(run_id)
         except Exception:
             return None
 
@@ -67,8 +60,8 @@ class Runner:
                 record, runs = self.find(run_id) or (None, None)
                 if record is None:
                     raise RunCancelled(f"run {run_id}: its record is gone; it cannot be resumed")
-                cached = resume_point(runs.steps(run_id), record, build_flow(load(workflow))).kept
-                result = self._resume(run_id, workflow, isinstance(runs, LocalRuns))
+                cached = api.plan_resume(run_id, workflow).kept
+                result = self._resume(run_id, workflow, not runs.durable)
         except (KeyboardInterrupt, RunCancelled):
             raise
         except Exception as exc:
@@ -86,16 +79,12 @@ class Runner:
 
     def _start(self, workflow: dict[str, Any], run_id: str) -> RunResult:
         if self.backend == "local":
-            return scheduler.run(workflow, self.inputs, run_id=run_id, **self.hooks)
-        from scheduler import durable
-
-        durable.submit(workflow, self.inputs, run_id=run_id)
-        return durable.wait(run_id, on_event=self.hooks.get("on_event"))
+            return api.run(workflow, self.inputs, run_id=run_id, **self.hooks)
+        api.submit(workflow, self.inputs, run_id=run_id)
+        return api.wait(run_id, on_event=self.hooks.get("on_event"))
 
     def _resume(self, run_id: str, workflow: dict[str, Any], local: bool) -> RunResult:
         if local:
-            return scheduler.resume(run_id, workflow=workflow, **self.hooks)
-        from scheduler import durable
-
-        durable.resume_cluster(run_id, workflow=workflow)
-        return durable.wait(run_id, on_event=self.hooks.get("on_event"))
+            return api.resume(run_id, workflow=workflow, **self.hooks)
+        api.resume_cluster(run_id, workflow=workflow)
+        return api.wait(run_id, on_event=self.hooks.get("on_event"))

@@ -58,6 +58,30 @@ class GaugeNode(Node):
         return "default"
 
 
+@register("test-fail-together")
+class FailTogetherNode(Node):
+    """Raises ValueError(f"boom {value}"), but only once `parties` items are inside exec together: a barrier in
+    Redis (key param `gate`, one round per `parties` arrivals), so items on different workers all run before
+    any of them fails. A round that never fills raises TimeoutError instead."""
+
+    WAIT_S = 8  # below the client's socket timeout (10 s): BLPOP answers nil rather than timing out the socket
+
+    def prep(self, shared: Any) -> dict[str, Any]:
+        return dict(self.params)
+
+    def exec(self, params: dict[str, Any]) -> None:
+        redis, gate, parties = client(), params["gate"], int(params["parties"])
+        arrived = redis.incr(gate)
+        redis.expire(gate, 300)
+        opened = f"{gate}:open:{(arrived - 1) // parties}"
+        if arrived % parties == 0:  # the last party of its round lets every party of the round through
+            redis.rpush(opened, *[1] * parties)
+            redis.expire(opened, 300)
+        if redis.blpop([opened], timeout=self.WAIT_S) is None:
+            raise TimeoutError(f"gate {gate}: {parties} items never ran together")
+        raise ValueError(f"boom {params['value']}")
+
+
 class _Unimportable(Exception):
     pass
 

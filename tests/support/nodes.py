@@ -242,7 +242,10 @@ class RecordNode(_ParamNode):
 
 @register("test-concurrency")
 class ConcurrencyNode(_ParamNode):
-    """Counts items inside exec at once (PROBE.active/peak); waits on PROBE.barrier when one is set."""
+    """Counts items inside exec at once (PROBE.active/peak); waits on PROBE.barrier when one is set.
+
+    With param `fail` truthy it then raises ValueError(f"boom {item}"): after the barrier, so no item fails
+    before all of the barrier's parties are running."""
 
     def exec(self, prep_res: dict[str, Any]) -> Any:
         probe = PROBE
@@ -257,6 +260,8 @@ class ConcurrencyNode(_ParamNode):
         finally:
             with probe.lock:
                 probe.active -= 1
+        if prep_res.get("fail"):
+            raise ValueError(f"boom {prep_res.get('item')}")
         return prep_res.get("item")
 
     def post(self, shared: Any, prep_res: Any, exec_res: Any) -> str:

@@ -60,7 +60,8 @@ class BatchResult:
 
 
 def merge(chunks: Iterable[ChunkResult], count: int, fail_fast: bool) -> BatchResult:
-    """Chunks (any order; a redelivered chunk's duplicate is dropped) -> the DESIGN section 3 aggregate.
+    """Chunks (any order; a redelivered chunk's duplicate is dropped) -> the batch's aggregate
+    (docs/ARCHITECTURE.md, the batch contract).
 
     Items without an outcome (a batch stopped by its failure threshold) give no aggregate but `stopped`:
     whoever knows the threshold (`PflowBatchNode.post`) judges the outcomes that are there."""

@@ -1,7 +1,7 @@
 """The ONE per-item executor and the loop that runs a slice of items through it.
 
-`ItemExecutor.run(index, item)` applies the per-item rules of DESIGN section 3 — the isolated copy
-`item_shared = dict(shared)`, the batch's retries, classification into an ItemOutcome — keeping every
+`ItemExecutor.run(index, item)` applies the per-item rules of the batch contract (docs/ARCHITECTURE.md) —
+the isolated copy `item_shared = dict(shared)`, the batch's retries, classification into an ItemOutcome — keeping every
 per-item value in locals, never on a node instance. `run_items` runs a contiguous slice through it and
 collects the outcomes into a columnar ChunkResult. Everything cross-cutting (progress, stops, permits)
 hangs on the loop as ItemMiddleware (worker/batch/middleware.py). The local backend and the Celery chunk task

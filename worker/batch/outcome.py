@@ -79,7 +79,7 @@ def _masked_errors(namespace: Any, secrets: Collection[str]) -> Any:
 
 
 def failure_of(action: Any, namespace: Any) -> str | None:
-    """Why an item that did not raise still failed, or None (DESIGN section 3)."""
+    """Why an item that did not raise still failed, or None (docs/ARCHITECTURE.md, the batch contract)."""
     if not isinstance(namespace, dict):
         return "node returned action 'error'" if action == "error" else None
     error = namespace.get("error")

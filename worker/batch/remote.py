@@ -1,5 +1,5 @@
 """A worker's exception, rebuilt on the side that reports it: its own type when importable, else
-RemoteError naming the original type (DESIGN section 2)."""
+RemoteError naming the original type (README, batch errors)."""
 
 from __future__ import annotations
 

@@ -26,13 +26,16 @@ from worker.batch.remote import rebuild, stored_batch_result
 from worker.cluster import logs
 from worker.cluster.app import current_app, task
 from worker.cluster.dispatch import dispatch_batch
-from worker.cluster.state.runs import ClusterRuns, key
+from worker.cluster.state.keys import run_key
+from worker.cluster.state.runs import ClusterRuns
 from worker.cluster.state.runstate import RunState
 from worker.engine import context
 from worker.engine.context import RunContext
-from worker.engine.flow import WorkflowFlow, build_flow, validated
+from worker.engine.flow import WorkflowFlow, build_flow
+from worker.engine.loader import load
 from worker.engine.sections import BranchSink, BranchState, BranchSteps, StopFlag, StoredBranches, merged
-from worker.engine.stepper import Cursor, Step, batch_nodes, drive, ending
+from worker.engine.stepper import batch_nodes, drive, ending
+from worker.engine.steps import Cursor, Step
 from worker.runs.record import FINAL, RECORD_STATUS, StepJournal
 
 log = logging.getLogger(__name__)
@@ -48,7 +51,7 @@ class Lease:
     """One advance at a time per run: a Redis key with a TTL, renewed by a thread while held."""
 
     def __init__(self, runs: ClusterRuns, run_id: str, name: str = "lease"):
-        self.redis, self.name, self.token = runs.redis, key(run_id, name), uuid.uuid4().hex
+        self.redis, self.name, self.token = runs.redis, run_key(run_id, name), uuid.uuid4().hex
         self.stop = threading.Event()
 
     def acquire(self) -> bool:
@@ -259,7 +262,7 @@ def advance_branch(self: Any, run_id: str, key: str, branch: str, step: int) -> 
 def _flow(workflow: dict[str, Any]) -> WorkflowFlow:
     """An advance's flow: node instances of this task's own, from the run's workflow validated once per
     content on this process (every advance and branch advance of a run reads the same one)."""
-    return build_flow(validated(workflow))
+    return build_flow(load(workflow))
 
 
 def _section(workflow: dict[str, Any], key: str, flow: WorkflowFlow | None = None) -> Section:

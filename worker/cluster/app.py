@@ -144,7 +144,7 @@ class ChordflowCelery(Celery):
 # Tasks defined with `task()`, registered on every app `create_app` builds (before or after the definition).
 _tasks: list[tuple[Callable[..., Any], dict[str, Any]]] = []
 _built: weakref.WeakSet[ChordflowCelery] = weakref.WeakSet()
-_apps: dict[settings.Settings, ChordflowCelery] = {}  # current_app's, one per settings value
+_apps: dict[tuple[Any, ...], ChordflowCelery] = {}  # current_app's, one per cluster settings value
 _lock = threading.RLock()
 
 
@@ -171,13 +171,19 @@ def current_app(s: settings.Settings | None = None) -> ChordflowCelery:
     it then gets a new app for the new settings, never a reconfigured old one.
     """
     s = s or settings.load()
-    found = _apps.get(s)
+    key = cluster_key(s)
+    found = _apps.get(key)
     if found is None:
         with _lock:
-            found = _apps.get(s)
+            found = _apps.get(key)
             if found is None:
-                found = _apps[s] = create_app(s)
+                found = _apps[key] = create_app(s)
     return found
+
+
+def cluster_key(s: settings.Settings) -> tuple[Any, ...]:
+    """The settings an app is built from: a change of another (a run's home, an LLM model) keeps the app."""
+    return tuple(getattr(s, name) for name in type(s).model_fields if name not in settings.CHECKED_ON_USE)
 
 
 def task(*, name: str, **options: Any) -> Callable[[Callable[..., Any]], Any]:
@@ -228,7 +234,7 @@ def _log_format(instance: Any, **_: object) -> None:
         logs.json_lines_only()
 
 
-#: Secrets are masked in every log line, and CHORDFLOW_LOG_FORMAT=json makes each one a JSON object (worker/cluster/logs.py).
+#: Secrets are masked in every log line; CHORDFLOW_LOG_FORMAT=json makes each one a JSON object (cluster/logs.py).
 signals.after_setup_logger.connect(logs.configure, weak=False)
 signals.after_setup_task_logger.connect(logs.configure, weak=False)
 
@@ -237,6 +243,12 @@ signals.after_setup_task_logger.connect(logs.configure, weak=False)
 def _warn_when_insecure(sender: Any, **_: object) -> None:
     if isinstance(sender.app, ChordflowCelery) and sender.app.signer is None:
         log.warning("running INSECURE (CHORDFLOW_INSECURE): unsigned task messages are accepted and run")
+
+
+@signals.worker_init.connect
+def _warn_unknown_variables(**_: object) -> None:
+    """A misspelt CHORDFLOW_* variable is named at a worker's start, as by the CLI (once per process)."""
+    settings.warn_unknown()
 
 
 @signals.worker_process_init.connect

@@ -23,10 +23,11 @@ from typing import Any
 from ir import snapshot
 from worker import settings
 from worker.batch.aggregate import ChunkResult
-from worker.batch.middleware import item_middleware
 from worker.cluster import chunking, logs
 from worker.cluster.app import current_app, task
-from worker.cluster.state.runs import ClusterRuns, key
+from worker.cluster.middleware import chunk_middleware
+from worker.cluster.state.keys import run_key
+from worker.cluster.state.runs import ClusterRuns
 from worker.cluster.state.runstate import RunState, client, script
 from worker.cluster.tasks import chunk_executor
 from worker.datasets.job import RECORDS, Dataset, pack_records, run_chunk, unpack_records, verdict
@@ -46,8 +47,8 @@ class ClusterDataset:
         self.redis = client()
         self.ttl = settings.load().run_ttl
         names = ("ds", "ds:todo", "ds:pending", "ds:out", "ds:cov", "ds:fails", "ds:rec", "cancel")
-        self.keys = [key(run_id, name) for name in (*names, f"abort:{RECORDS}", "ds:next", "ds:reader")]
-        self.started = key(run_id, "ds:started")  # chunks a task has begun (see `orphans`)
+        self.keys = [run_key(run_id, name) for name in (*names, f"abort:{RECORDS}", "ds:next", "ds:reader")]
+        self.started = run_key(run_id, "ds:started")  # chunks a task has begun (see `orphans`)
         self._step = script(self.redis, "dataset_step")
         self._size, self._read = 0, None  # chunk_length's, once the whole file is read
 
@@ -190,7 +191,7 @@ def finish_run(run_id: str, runs: ClusterRuns | None = None) -> str:
     status, error = verdict(dataset, counts, RunState(run_id).cancelled())
     runs.set_status(run_id, status, error)
     # The per-record progress (about 8 bytes a record) has served its followers; the end marker stays.
-    runs.redis.xtrim(key(run_id, "events"), maxlen=1)
+    runs.redis.xtrim(run_key(run_id, "events"), maxlen=1)
     done, failed = counts["done"], counts["failed"]
     logs.transition(run_id, record.status, status, node=RECORDS, items=done, failed=failed, error=error)
     return status
@@ -230,7 +231,7 @@ def dataset_chunk(self: Any, run_id: str, n: int) -> str:
         executor = chunk_executor(dataset.record_spec(record.workflow).wire(), runs.load_store(run_id))
         chunk = run_chunk(
             executor, records, bad, n * size, done,
-            lambda count: item_middleware(RECORDS, count, False, state=state, batch=RECORDS),
+            lambda count: chunk_middleware(state, RECORDS, False),
         )  # fmt: skip
         kept = len(done.results) - len(done.failures) if done is not None else 0  # a redrive's successes: not run
         ran, failed = len(chunk.results) - kept, len(chunk.failures)

@@ -27,7 +27,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from worker import redact
+from worker import redact, settings
 
 log = logging.getLogger("chordflow")
 
@@ -41,10 +41,8 @@ listeners: list[Callable[[str, dict[str, Any]], None]] = []
 
 
 def json_format() -> bool:
-    value = os.environ.get(FORMAT_VARIABLE, "text").strip().lower()
-    if value not in ("text", "json", ""):
-        raise ValueError(f"{FORMAT_VARIABLE} must be 'text' or 'json', got {value!r}")
-    return value == "json"
+    """Whether FORMAT_VARIABLE says json; ValueError (one line) for a value other than text or json."""
+    return settings.get("log_format") == "json"
 
 
 # -- the lines ------------------------------------------------------------------------------------------------

@@ -17,14 +17,15 @@ from ir.models import NodeSpec
 from worker import redact, settings
 from worker.batch.aggregate import ChunkResult, merge
 from worker.batch.executor import ItemExecutor, run_items
-from worker.batch.middleware import item_middleware, tolerance_of
+from worker.batch.middleware import tolerance_of
 from worker.cluster import chunk_lease, logs
 from worker.cluster.app import current_app, task
+from worker.cluster.middleware import chunk_middleware
 from worker.cluster.snapshot_cache import SnapshotCache
 from worker.cluster.state.runs import ClusterRuns
 from worker.cluster.state.runstate import RunState
 from worker.engine.build import item_chain
-from worker.engine.spec_check import checked_spec
+from worker.engine.loader import checked_spec
 
 _CACHE_SIZE = 8
 _chains: OrderedDict[str, tuple[NodeSpec, Any]] = OrderedDict()
@@ -80,9 +81,9 @@ def run_chunk(self: Any, job: dict[str, Any]) -> bytes:
         spec = executor.spec.batch
         assert spec is not None
         items = snapshot.decode(job["items"])
-        hooks = item_middleware(
-            executor.node_id, len(items), spec.fail_fast, state=state, batch=batch, chunk=job["start"],
-            max_concurrent=spec.max_concurrent, tolerance=tolerance_of(spec),
+        hooks = chunk_middleware(
+            state, batch, spec.fail_fast, chunk=job["start"], max_concurrent=spec.max_concurrent,
+            tolerance=tolerance_of(spec),
         )  # fmt: skip
         chunk = run_items(executor, items, job["start"], hooks)
         seconds = time.monotonic() - began

@@ -4,7 +4,7 @@ A dataset job is a batch over a `workflow` node whose items are the records: eac
 instance of the workflow, run by the ONE per-item executor, and its result is the workflow's declared
 outputs. Unlike a batch node, the records never sit in a store: the client reads the file in windows of
 `chunk_size` records and stores each window as a chunk (embedded store or Redis); a chunk's outcomes
-(worker/aggregate.ChunkResult) are stored beside it. So no process holds all records or all results.
+(worker/batch/aggregate.py ChunkResult) are stored beside it. So no process holds all records or all results.
 
 This module holds what both backends share: the job's description (Dataset), the per-record node spec,
 running one chunk (`run_chunk`, also for a redrive that re-runs only its failed records), the rows of

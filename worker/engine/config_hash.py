@@ -86,7 +86,7 @@ def reads_hash(refs: list[Reference], store: Mapping[str, Any]) -> str:
 
 def _value(store: Mapping[str, Any], ref: Reference) -> Any:
     value = templates.lookup(store, ref.path)
-    return ["<missing>"] if value is templates._MISSING else value
+    return ["<missing>"] if value is templates.MISSING else value
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,7 @@ from worker.batch.backend import Backend, LocalBackend
 
 @dataclass
 class RunContext:
-    sink: Callable[[dict[str, Any]], None] | None = None  # receives events (DESIGN section 6)
+    sink: Callable[[dict[str, Any]], None] | None = None  # receives events (docs/ARCHITECTURE.md, events)
     cancelled: threading.Event = field(default_factory=threading.Event)
     backend: Backend | None = None  # set in __post_init__: the in-process backend unless one is given
     last_node: str | None = None

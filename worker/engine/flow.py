@@ -2,23 +2,12 @@
 
 from __future__ import annotations
 
-import json
-import threading
-from collections import OrderedDict
-from typing import Any
-
 from pocketflow import BaseNode, Flow
 
 import ir
 from ir import branches
 from ir.branches import Section
 from worker.engine.build import build_chain
-from worker.nodes import registry
-
-#: Workflows validated per process, by content: every execution of a sub-workflow, every task of a cluster run.
-CACHE_SIZE = 32
-_validated: OrderedDict[str, ir.Workflow] = OrderedDict()
-_lock = threading.Lock()
 
 
 class WorkflowFlow(Flow):
@@ -46,26 +35,3 @@ def build_flow(wf: ir.Workflow) -> WorkflowFlow:
         if not edge.parallel:
             chains[edge.from_].successors[edge.action] = chains[edge.to]
     return WorkflowFlow(chains[wf.start_id()], wf, chains)
-
-
-def validated(workflow: Any) -> ir.Workflow:
-    """`ir.load` of a workflow already included (a wire dict), with this process's node types, once per content.
-
-    The IR is only read afterwards (build_flow builds new node instances from it), so one copy serves every thread.
-    """
-    try:
-        key: str | None = json.dumps(workflow, sort_keys=True, default=repr)
-    except (TypeError, ValueError):  # keys that do not sort: loaded every time
-        key = None
-    with _lock:
-        loaded = _validated.get(key) if key is not None else None
-        if loaded is not None:
-            _validated.move_to_end(key)
-            return loaded
-    loaded = ir.load(workflow, node_types=registry.names())
-    if key is not None:
-        with _lock:
-            _validated[key] = loaded
-            while len(_validated) > CACHE_SIZE:
-                _validated.popitem(last=False)
-    return loaded

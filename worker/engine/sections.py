@@ -11,7 +11,6 @@ branch only; with `fan_in_error_handling: fail_fast` the first failure stops the
 
 from __future__ import annotations
 
-import functools
 import logging
 import threading
 from collections.abc import Callable
@@ -20,12 +19,8 @@ from typing import Any, Protocol
 
 from ir import snapshot
 from ir.branches import Section
-from ir.errors import RunCancelled, SnapshotError
-from worker import redact
-from worker.batch.backend import Backend, LocalBackend
-from worker.engine import context
-from worker.engine.context import RunContext
-from worker.engine.stepper import Cursor, Step, drive
+from ir.errors import SnapshotError
+from worker.engine.steps import Step
 
 log = logging.getLogger(__name__)
 RESULTS_KEY = "__parallel_results__"
@@ -92,7 +87,7 @@ class StoredBranches:
 
 
 class BranchSink:
-    """A branch's events as DESIGN section 6 names them: `parallel_state` / `parallel_error`, with the branch."""
+    """A branch's events as docs/ARCHITECTURE.md names them: `parallel_state` / `parallel_error`, with the branch."""
 
     def __init__(self, sink: Callable[[dict[str, Any]], None] | None, branch: str):
         self.sink, self.branch = sink, branch
@@ -121,92 +116,6 @@ class StopFlag(threading.Event):
 
     def is_set(self) -> bool:
         return super().is_set() or self.stopped()
-
-
-class ThreadedSections:
-    """Runs each branch of a section on a thread of its own; the stepper calls `run` at a section's cursor."""
-
-    def __init__(
-        self,
-        journal: BranchJournal | None = None,
-        backend_for: Callable[[RunContext], Backend] | None = None,
-    ):
-        self.journal = journal
-        self.backend_for = backend_for or (lambda ctx: LocalBackend(ctx.cancelled, ctx.sink))
-
-    def run(self, flow: Any, section: Section, store: dict[str, Any], ctx: RunContext) -> Step:
-        key = ctx.batch_key(section.node_id)
-        saved = self.journal.load(key) if self.journal else {}
-        stop = threading.Event()
-        states = [saved.get(b) or BranchState(b, b, ctx.step) for b in section.branches]
-        for state in states:
-            if not state.finished:
-                state.status, state.error = "running", None
-        failures: list[BranchState] = []  # in the order they happened
-        lock = threading.Lock()
-
-        def go(state: BranchState) -> None:
-            self._branch(flow, section, store, ctx, state, stop, key)
-            if state.status == "failed":
-                with lock:
-                    failures.append(state)
-                if section.fail_fast:
-                    stop.set()
-
-        threads = [
-            threading.Thread(target=go, args=(s,), name=f"branch-{s.branch}", daemon=True)
-            for s in states
-            if not s.finished
-        ]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join()
-        if ctx.cancelled.is_set():
-            raise RunCancelled("run cancelled")
-        if section.fail_fast and failures:
-            first = failures[0]
-            if first.exception is not None:
-                raise first.exception
-            raise RuntimeError(f"branch '{first.branch}' failed: {first.error}")
-        return merged(section, states)  # its checkpoint moves the run past `key`: its branches are not read again
-
-    def _branch(
-        self,
-        flow: Any,
-        section: Section,
-        store: dict[str, Any],
-        parent: RunContext,
-        state: BranchState,
-        stop: threading.Event,
-        key: str,
-    ) -> None:
-        branch = state.branch
-        bstore = dict(store)
-        for name in state.deleted:
-            bstore.pop(name, None)
-        bstore.update(state.changed)
-        sink = BranchSink(parent.sink, branch)
-        ctx = RunContext(sink=sink, cancelled=StopFlag(lambda: parent.cancelled.is_set() or stop.is_set()))
-        ctx.backend = self.backend_for(ctx)
-        journal = BranchSteps(state, functools.partial(self.journal.save, key) if self.journal else None)
-        try:
-            with context.using(ctx):
-                cursor = drive(
-                    flow, Cursor(state.node, state.step), bstore, ctx, journal, stop_before=section.fan_in.__eq__
-                )
-            state.status, state.node = "done", cursor.node
-        except RunCancelled:
-            state.status = "cancelled"
-        except Exception as exc:
-            state.status, state.exception = "failed", exc
-            state.error = redact.mask(f"{type(exc).__name__}: {exc}")
-            if not sink.erred:  # raised outside a node's own error event (e.g. the step limit)
-                sink({"type": "error", "node": ctx.last_node, "error": state.error})
-        if self.journal is not None and state.status != "cancelled":
-            self.journal.save(key, state)
-        if state.status != "cancelled":
-            parent.emit({"type": "branch_complete", "branch": branch, "ok": state.status == "done"})
 
 
 class BranchSteps:

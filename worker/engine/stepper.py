@@ -1,4 +1,5 @@
-"""The stepper: advances a flow by one node, and the loop that drives it from a cursor to the end.
+"""The stepper: advances a flow by one node (or one parallel section, its branches driven on threads of
+this process unless the run context has another way), and the loop that drives it from a cursor to the end.
 
 One step is PocketFlow's orchestration for one node (params, `_run`, next node by action), plus what a
 checkpoint needs: the top-level store keys the node changed. Both backends drive the same loop; after
@@ -8,18 +9,24 @@ every step the journal records a checkpoint, so a run can go on from there (`res
 from __future__ import annotations
 
 import copy
-import os
+import functools
+import threading
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
-from ir.branches import is_section
+import ir
+from ir.branches import Section, is_section
 from ir.errors import RunCancelled, StepLimitExceeded
 from ir.templates import resolve_template
+from worker import redact, settings
+from worker.batch.backend import Backend, LocalBackend
+from worker.engine import context
 from worker.engine.config_hash import facts_of
 from worker.engine.context import RunContext
 from worker.engine.flow import WorkflowFlow
+from worker.engine.sections import BranchJournal, BranchSink, BranchState, BranchSteps, StopFlag, merged
+from worker.engine.steps import Cursor, Journal, Step
 from worker.store import is_dunder
 
 #: Node executions allowed in one run unless the workflow's `max_steps` or CHORDFLOW_MAX_STEPS says otherwise.
@@ -30,42 +37,8 @@ def max_steps(flow: WorkflowFlow) -> int:
     """The workflow's `max_steps`, else CHORDFLOW_MAX_STEPS, else DEFAULT_MAX_STEPS."""
     if flow.workflow.max_steps:
         return flow.workflow.max_steps
-    value = os.environ.get("CHORDFLOW_MAX_STEPS", "")
-    try:
-        return int(value) if value.strip() else DEFAULT_MAX_STEPS
-    except ValueError:
-        raise ValueError(f"environment variable CHORDFLOW_MAX_STEPS must be an integer, got {value!r}") from None
-
-
-@dataclass
-class Cursor:
-    """Where a run stands: the next node to execute (None: the flow ended) and how many steps ran."""
-
-    node: str | None
-    step: int = 0
-    last_action: Any = None
-
-
-@dataclass
-class Step:
-    """What one node execution did: its action, the next node, and the top-level keys it changed; with
-    `config` and `reads`, the hashes of the node's configuration and of the values it read
-    (worker/engine/config_hash.py; "" when unknown), so a resume with an edited workflow knows what still holds."""
-
-    node: str
-    action: Any
-    next_node: str | None
-    changed: dict[str, Any] = field(default_factory=dict)
-    deleted: list[str] = field(default_factory=list)
-    config: str = ""
-    reads: str = ""
-    created: list[str] = field(default_factory=list)  # changed keys that did not exist before (nothing to undo)
-
-
-class Journal(Protocol):
-    """Where checkpoints go (the embedded store for local runs, Redis for cluster runs)."""
-
-    def checkpoint(self, step: int, result: Step) -> None: ...
+    value = settings.get("max_steps")  # read per run: a bad value fails only the runs that need it
+    return DEFAULT_MAX_STEPS if value is None else value
 
 
 def batch_nodes(flow: WorkflowFlow) -> set[str]:
@@ -137,10 +110,94 @@ def drive(
 def _sections(ctx: RunContext) -> Any:
     """What runs a parallel section here: the context's, else branches on threads of this process."""
     if ctx.sections is None:
-        from worker.engine.sections import ThreadedSections  # it drives branches with this module's `drive`
-
         ctx.sections = ThreadedSections()
     return ctx.sections
+
+
+class ThreadedSections:
+    """Runs each branch of a section on a thread of its own; the stepper calls `run` at a section's cursor."""
+
+    def __init__(
+        self,
+        journal: BranchJournal | None = None,
+        backend_for: Callable[[RunContext], Backend] | None = None,
+    ):
+        self.journal = journal
+        self.backend_for = backend_for or (lambda ctx: LocalBackend(ctx.cancelled, ctx.sink))
+
+    def run(self, flow: Any, section: Section, store: dict[str, Any], ctx: RunContext) -> Step:
+        key = ctx.batch_key(section.node_id)
+        saved = self.journal.load(key) if self.journal else {}
+        stop = threading.Event()
+        states = [saved.get(b) or BranchState(b, b, ctx.step) for b in section.branches]
+        for state in states:
+            if not state.finished:
+                state.status, state.error = "running", None
+        failures: list[BranchState] = []  # in the order they happened
+        lock = threading.Lock()
+
+        def go(state: BranchState) -> None:
+            self._branch(flow, section, store, ctx, state, stop, key)
+            if state.status == "failed":
+                with lock:
+                    failures.append(state)
+                if section.fail_fast:
+                    stop.set()
+
+        threads = [
+            threading.Thread(target=go, args=(s,), name=f"branch-{s.branch}", daemon=True)
+            for s in states
+            if not s.finished
+        ]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        if ctx.cancelled.is_set():
+            raise RunCancelled("run cancelled")
+        if section.fail_fast and failures:
+            first = failures[0]
+            if first.exception is not None:
+                raise first.exception
+            raise RuntimeError(f"branch '{first.branch}' failed: {first.error}")
+        return merged(section, states)  # its checkpoint moves the run past `key`: its branches are not read again
+
+    def _branch(
+        self,
+        flow: Any,
+        section: Section,
+        store: dict[str, Any],
+        parent: RunContext,
+        state: BranchState,
+        stop: threading.Event,
+        key: str,
+    ) -> None:
+        branch = state.branch
+        bstore = dict(store)
+        for name in state.deleted:
+            bstore.pop(name, None)
+        bstore.update(state.changed)
+        sink = BranchSink(parent.sink, branch)
+        ctx = RunContext(sink=sink, cancelled=StopFlag(lambda: parent.cancelled.is_set() or stop.is_set()))
+        ctx.backend = self.backend_for(ctx)
+        journal = BranchSteps(state, functools.partial(self.journal.save, key) if self.journal else None)
+        try:
+            with context.using(ctx):
+                cursor = drive(
+                    flow, Cursor(state.node, state.step), bstore, ctx, journal, stop_before=section.fan_in.__eq__
+                )
+            state.status, state.node = "done", cursor.node
+        except RunCancelled:
+            state.status = "cancelled"
+        except Exception as exc:
+            state.status, state.exception = "failed", exc
+            state.error = redact.mask(f"{type(exc).__name__}: {exc}")
+            if not sink.erred:  # raised outside a node's own error event (e.g. the step limit)
+                sink({"type": "error", "node": ctx.last_node, "error": state.error})
+        if self.journal is not None and state.status != "cancelled":
+            self.journal.save(key, state)
+        if state.status != "cancelled":
+            parent.emit({"type": "branch_complete", "branch": branch, "ok": state.status == "done"})
 
 
 def loop_of(recent: list[str], upcoming: str) -> str:
@@ -163,5 +220,10 @@ def ending(
         namespace = store.get(last_node) if last_node else None
         detail = namespace.get("error") or namespace.get("stderr") if isinstance(namespace, dict) else None
         return "failed", f"node '{last_node}' returned 'error'" + (f": {detail}" if detail else ""), {}
-    declared = flow.workflow.outputs or {}
-    return "success", None, {name: resolve_template(o.source, store, f"outputs.{name}") for name, o in declared.items()}
+    return "success", None, outputs(flow.workflow, store)
+
+
+def outputs(workflow: ir.Workflow, store: dict[str, Any]) -> dict[str, Any]:
+    """A workflow's declared outputs, resolved on the store of a run that succeeded."""
+    declared = workflow.outputs or {}
+    return {name: resolve_template(o.source, store, f"outputs.{name}") for name, o in declared.items()}

@@ -1,4 +1,7 @@
-"""Node types: the registry and the built-in types. `register` is the public decorator."""
+"""Node types: the registry and the built-in types. `register` is the public decorator.
+
+The registry and params import only `ir`; a node type may import `worker.engine` too (a sub-workflow runs
+a flow), never `worker.cluster`."""
 
 from worker.nodes.registry import all_types, get, load_plugins, names, register
 

@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 from typing import Any
 
 from pocketflow import Node
 
+from worker import settings
 from worker.nodes.params import param
 from worker.nodes.registry import register
 
@@ -50,13 +50,13 @@ class LlmNode(Node):
     def prep(self, shared: Any) -> dict[str, Any]:
         prompt = param("llm", self.params, "prompt", str, required=True)
         temperature = param("llm", self.params, "temperature", (int, float))
-        model = param("llm", self.params, "model", str) or os.environ.get("CHORDFLOW_LLM_MODEL") or None
+        model = param("llm", self.params, "model", str) or settings.get("llm_model")
         system = param("llm", self.params, "system", str)
         return {"prompt": prompt, "model": model, "system": system, "temp": temperature}
 
     def exec(self, prep_res: dict[str, Any]) -> tuple[str, str]:
         prompt, model, system = prep_res["prompt"], prep_res["model"], prep_res["system"]
-        package = None if FAKE in (model, os.environ.get("CHORDFLOW_LLM_MODEL")) else llm_package()
+        package = None if FAKE in (model, settings.get("llm_model")) else llm_package()
         if package is None:
             return fake_response(model, system, prompt), FAKE
         options = {} if prep_res["temp"] is None else {"temperature": prep_res["temp"]}

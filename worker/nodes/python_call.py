@@ -45,7 +45,7 @@ def resolve_function(reference: Any) -> Callable[..., Any]:
 def check_function_param(raw_params: dict[str, Any]) -> dict[str, str] | None:
     """Static check of a literal `function`: the module imports and the function exists and is callable.
 
-    Run by `scheduler.compiler.load` on the unresolved params, so a typo fails at validation, not mid-run.
+    Run by the loader (worker/engine/loader.py) on the unresolved params, so a typo fails at validation, not mid-run.
     Importing runs the module's top-level code, as the run would; whatever it raises becomes the message.
     A templated `function` is known only at run time and is not checked.
     """
@@ -92,7 +92,7 @@ class PythonNode(Node):
         "*": "every other param is passed to the function as a keyword argument",
     }
 
-    check_params = staticmethod(check_function_param)  # static validation hook (scheduler.compiler.load)
+    check_params = staticmethod(check_function_param)  # static validation hook (worker/engine/loader.py)
 
     def prep(self, shared: Any) -> tuple[Callable[..., Any], dict[str, Any]]:
         kwargs = {k: v for k, v in self.params.items() if k != "function"}

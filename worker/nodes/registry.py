@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import importlib
-import os
 from collections.abc import Callable
 
 from pocketflow import BaseNode
 
 from ir.errors import NodeTypeError
+from worker import settings
 
 _REGISTRY: dict[str, type[BaseNode]] = {}
 _loaded_plugins: set[str] = set()
@@ -29,7 +29,7 @@ def register(type_name: str) -> Callable[[type[BaseNode]], type[BaseNode]]:
 
 def load_plugins(spec: str | None = None) -> None:
     """Import the modules named in CHORDFLOW_PLUGINS (comma-separated) so their @register runs."""
-    spec = os.environ.get("CHORDFLOW_PLUGINS", "") if spec is None else spec
+    spec = settings.get("plugins") if spec is None else spec
     for name in (part.strip() for part in spec.split(",")):
         if name and name not in _loaded_plugins:
             try:

@@ -275,7 +275,7 @@ class ShellNode(Node):
         "cwd": "working directory",
         "timeout": "seconds before the command is killed and TimeoutError raised (default 60)",
     }
-    check_params = staticmethod(check_command_param)  # static validation hook (scheduler.compiler.load)
+    check_params = staticmethod(check_command_param)  # static validation hook (worker/engine/loader.py)
 
     def prep(self, shared: Any) -> dict[str, Any]:
         params = self.params

@@ -18,7 +18,6 @@ from typing import Any
 
 from pocketflow import Node
 
-import ir
 from ir import subworkflows
 from ir.errors import SubworkflowFailed, ValidationError
 from ir.inputs import apply_inputs
@@ -27,10 +26,10 @@ from worker.engine.context import RunContext
 from worker.nodes import registry
 from worker.store import is_dunder
 
-#: Flows kept per thread (their IR is validated once per content in a process: worker.engine.flow.validated).
+#: Flows kept per thread (their IR is validated once per content in a process: worker/engine/loader.py).
 CACHE_SIZE = 32
 _local = threading.local()
-#: worker.engine.flow.WorkflowFlow: not imported here (worker.engine.flow imports the registry, which imports this module).
+#: worker.engine.flow.WorkflowFlow, not imported here: worker.engine.flow imports the registry, which imports this.
 Flow = Any
 
 
@@ -65,20 +64,15 @@ class WorkflowNode(Node):
     def check_params(params: dict[str, Any]) -> str | None:
         """The sub-workflow validated again with this process's node types, and its nodes' own param checks
         (`check_params`, recursively): what validation and workers check for a node of the parent."""
-        from worker.engine.spec_check import param_problems  # it imports the registry, which imports this module
+        from worker.engine import loader  # it imports the registry, which imports this module
 
         source = params.get(subworkflows.SOURCE)
         named = f"{source}: " if isinstance(source, str) and source else "sub-workflow: "
         try:
-            sub = ir.load(params.get(subworkflows.WORKFLOW), node_types=registry.names())
+            loader.load(params.get(subworkflows.WORKFLOW))
         except ValidationError as exc:
             return named + "; ".join(exc.problems)
-        problems = [
-            problem
-            for i, spec in enumerate(sub.nodes)
-            for problem in param_problems(registry.get(spec.type), spec.params, f"nodes[{i}] (id '{spec.id}').params")
-        ]
-        return named + "; ".join(problems) if problems else None
+        return None
 
     def prep(self, shared: Any) -> Call:
         node_id = getattr(shared, "node_id", subworkflows.NODE_TYPE)
@@ -126,7 +120,8 @@ class WorkflowNode(Node):
 def _run(flow: Flow, store: dict[str, Any], call: Call) -> tuple[str, str | None, dict[str, Any]]:
     """Drive the sub-workflow to its end in this process, in a run context of its own (events dropped, batches
     in-process, no run record) that shares the parent run's cancel flag; the parent's context is left as it was."""
-    from worker.engine.stepper import Cursor, drive, ending
+    from worker.engine.stepper import drive, ending
+    from worker.engine.steps import Cursor
 
     ctx = RunContext(cancelled=context.current().cancelled)
     with context.using(ctx):
@@ -150,9 +145,10 @@ def _flow(workflow: Any) -> Flow:
     entry = flows.get(id(workflow))
     if entry is not None and entry[0] is workflow:
         return entry[1]
-    from worker.engine.flow import build_flow, validated
+    from worker.engine.flow import build_flow
+    from worker.engine.loader import load
 
-    flow = build_flow(validated(workflow))
+    flow = build_flow(load(workflow))
     flows[id(workflow)] = (workflow, flow)  # holding `workflow` keeps its id from being reused
     while len(flows) > CACHE_SIZE:
         flows.popitem(last=False)

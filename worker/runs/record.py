@@ -1,15 +1,40 @@
-"""A run's record: what `status`, `runs` and `resume` read, whichever store recorded it."""
+"""A run's record and its vocabulary: what `status`, `runs` and `resume` read, whichever store recorded
+it; the RunResult a finished run gives its caller; the one mapping between the two status words."""
 
 from __future__ import annotations
 
+import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
 #: Statuses a run record goes through; the last three are final.
 STATUSES = ("queued", "running", "succeeded", "failed", "cancelled")
 FINAL = ("succeeded", "failed", "cancelled")
-#: RunResult.status (the `scheduler.run` contract) -> the run record's status.
+#: RunResult.status (the `scheduler.run` contract says "success") -> the run record's status ("succeeded").
 RECORD_STATUS = {"success": "succeeded", "failed": "failed", "cancelled": "cancelled"}
+#: The run record's status -> RunResult.status.
+RESULT_STATUS = {record: result for result, record in RECORD_STATUS.items()}
+
+
+@dataclass
+class RunResult:
+    """What a finished run gives its caller (`scheduler.run`, `wait`, `resume`)."""
+
+    shared: dict[str, Any]
+    status: str  # "success" | "failed" | "cancelled"
+    error: str | None = None
+    outputs: dict[str, Any] = field(default_factory=dict)
+    run_id: str = ""
+    duration_s: float = 0.0
+
+
+def new_run_id() -> str:
+    return uuid.uuid4().hex[:12]
+
+
+def resumable(workflow: Any = None) -> tuple[str, ...]:
+    """The statuses a run can be resumed from (with an edited workflow, a succeeded run too)."""
+    return ("failed", "cancelled") if workflow is None else ("failed", "cancelled", "succeeded")
 
 
 @dataclass

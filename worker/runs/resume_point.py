@@ -23,7 +23,7 @@ from ir.models import NodeSpec
 from worker.engine.config_hash import config_hash, facts_of
 from worker.engine.flow import WorkflowFlow
 from worker.runs.record import RunRecord, TrailStep
-from worker.runs.sqlite import LocalRuns
+from worker.runs.store import RunStore, rewind
 
 
 @dataclass(frozen=True)
@@ -67,21 +67,21 @@ def _changed(old_workflow: dict[str, Any], flow: WorkflowFlow, node_id: str) -> 
     return old is None or facts is None or config_hash(NodeSpec.model_validate(old)) != facts.config
 
 
-def go_on_under(runs: Any, record: RunRecord, flow: WorkflowFlow, source: str | None) -> ResumePoint:
-    """Point a finished run of `runs` (LocalRuns or ClusterRuns) at its resume point under the workflow of
+def go_on_under(runs: RunStore, record: RunRecord, flow: WorkflowFlow, source: str | None) -> ResumePoint:
+    """Point a finished run of `runs` at its resume point under the workflow of
     `flow`: rewound to it when something changed, the edited workflow in its record."""
     point = resume_point(runs.steps(record.run_id), record, flow)
     if point.rewind:
-        runs.rewind(record.run_id, point.step)
+        rewind(runs, record.run_id, point.step)
     runs.set_workflow(record.run_id, flow.workflow.wire(), source, point.node)
     return point
 
 
-def items_from_checkpoint(runs: Any, run_id: str, node: str | None, step: int) -> int:
+def items_from_checkpoint(runs: RunStore, run_id: str, node: str | None, step: int) -> int:
     """How many items of the batch node a run stopped in already have an outcome that a resume keeps (the
     local backend keeps every saved chunk; a cluster run runs a chunk with a failed item again)."""
     if node is None:
         return 0
     chunks = runs.saved_chunks(run_id, f"{node}#{step}")
-    keeps_failed = isinstance(runs, LocalRuns)
-    return sum(len(c.results) for c in chunks if keeps_failed or not c.failures)
+    # The process driving a local run keeps every saved chunk; the cluster runs a chunk with a failed item again.
+    return sum(len(c.results) for c in chunks if not runs.durable or not c.failures)

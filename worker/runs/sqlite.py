@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import sqlite3
 import threading
 import time
@@ -22,10 +21,12 @@ from typing import Any
 
 from ir import snapshot
 from ir.errors import SnapshotError
+from worker import settings
 from worker.batch.aggregate import ChunkResult
 from worker.batch.rows import Row, rows_of_aggregate, rows_of_chunks
-from worker.engine.stepper import Step
+from worker.engine.steps import Step
 from worker.runs.record import RunRecord, TrailStep, trail_action
+from worker.runs.store import Unrecoverable
 
 COLUMNS = "run_id, workflow, backend, status, node, step, error, created, updated, source, batches, dataset"
 SCHEMA = """
@@ -51,15 +52,15 @@ _STEP_OF = "CAST(substr({column}, instr({column}, '#') + 1) AS INTEGER)"
 
 
 def home() -> Path:
-    return Path(os.environ.get("CHORDFLOW_HOME") or Path.home() / ".chordflow")
-
-
-class Unrecoverable(LookupError):
-    """A run cannot go on from its checkpoint (a value could not be stored, or the run is unknown)."""
+    return settings.get("home") or Path.home() / ".chordflow"
 
 
 class LocalRuns:
-    """Run records and checkpoints of local runs. Thread-safe; one connection per process and file."""
+    """Run records and checkpoints of local runs (a RunStore, worker/runs/store.py). Thread-safe; one
+    connection per process and file."""
+
+    #: A local run is driven by the process running it.
+    durable = False
 
     _open: dict[Path, LocalRuns] = {}
     _open_lock = threading.Lock()
@@ -87,8 +88,12 @@ class LocalRuns:
                 cls._open[path] = cls(path)
             return cls._open[path]
 
+    @property
+    def where(self) -> str:
+        return str(self.path)
+
     # -- records ------------------------------------------------------------------------------------
-    def create(self, record: RunRecord, store: Mapping[str, Any]) -> None:
+    def create(self, record: RunRecord, store: Mapping[str, Any], encoded: Mapping[str, bytes] | None = None) -> None:
         now = time.time()
         record.created = record.updated = now
         with self.lock:
@@ -100,6 +105,9 @@ class LocalRuns:
                  json.dumps(record.dataset) if record.dataset else None),
             )  # fmt: skip
             self._write_keys(record.run_id, dict(store), [])
+            if encoded:
+                rows = [(record.run_id, str(key), value, None) for key, value in encoded.items()]
+                self.db.executemany("INSERT OR REPLACE INTO store VALUES (?,?,?,?)", rows)
             self.db.execute("COMMIT")
 
     def get(self, run_id: str) -> RunRecord | None:
@@ -118,6 +126,10 @@ class LocalRuns:
         with self.lock:
             rows = self.db.execute(query + " ORDER BY created DESC LIMIT ?", (*args, limit)).fetchall()
         return [_record(row) for row in rows]
+
+    def exception(self, run_id: str) -> tuple[str, str, str] | None:
+        """None: a local run's exception reaches its caller directly, in the process that ran it."""
+        return None
 
     def set_status(self, run_id: str, status: str, error: str | None = None, node: str | None = None) -> None:
         with self.lock:
@@ -214,31 +226,27 @@ class LocalRuns:
             ).fetchall()
         return [TrailStep(*row) for row in rows]
 
-    # -- a run taken back to an earlier step (resume with an edited workflow) ---------------------------
-    def rewind(self, run_id: str, step: int) -> None:
-        """Undo the steps from `step` on: the store as it was before that step (from the undo log), the
-        trail cut there, and the outcomes of batches from that step on dropped (they run again)."""
+    # -- the primitives of `rewind` (worker/runs/store.py) ------------------------------------------------
+    def undo_from(self, run_id: str, step: int) -> dict[str, Any]:
+        first: dict[str, int] = {}  # each key touched from `step` on -> the first step that touched it
+        with self.lock:
+            for at, keys in self.db.execute(
+                "SELECT step, keys FROM trail WHERE run_id = ? AND step >= ? ORDER BY step", (run_id, step)
+            ):
+                for key in json.loads(keys or "[]"):
+                    first.setdefault(key, at)
+            return {
+                key: self.db.execute(
+                    "SELECT value, type FROM undo WHERE run_id = ? AND step = ? AND key = ?", (run_id, at, key)
+                ).fetchone()
+                for key, at in first.items()
+            }
+
+    def cut(self, run_id: str, step: int, before: dict[str, Any]) -> None:
         with self.lock:
             self.db.execute("BEGIN")
             try:
-                old = self.db.execute(
-                    "SELECT node FROM trail WHERE run_id = ? AND step >= ? AND config IS NULL LIMIT 1", (run_id, step)
-                ).fetchone()
-                if old is not None:
-                    raise Unrecoverable(
-                        f"run {run_id}: step {step} on cannot be rolled back (recorded by a chordflow without an "
-                        "undo log); run the workflow again"
-                    )
-                first: dict[str, int] = {}  # each key touched from `step` on -> the first step that touched it
-                for at, keys in self.db.execute(
-                    "SELECT step, keys FROM trail WHERE run_id = ? AND step >= ? ORDER BY step", (run_id, step)
-                ):
-                    for key in json.loads(keys or "[]"):
-                        first.setdefault(key, at)
-                for key, at in first.items():
-                    old = self.db.execute(
-                        "SELECT value, type FROM undo WHERE run_id = ? AND step = ? AND key = ?", (run_id, at, key)
-                    ).fetchone()
+                for key, old in before.items():
                     if old is None:  # absent before that step
                         self.db.execute("DELETE FROM store WHERE run_id = ? AND key = ?", (run_id, key))
                     else:

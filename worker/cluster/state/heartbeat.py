@@ -1,4 +1,4 @@
-"""The worker registry: every live worker's pool size in Redis, kept alive by a heartbeat (DESIGN section 8).
+"""The worker registry: every live worker's pool size in Redis, kept alive by a heartbeat (docs/ARCHITECTURE.md).
 
 A worker sets `cf:{workers}:<hostname>` = its pool size when it is ready, refreshes it every
 `worker_heartbeat` seconds from a daemon thread and deletes it on shutdown; a worker that dies without
@@ -15,28 +15,24 @@ import threading
 
 import redis
 
+from worker.cluster.state.keys import WORKERS, worker_key
+
 log = logging.getLogger(__name__)
 
-#: Prefix of every registry key; the rest is the worker's hostname (`w1@host`).
-PREFIX = "cf:{workers}:"
 #: An entry outlives this many missed heartbeats.
 MISSED_BEATS = 3
 
 
-def key(hostname: str) -> str:
-    return PREFIX + hostname
-
-
 def pool_sizes(client: redis.Redis) -> dict[str, int]:
     """Pool size of every registered worker, by hostname."""
-    keys = list(client.scan_iter(match=PREFIX + "*", count=1000))
+    keys = list(client.scan_iter(match=WORKERS + "*", count=1000))
     if not keys:
         return {}
     sizes = {}
     for name, value in zip(keys, client.mget(keys), strict=True):
         if value is not None:  # expired between the SCAN and the MGET
             hostname = name.decode() if isinstance(name, bytes) else name
-            sizes[hostname[len(PREFIX) :]] = int(value)
+            sizes[hostname[len(WORKERS) :]] = int(value)
     return sizes
 
 
@@ -49,7 +45,7 @@ class Heartbeat:
 
     def __init__(self, client: redis.Redis, hostname: str, processes: int, interval: int):
         self.client = client
-        self.key = key(hostname)
+        self.key = worker_key(hostname)
         self.processes = processes
         self.interval = interval
         self._stopped = threading.Event()

@@ -22,21 +22,22 @@ from ir import snapshot
 from worker import settings
 from worker.batch.aggregate import ChunkResult
 from worker.batch.rows import Row, rows_of_aggregate, rows_of_chunks
+from worker.cluster.state.keys import RUNS, run_key
 from worker.cluster.state.runstate import RunState, client, script
-from worker.engine.stepper import Step
+from worker.engine.steps import Step
 from worker.runs.record import FINAL, RunRecord, TrailStep, trail_action
-from worker.runs.sqlite import Unrecoverable
 
-INDEX = "cf:runs"
 #: The step of a per-batch key's name after the run's prefix (`result:b#3`, `snap:b#3:<sha>`, `chunks:b#3`).
 BATCH_STEP = re.compile(r"#(\d+)(?::|$)")
 
 
-def key(run_id: str, name: str) -> str:
-    return f"cf:{{{run_id}}}:{name}"
-
-
 class ClusterRuns:
+    """Run records and checkpoints of runs the workers drive (a RunStore, worker/runs/store.py)."""
+
+    #: A cluster run goes on without the process that submitted it.
+    durable = True
+    where = "Redis"
+
     def __init__(self, redis_client: redis.Redis | None = None, ttl: int | None = None):
         self.redis = redis_client or client()
         self.ttl = ttl or settings.load().run_ttl
@@ -56,24 +57,24 @@ class ClusterRuns:
         pipe = self.redis.pipeline()
         values = {**(encoded or {}), **{k: snapshot.encode(v, label=k) for k, v in store.items()}}
         if values:
-            pipe.hset(key(record.run_id, "store"), mapping=values)
-            pipe.expire(key(record.run_id, "store"), self.ttl)
-        pipe.hset(key(record.run_id, "run"), mapping=fields)
-        pipe.expire(key(record.run_id, "run"), self.ttl)
-        pipe.zadd(INDEX, {record.run_id: now})
+            pipe.hset(run_key(record.run_id, "store"), mapping=values)
+            pipe.expire(run_key(record.run_id, "store"), self.ttl)
+        pipe.hset(run_key(record.run_id, "run"), mapping=fields)
+        pipe.expire(run_key(record.run_id, "run"), self.ttl)
+        pipe.zadd(RUNS, {record.run_id: now})
         pipe.execute()
 
     def get(self, run_id: str) -> RunRecord | None:
-        raw = self.redis.hgetall(key(run_id, "run"))
+        raw = self.redis.hgetall(run_key(run_id, "run"))
         return _record(raw) if raw else None
 
     def recent(self, status: str | None = None, limit: int = 20) -> list[RunRecord]:
         """Newest first; ids whose record expired are dropped from the index on the way."""
         found: list[RunRecord] = []
-        for run_id in self.redis.zrevrange(INDEX, 0, -1):
+        for run_id in self.redis.zrevrange(RUNS, 0, -1):
             record = self.get(run_id.decode())
             if record is None:
-                self.redis.zrem(INDEX, run_id)
+                self.redis.zrem(RUNS, run_id)
                 continue
             if status is None or record.status == status:
                 found.append(record)
@@ -84,14 +85,14 @@ class ClusterRuns:
     def set_status(self, run_id: str, status: str, error: str | None = None, node: str | None = None) -> None:
         fields: dict[str, Any] = {"status": status, "error": error or "", "updated": time.time()}
         if status in ("queued", "running"):
-            self.redis.hdel(key(run_id, "run"), "exception")
+            self.redis.hdel(run_key(run_id, "run"), "exception")
         if node is not None:
             fields["node"] = node
         pipe = self.redis.pipeline()
-        pipe.hset(key(run_id, "run"), mapping=fields)
+        pipe.hset(run_key(run_id, "run"), mapping=fields)
         if status in FINAL:  # wake whoever follows the run's stream (`wait`) now, not at its next poll
-            pipe.xadd(key(run_id, "events"), {"batch": "", "end": status})
-            pipe.expire(key(run_id, "events"), self.ttl)
+            pipe.xadd(run_key(run_id, "events"), {"batch": "", "end": status})
+            pipe.expire(run_key(run_id, "events"), self.ttl)
         pipe.execute()
         if status in FINAL:
             RunState(run_id, self.redis).drop_snapshots()
@@ -99,10 +100,10 @@ class ClusterRuns:
     def set_exception(self, run_id: str, exc: BaseException) -> None:
         """What `wait` raises again for a run that failed with an exception (module, type, message)."""
         kind = type(exc)
-        self.redis.hset(key(run_id, "run"), "exception", json.dumps([kind.__module__, kind.__name__, str(exc)]))
+        self.redis.hset(run_key(run_id, "run"), "exception", json.dumps([kind.__module__, kind.__name__, str(exc)]))
 
     def exception(self, run_id: str) -> tuple[str, str, str] | None:
-        raw = self.redis.hget(key(run_id, "run"), "exception")
+        raw = self.redis.hget(run_key(run_id, "run"), "exception")
         return tuple(json.loads(raw)) if raw else None  # type: ignore[return-value]
 
     # -- checkpoints --------------------------------------------------------------------------------
@@ -113,73 +114,69 @@ class ClusterRuns:
         args += [len(result.deleted), *result.deleted]
         for name, value in result.changed.items():
             args += [name, snapshot.encode(value, label=f"store key '{name}'")]
-        keys = [key(run_id, name) for name in ("run", "store", "trail", "steps", "undo")]
+        keys = [run_key(run_id, name) for name in ("run", "store", "trail", "steps", "undo")]
         return bool(self._checkpoint(keys=keys, args=args))
 
     def load_store(self, run_id: str) -> dict[str, Any]:
-        return {k.decode(): snapshot.decode(v) for k, v in self.redis.hgetall(key(run_id, "store")).items()}
+        return {k.decode(): snapshot.decode(v) for k, v in self.redis.hgetall(run_key(run_id, "store")).items()}
 
     def trail(self, run_id: str) -> list[str]:
-        return [n.decode() for n in self.redis.lrange(key(run_id, "trail"), 0, -1)]
+        return [n.decode() for n in self.redis.lrange(run_key(run_id, "trail"), 0, -1)]
 
     def steps(self, run_id: str) -> list[TrailStep]:
         """The steps completed so far, in order, with their actions and hashes (steps recorded before
         checkpoints kept them come first, without)."""
         nodes = self.trail(run_id)
-        found = [json.loads(raw) for raw in self.redis.lrange(key(run_id, "steps"), 0, -1)]
+        found = [json.loads(raw) for raw in self.redis.lrange(run_key(run_id, "steps"), 0, -1)]
         unlogged = len(nodes) - len(found)
         return [TrailStep(n) if i < unlogged else TrailStep(n, *found[i - unlogged]) for i, n in enumerate(nodes)]
 
-    # -- a run taken back to an earlier step (resume with an edited workflow) ---------------------------
-    def rewind(self, run_id: str, step: int) -> None:
-        """Undo the steps from `step` on: the store as it was before that step (from the undo log), the
-        trail cut there, and the batches from that step on forgotten (their outcomes, totals, flags), so
-        they run again. The run is not running (a resume does this before it enqueues the advance)."""
-        if len(self.trail(run_id)) - self.redis.llen(key(run_id, "steps")) > step:
-            raise Unrecoverable(
-                f"run {run_id}: step {step} on cannot be rolled back (recorded by a chordflow without an undo log); "
-                "run the workflow again"
-            )
-        undo = key(run_id, "undo")
+    # -- the primitives of `rewind` (worker/runs/store.py) ------------------------------------------------
+    def undo_from(self, run_id: str, step: int) -> dict[str, Any]:
         first: dict[bytes, tuple[int, bytes]] = {}  # key -> (its first step from `step` on, that undo field)
-        dropped = []
-        for field in self.redis.hkeys(undo):
+        for field in self.redis.hkeys(run_key(run_id, "undo")):
             at, _, name = field.partition(b":")
-            if int(at) >= step:
-                dropped.append(field)
-                if name not in first or int(at) < first[name][0]:
-                    first[name] = (int(at), field)
-        olds = self.redis.hmget(undo, [field for _, field in first.values()]) if first else []
+            if int(at) >= step and (name not in first or int(at) < first[name][0]):
+                first[name] = (int(at), field)
+        olds = self.redis.hmget(run_key(run_id, "undo"), [field for _, field in first.values()]) if first else []
+        return {
+            name.decode(): old[1:] if old is not None and old.startswith(b"v") else None
+            for name, old in zip(first, olds, strict=True)
+        }
+
+    def cut(self, run_id: str, step: int, before: dict[str, Any]) -> None:
+        undo = run_key(run_id, "undo")
+        dropped = [field for field in self.redis.hkeys(undo) if int(field.partition(b":")[0]) >= step]
         batches = self._batch_keys(run_id, step)
         pipe = self.redis.pipeline()
-        for name, old in zip(first, olds, strict=True):
-            if old is not None and old.startswith(b"v"):
-                pipe.hset(key(run_id, "store"), name, old[1:])
+        for name, old in before.items():
+            if old is not None:
+                pipe.hset(run_key(run_id, "store"), name, old)
             else:
-                pipe.hdel(key(run_id, "store"), name)
+                pipe.hdel(run_key(run_id, "store"), name)
         if dropped:
             pipe.hdel(undo, *dropped)
         for name in ("trail", "steps"):
             if step:
-                pipe.ltrim(key(run_id, name), 0, step - 1)
+                pipe.ltrim(run_key(run_id, name), 0, step - 1)
             else:
-                pipe.delete(key(run_id, name))
+                pipe.delete(run_key(run_id, name))
         if batches["keys"]:
             pipe.delete(*batches["keys"])
         if batches["totals"]:
-            pipe.hdel(key(run_id, "totals"), *batches["totals"])
-        pipe.hset(key(run_id, "run"), mapping={"step": step, "updated": time.time()})
+            pipe.hdel(run_key(run_id, "totals"), *batches["totals"])
+        pipe.hset(run_key(run_id, "run"), mapping={"step": step, "updated": time.time()})
         pipe.execute()
 
     def _batch_keys(self, run_id: str, step: int) -> dict[str, list[Any]]:
         """The Redis keys (and `totals` fields) of the run's batches keyed `<node>#<n>` with n >= step."""
-        prefix = key(run_id, "")
+        prefix = run_key(run_id, "")
         stale = [
             name
             for name in self.redis.scan_iter(match=prefix + "*#*", count=1000)
             if (found := BATCH_STEP.search(name.decode()[len(prefix) :])) and int(found.group(1)) >= step
         ]
-        totals = [f for f in self.redis.hkeys(key(run_id, "totals")) if int(f.rsplit(b"#", 1)[1]) >= step]
+        totals = [f for f in self.redis.hkeys(run_key(run_id, "totals")) if int(f.rsplit(b"#", 1)[1]) >= step]
         return {"keys": stale, "totals": totals}
 
     def set_workflow(self, run_id: str, workflow: dict[str, Any], source: str | None, node: str | None) -> None:
@@ -187,22 +184,22 @@ class ClusterRuns:
         fields = {"workflow": json.dumps(workflow), "node": node or "", "updated": time.time()}
         if source:
             fields["source"] = source
-        self.redis.hset(key(run_id, "run"), mapping=fields)
+        self.redis.hset(run_key(run_id, "run"), mapping=fields)
 
     # -- branches of a parallel section (worker/cluster/advance.py ClusterSections) ---------------------------
     def save_branch(self, run_id: str, section: str, branch: str, value: bytes) -> None:
         pipe = self.redis.pipeline()
-        pipe.hset(key(run_id, f"branches:{section}"), branch, value)
-        pipe.expire(key(run_id, f"branches:{section}"), self.ttl)
+        pipe.hset(run_key(run_id, f"branches:{section}"), branch, value)
+        pipe.expire(run_key(run_id, f"branches:{section}"), self.ttl)
         pipe.execute()
 
     def load_branches(self, run_id: str, section: str) -> dict[str, Any]:
-        raw = self.redis.hgetall(key(run_id, f"branches:{section}"))
+        raw = self.redis.hgetall(run_key(run_id, f"branches:{section}"))
         return {b.decode(): snapshot.decode(v) for b, v in raw.items()}
 
     def reset_join(self, run_id: str, section: str, finished: list[str]) -> None:
         """Before the branches start (again): only the finished ones count as joined."""
-        name = key(run_id, f"joined:{section}")
+        name = run_key(run_id, f"joined:{section}")
         pipe = self.redis.pipeline()
         pipe.delete(name)
         if finished:
@@ -213,7 +210,7 @@ class ClusterRuns:
     def join(self, run_id: str, section: str, branch: str) -> int:
         """An ended branch joins its section; returns how many have (atomic: MULTI/EXEC). A branch counted
         twice (a redelivered task) counts once, so only the last branch to end sees them all."""
-        name = key(run_id, f"joined:{section}")
+        name = run_key(run_id, f"joined:{section}")
         pipe = self.redis.pipeline(transaction=True)
         pipe.sadd(name, branch)
         pipe.scard(name)
@@ -226,7 +223,7 @@ class ClusterRuns:
         """Store a batch's new chunk outcomes (the chord's results, as they came) beside those an earlier,
         cut-short dispatch kept; returns the chunks the batch's outcomes are made of, in index order: the
         new ones and the earlier ones they do not overlap (those the new ones cover are dropped)."""
-        name = key(run_id, f"chunks:{batch}")
+        name = run_key(run_id, f"chunks:{batch}")
         new = [(chunk, blob) for blob in blobs if (chunk := ChunkResult.from_wire(snapshot.decode(blob))).results]
         spans = [(c.start, c.start + len(c.results)) for c, _ in new]
         kept, stale = [], []
@@ -244,20 +241,22 @@ class ClusterRuns:
         return sorted([*kept, *(c for c, _ in new)], key=lambda c: c.start)
 
     def saved_chunks(self, run_id: str, batch: str) -> list[ChunkResult]:
-        blobs = self.redis.hgetall(key(run_id, f"chunks:{batch}"))
+        blobs = self.redis.hgetall(run_key(run_id, f"chunks:{batch}"))
         chunks = [ChunkResult.from_wire(snapshot.decode(blob)) for blob in blobs.values()]
         return sorted(chunks, key=lambda c: c.start)
 
     def batch_rows(self, run_id: str, node: str) -> Iterator[Row]:
         """The items of node's last batch, streamed from its stored chunks a few at a time (what finished,
         for a batch cut short); LookupError when the node has no batch results."""
-        dispatches = [b.decode() for b in self.redis.hkeys(key(run_id, "totals")) if b.decode().split("#")[0] == node]
+        dispatches = [
+            b.decode() for b in self.redis.hkeys(run_key(run_id, "totals")) if b.decode().split("#")[0] == node
+        ]
         if dispatches:
-            name = key(run_id, f"chunks:{max(dispatches, key=lambda b: int(b.rsplit('#', 1)[1]))}")
+            name = run_key(run_id, f"chunks:{max(dispatches, key=lambda b: int(b.rsplit('#', 1)[1]))}")
             starts = sorted(int(start) for start in self.redis.hkeys(name))
             if starts:
                 return rows_of_chunks(self._chunks(name, starts))
-        blob = self.redis.hget(key(run_id, "store"), node)  # a batch that dispatched nothing (no items)
+        blob = self.redis.hget(run_key(run_id, "store"), node)  # a batch that dispatched nothing (no items)
         if blob is None:
             raise LookupError(f"run {run_id} has no batch results for node '{node}'")
         return rows_of_aggregate(lambda: io.BytesIO(blob))

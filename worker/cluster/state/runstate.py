@@ -19,6 +19,7 @@ from redis.backoff import ExponentialBackoff
 from redis.retry import Retry
 
 from worker import settings
+from worker.cluster.state.keys import run_prefix
 
 _LUA = Path(__file__).with_name("lua")
 
@@ -62,7 +63,7 @@ class RunState:
         self.run_id = run_id
         self.redis = redis_client or client()
         self.ttl = ttl or settings.load().run_ttl
-        self.prefix = f"cf:{{{run_id}}}:"  # the hash tag: every key of a run lives in one Redis Cluster slot
+        self.prefix = run_prefix(run_id)
         self._acquire = self.redis.register_script(_script_source("acquire_permit"))
         self._publish = self.redis.register_script(_script_source("publish_progress"))
         self._finish = self.redis.register_script(_script_source("finish_batch"))

@@ -1,0 +1,253 @@
+"""The public entry points: `run`, `stream`, `submit`, `wait`, `status`, `resume`, `redrive`, `cancel`.
+
+The ONE place that routes a call: to a dataset job (`items=`) or a workflow, to a run this process drives
+(scheduler/driver.py) or one the cluster's workers drive (scheduler/durable.py), and to the store that
+holds a run (scheduler/lookup.py). The cluster half is imported only when a call needs it, so a local
+workflow run never loads Celery or Redis (a dataset job does: scheduler/datasets.py serves both stores).
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from scheduler import driver, lookup
+from worker import events, redact
+from worker.engine.flow import build_flow
+from worker.engine.loader import load
+from worker.engine.stepper import outputs as recorded_outputs
+from worker.runs.record import RunRecord, RunResult, new_run_id
+from worker.runs.resume_point import items_from_checkpoint, resume_point
+from worker.runs.store import RunStore
+
+#: A dataset job's records: a file (JSONL, CSV, JSON array) or any iterable of records.
+Items = str | Path | Any
+
+
+def run(
+    workflow: Any,
+    inputs: dict[str, Any] | None = None,
+    *,
+    shared: dict[str, Any] | None = None,
+    backend: str = "local",
+    on_event: Callable[[dict[str, Any]], None] | None = None,
+    run_id: str | None = None,
+    cancelled: threading.Event | None = None,
+    on_node_start: Callable[[str], None] | None = None,
+    items: Items | None = None,
+    **options: Any,
+) -> RunResult:
+    """Run a workflow to completion. `shared`, when given, is mutated in place.
+
+    A fail_fast batch failure (or any node exception without an `error` edge) propagates as the
+    original exception; an unhandled `error` action ends the run with status "failed".
+    `items`: a dataset job, the workflow once per record (scheduler/datasets.py; `as_`, `format`... in
+    `options`); its RunResult's outputs are the record counts, `results` streams the rest.
+    """
+    if items is None:
+        return driver.run(
+            workflow, inputs, shared=shared, backend=backend, on_event=on_event, run_id=run_id,
+            cancelled=cancelled, on_node_start=on_node_start, **options,
+        )  # fmt: skip
+    from scheduler import datasets
+
+    opts = datasets.options(options)
+    if backend == "local":
+        return datasets.run_local(
+            workflow, inputs, items, run_id=run_id, on_event=on_event, cancelled=cancelled, **opts
+        )
+    return wait(datasets.submit(workflow, inputs, items, run_id=run_id, **opts), on_event=on_event)
+
+
+def submit(
+    workflow: Any,
+    inputs: dict[str, Any] | None = None,
+    *,
+    run_id: str | None = None,
+    inputs_file: str | Path | None = None,
+    items: Items | None = None,
+    **dataset_options: Any,
+) -> str:
+    """Validate, record the run in Redis, enqueue its first step; returns the run id at once.
+
+    `inputs_file`: a JSON object of inputs, under `inputs` (which win where both name a key), read
+    straight into the run's stored bytes: a large input is never built as objects in this process.
+    `items`: a dataset job, the workflow once per record of this file (or iterable): scheduler/datasets.py,
+    with its options (`as_`, `format`, `skip_bad_records`, `tolerated_failure_percent`,
+    `tolerated_failure_count`, `chunk_size`); returns once every record is stored in Redis.
+    """
+    if items is not None:
+        from scheduler import datasets
+
+        return datasets.submit(workflow, inputs, items, run_id=run_id, **datasets.options(dataset_options))
+    from scheduler import durable
+
+    return durable.submit(workflow, inputs, run_id=run_id, inputs_file=inputs_file)
+
+
+def wait(
+    run_id: str, timeout: float | None = None, *, on_event: Callable[[dict[str, Any]], None] | None = None
+) -> RunResult:
+    """Follow a run until it ends (see scheduler/durable.py `wait`)."""
+    from scheduler import durable
+
+    return durable.wait(run_id, timeout, on_event=on_event)
+
+
+def status(run_id: str) -> dict[str, Any]:
+    """The `chordflow status --json` object of a run in either store."""
+    from scheduler import durable
+
+    return durable.status(run_id)
+
+
+def resume(
+    run_id: str,
+    *,
+    on_event: Callable[[dict[str, Any]], None] | None = None,
+    cancelled: threading.Event | None = None,
+    on_node_start: Callable[[str], None] | None = None,
+    workflow: Any = None,
+) -> RunResult:
+    """Go on with a failed or cancelled local run from its last checkpoint (scheduler/driver.py `resume`);
+    a cluster run goes on with `resume_cluster`."""
+    return driver.resume(run_id, on_event=on_event, cancelled=cancelled, on_node_start=on_node_start, workflow=workflow)
+
+
+@dataclass
+class ResumePlan:
+    """Where a run would go on (`resume`, `resume --workflow`), before anything moves: the nodes kept from
+    its checkpoint (`↻ cached`), the node and step it goes on from, why it goes back (an edited workflow's
+    first changed node, else None) and the store that holds it."""
+
+    record: RunRecord
+    runs: RunStore
+    kept: list[str]
+    node: str | None
+    step: int
+    reason: str | None = None
+
+    @property
+    def cached_items(self) -> int:
+        """Items of the batch node the run stopped in whose outcomes the resume keeps."""
+        if self.reason is not None:
+            return 0
+        return items_from_checkpoint(self.runs, self.record.run_id, self.node, self.step)
+
+
+def plan_resume(run_id: str, workflow: Any = None) -> ResumePlan:
+    """Where the run `run_id` goes on, as it stands (with an edited `workflow`: under it)."""
+    record, runs = lookup.find_run(run_id)
+    if workflow is None:
+        return ResumePlan(record, runs, runs.trail(run_id), record.node, record.step)
+    point = resume_point(runs.steps(run_id), record, build_flow(load(workflow)))
+    return ResumePlan(record, runs, point.kept, point.node, point.step, point.reason)
+
+
+def cached_nodes(run_id: str, workflow: Any = None) -> list[str]:
+    """The nodes a resumed run will not execute again (completed before it stopped), in order; with an
+    edited `workflow`, those it leaves unchanged (before the first changed one)."""
+    return plan_resume(run_id, workflow).kept
+
+
+def outputs(run_id: str) -> dict[str, Any]:
+    """A succeeded run's declared outputs, resolved again on its final store."""
+    record, runs = lookup.find_run(run_id)
+    return recorded_outputs(load(record.workflow), runs.load_store(run_id))
+
+
+def resume_cluster(run_id: str, workflow: Any = None) -> None:
+    """Let a failed or cancelled cluster run go on from its checkpoint (its workers take it from there)."""
+    from scheduler import durable
+
+    durable.resume_cluster(run_id, workflow)
+
+
+def redrive(run_id: str, **hooks: Any) -> RunResult | int:
+    """Run a finished dataset job's failed (and never run) records again; see scheduler/datasets.py."""
+    from scheduler import datasets
+
+    return datasets.redrive(run_id, **hooks)
+
+
+def cancel(run_id: str) -> int:
+    """Stop a cluster run (or a client-driven one); returns how many queued chunks were revoked."""
+    from scheduler import durable
+
+    return durable.cancel_run(run_id)
+
+
+#: Events a stream holds for a consumer that has not read them yet; beyond, the run waits for it.
+STREAM_BUFFER = 1000
+
+
+def stream(
+    workflow: Any,
+    inputs: dict[str, Any] | None = None,
+    *,
+    shared: dict[str, Any] | None = None,
+    backend: str = "local",
+    **options: Any,
+) -> Iterator[dict[str, Any]]:
+    """Yield events while the workflow runs (docs/ARCHITECTURE.md, events); the last is `final`.
+
+    A node failure is ONE `error` event naming the node, then a `final` event with status "failed";
+    `final` carries `status`, `error`, `outputs` and `run_id` like RunResult. Closing the generator
+    early cancels the run.
+    """
+    queue_: queue.Queue[dict[str, Any] | None] = queue.Queue(maxsize=STREAM_BUFFER)
+    cancelled = threading.Event()
+
+    def put(event: dict[str, Any] | None) -> None:
+        """Wait for room (a slow consumer slows the run down), unless the consumer has left."""
+        while not cancelled.is_set():
+            try:
+                queue_.put(event, timeout=0.1)
+                return
+            except queue.Full:
+                continue
+
+    store = shared if shared is not None else {}
+    run_id = options.pop("run_id", None) or new_run_id()
+    outcome: dict[str, Any] = {}
+
+    def target() -> None:
+        try:
+            outcome["result"] = run(
+                workflow, inputs, shared=store, backend=backend, on_event=put, cancelled=cancelled,
+                run_id=run_id, **options,
+            )  # fmt: skip
+        except BaseException as exc:
+            outcome["error"] = exc
+        finally:
+            put(None)
+
+    thread = threading.Thread(target=target, name="chordflow-stream", daemon=True)
+    thread.start()
+    reported_error = False
+    try:
+        while (event := queue_.get()) is not None:
+            reported_error = reported_error or event.get("type") == "error"
+            yield event
+    finally:
+        cancelled.set()
+        thread.join()
+    if "error" in outcome:
+        exc = outcome["error"]
+        if not reported_error:  # raised outside any node (bad input, a lost backend): still one error event
+            yield events.error(None, redact.mask(f"{type(exc).__name__}: {exc}"))
+        final = {
+            "status": "failed",
+            "error": redact.mask(f"{type(exc).__name__}: {exc}"),
+            "outputs": {},
+            "run_id": run_id,
+        }
+        yield {"type": "final", "state": store, **final}
+        return
+    result: RunResult = outcome["result"]
+    yield {"type": "final", "state": result.shared, "status": result.status, "error": result.error,
+           "outputs": result.outputs, "run_id": result.run_id}  # fmt: skip

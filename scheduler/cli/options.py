@@ -1,0 +1,77 @@
+"""Options that `run`, `submit` and `run --repair` share: the workflow's inputs and the dataset job's.
+
+Kept apart from the commands so that both scheduler/cli/running.py and scheduler/cli/repair.py read
+inputs the same way without importing each other.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import click
+
+import ir
+from ir.errors import ValidationError
+from scheduler.cli.errors import CliUsageError
+
+
+def parse_inputs(pairs: tuple[str, ...], inputs_file: str | None, wf: ir.Workflow | None = None) -> dict[str, Any]:
+    """`--inputs-file` (a JSON object) first, then each `--input KEY=VALUE` on top of it.
+
+    With `wf`, an `--input` key the workflow does not declare is an error (with a did-you-mean).
+    """
+    from scheduler.inputs import parse_input_value, unknown_input
+    from scheduler.inputs_file import read_whole
+
+    inputs: dict[str, Any] = {}
+    if inputs_file is not None:
+        inputs.update(read_whole(inputs_file))
+    unknown = []
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        key = key.strip()
+        if not sep or not key:
+            raise CliUsageError(f"--input {pair!r}: expected KEY=VALUE")
+        if wf is not None and (problem := unknown_input(wf, key)):
+            unknown.append(f"--input {key}=...: {problem}")
+        inputs[key] = parse_input_value(value, f"--input {key}")
+    if unknown:
+        raise ValidationError(unknown)
+    return inputs
+
+
+def dataset_options(command: Callable[..., Any]) -> Callable[..., Any]:
+    """`--items FILE` and its options: a dataset job, the workflow once per record (scheduler/datasets.py)."""
+    options = [
+        click.option("--items", type=str, metavar="FILE", help="Run the workflow once per record of FILE."),
+        click.option("--as", "as_", default="record", show_default=True, metavar="NAME",
+                     help="The input each record is given as ('-': the record's fields are the inputs)."),
+        click.option("--format", "fmt", type=click.Choice(["jsonl", "csv", "json"]), default=None,
+                     help="The records file's format (default: from its extension)."),
+        click.option("--skip-bad-records", is_flag=True, help="A malformed record fails alone instead of the job."),
+        click.option("--tolerated-failure-percent", type=float, default=None, metavar="P",
+                     help="The job succeeds while at most P% of its records fail."),
+        click.option("--tolerated-failure-count", type=int, default=None, metavar="K",
+                     help="The job succeeds while at most K records fail."),
+        click.option("--chunk-size", type=int, default=None, metavar="N", help="Records per chunk (default 500)."),
+    ]  # fmt: skip
+    for option in reversed(options):
+        command = option(command)
+    return command
+
+
+def dataset_job(items: str | None, job: dict[str, Any]) -> dict[str, Any] | None:
+    """The `scheduler.run` / `submit` keywords of a dataset job, or None (then no dataset option may be set)."""
+    if items is not None:
+        return {
+            "items": items,
+            "as_": job["as_"],
+            "format": job["fmt"],
+            **{k: v for k, v in job.items() if k not in ("as_", "fmt")},
+        }
+    given = [k for k, v in job.items() if v not in (None, False) and not (k == "as_" and v == "record")]
+    if given:
+        flag = "--" + given[0].rstrip("_").replace("_", "-").replace("fmt", "format")
+        raise CliUsageError(f"{flag} needs --items FILE (a dataset job)")
+    return None

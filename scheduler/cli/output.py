@@ -1,0 +1,114 @@
+"""What the commands print: the consoles, values as JSON, the run report and the human summary of a run.
+
+One way to render a value for the text summary and for `--output json`, so both agree.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+import ir
+
+MAX_ERROR_ROWS = 20
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def stdout_console() -> Console:
+    return Console(highlight=False)
+
+
+def stderr_console() -> Console:
+    return Console(stderr=True, highlight=False)
+
+
+def escape_surrogates(text: str) -> str:
+    """Lone surrogates (undecodable bytes of a file name) cannot be written as UTF-8: keep them as escapes."""
+    return _SURROGATE.sub(lambda m: f"\\u{ord(m.group()):04x}", text)
+
+
+def _json_default(value: Any) -> Any:
+    """A value JSON cannot hold: a set becomes a sorted list, anything else (bytes, dates, objects) its str()."""
+    if isinstance(value, set | frozenset):
+        try:
+            return sorted(value)
+        except TypeError:
+            return sorted(value, key=repr)
+    return str(value)
+
+
+def jsonable(value: Any) -> Any:
+    """`value` as JSON holds it (see `_json_default`); what still cannot be JSON (a dict key that is not a
+    string or number, a value inside itself) becomes its str()."""
+    try:
+        return json.loads(json.dumps(value, default=_json_default))
+    except (TypeError, ValueError, RecursionError):
+        return str(value)
+
+
+def to_json(value: Any) -> str:
+    """JSON text of `value` (via `jsonable`) with non-ASCII characters as they are, not as escapes."""
+    return escape_surrogates(json.dumps(jsonable(value), ensure_ascii=False))
+
+
+def run_report(
+    run_id: str | None, status: str, error: str | None, outputs: dict[str, Any], store: dict[str, Any]
+) -> str:
+    """The one JSON object `run --output json` prints, whatever happened, so scripts can always parse it."""
+    report = {
+        "run_id": run_id,
+        "status": status,
+        "error": error,
+        "outputs": {str(name): jsonable(value) for name, value in outputs.items()},
+        "store": {str(key): jsonable(value) for key, value in dict(store).items()},
+    }
+    return escape_surrogates(json.dumps(report, ensure_ascii=False))
+
+
+def _render(value: Any, limit: int | None = None) -> str:
+    text = escape_surrogates(value) if isinstance(value, str) else to_json(value)
+    if limit is not None and len(text) > limit:
+        text = text[: limit - 3] + "..."
+    return text
+
+
+def print_summary(console: Console, wf: ir.Workflow, result: Any) -> None:
+    """The human summary: status, each batch node's counts and errors, the workflow outputs."""
+    style = {"success": "bold green", "failed": "bold red"}.get(result.status, "bold yellow")
+    line = Text("status: ")
+    line.append(result.status, style=style)
+    n = len(wf.nodes)
+    line.append(f"  ({n} node{'' if n == 1 else 's'}, {result.duration_s:.2f}s, run {result.run_id})")
+    console.print(line)
+    for spec in wf.nodes:
+        agg = result.shared.get(spec.id) if spec.batch else None
+        if not isinstance(agg, dict) or "count" not in agg:
+            continue
+        console.print(
+            Text(
+                f"{spec.id}: {agg.get('count', 0)} items, {agg.get('success_count', 0)} succeeded, "
+                f"{agg.get('error_count', 0)} failed"
+            )
+        )
+        errors = agg.get("errors") or []
+        if errors:
+            table = Table(title=Text(f"{spec.id} errors"), title_justify="left")
+            table.add_column("index", justify="right")
+            table.add_column("item", overflow="fold")
+            table.add_column("error", overflow="fold")
+            for entry in errors[:MAX_ERROR_ROWS]:
+                kind = entry.get("exception_type")
+                message = f"{kind}: {entry.get('error')}" if kind else str(entry.get("error"))
+                table.add_row(str(entry.get("index")), Text(_render(entry.get("item"), 60)), Text(message))
+            console.print(table)
+            if len(errors) > MAX_ERROR_ROWS:
+                console.print(Text(f"... and {len(errors) - MAX_ERROR_ROWS} more errors"))
+    if result.outputs:
+        console.print("outputs:")
+        for name, value in result.outputs.items():
+            console.print(Text(f"  {name} = {_render(value, 200)}"))

@@ -1,0 +1,199 @@
+"""Starting workflows: `run`, `submit`, and the checks before a run, `validate`, `schema`, `nodes`."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+import click
+from rich.table import Table
+from rich.text import Text
+
+import ir
+from scheduler.cli import repair as cli_repair
+from scheduler.cli.errors import DEBUG_KEY, EXIT_CANCELLED, EXIT_FAILED, EXIT_OK, CliUsageError
+from scheduler.cli.follow import follow, follow_cluster_run
+from scheduler.cli.options import dataset_job, dataset_options, parse_inputs
+from scheduler.cli.output import stderr_console, stdout_console, to_json
+
+
+@click.command()
+@click.argument("workflow", metavar="WF.json")
+@click.option("--input", "-i", "pairs", multiple=True, metavar="KEY=VALUE", help="An input (JSON or text).")
+@click.option("--inputs-file", type=str, metavar="F.json", help="A JSON object of inputs.")
+@dataset_options
+@click.option("--backend", type=click.Choice(["local", "celery"]), default="local", show_default=True)
+@click.option("--output", type=click.Choice(["text", "json"]), default="text", show_default=True)
+@click.option("--detach", is_flag=True, help="With --backend celery: print the run id and return at once.")
+@click.option("--stream", "as_stream", is_flag=True, help="Print the run's events as JSON lines while it runs.")
+@click.option("--debug", is_flag=True, help="Print full tracebacks instead of one-line errors.")
+@cli_repair.repair_options
+@click.pass_context
+def run(
+    ctx: click.Context,
+    workflow: str,
+    pairs: tuple[str, ...],
+    inputs_file: str | None,
+    backend: str,
+    output: str,
+    detach: bool,
+    as_stream: bool,
+    debug: bool,
+    items: str | None,
+    **job: Any,
+) -> None:
+    """Run a workflow and print a summary (with --output json: one JSON object, the run report, always).
+
+    With --items FILE: a dataset job, the workflow once per record; exit 1 when more records failed than
+    tolerated (any, without a threshold); `chordflow results RUN` streams each record's result."""
+    if debug:
+        ctx.meta[DEBUG_KEY] = True
+    import scheduler
+    from worker.engine.loader import load
+
+    store: dict[str, Any] = {}  # passed as `shared`, so still readable when the run raises
+    run_id = uuid.uuid4().hex[:12]
+    dataset = dataset_job(items, job)
+    if as_stream:
+        _stream_events(workflow, parse_inputs(pairs, inputs_file, load(workflow)), backend, run_id)
+        return
+
+    def start(**hooks: Any) -> Any:
+        wf = load(workflow)
+        if dataset is not None and backend == "local":
+            inputs = parse_inputs(pairs, inputs_file, None)
+            return wf, scheduler.run(wf, inputs, backend=backend, run_id=run_id, **hooks, **dataset)
+        if backend == "local":
+            inputs = parse_inputs(pairs, inputs_file, wf)
+            return wf, scheduler.run(wf, inputs, shared=store, backend=backend, run_id=run_id, **hooks)
+        inputs = parse_inputs(pairs, None, None if dataset else wf)
+        submitted = {"inputs": inputs, "inputs_file": inputs_file, **(dataset or {})}
+        return wf, _submit_and_wait(ctx, wf, submitted, run_id, store, detach, output, hooks["on_event"])
+
+    start = cli_repair.repairing(ctx, start, workflow, backend, run_id, store, (pairs, inputs_file))
+    follow(ctx, output, run_id, store, start)
+
+
+def _stream_events(workflow: str, inputs: dict[str, Any], backend: str, run_id: str) -> None:
+    """`run --stream`: every event of `scheduler.stream` as one JSON line on stdout, the last one `final`;
+    the exit code is the run's (0, 1 failed, 130 cancelled). Ctrl-C cancels the run."""
+    import scheduler
+
+    final: dict[str, Any] = {}
+    events = scheduler.stream(workflow, inputs, backend=backend, run_id=run_id)
+    try:
+        for event in events:
+            click.echo(to_json(event))
+            final = event
+    finally:
+        events.close()
+    if final.get("status") == "cancelled":
+        raise click.exceptions.Exit(EXIT_CANCELLED)
+    if final.get("status") != "success":
+        click.echo(f"error: {final.get('error') or 'workflow failed'}", err=True)
+        raise click.exceptions.Exit(EXIT_FAILED)
+
+
+def _submit_and_wait(
+    ctx: click.Context,
+    wf: ir.Workflow,
+    submitted: dict[str, Any],
+    run_id: str,
+    store: dict[str, Any],
+    detach: bool,
+    output: str,
+    on_event: Callable[[dict[str, Any]], None],
+) -> Any:
+    """`run --backend celery`: the run lives in the cluster; this process only follows it (Ctrl-C cancels)."""
+    from scheduler import api
+
+    api.submit(wf, run_id=run_id, **submitted)
+    if detach:
+        click.echo(run_id)
+        raise click.exceptions.Exit(EXIT_OK)
+    if output != "json":
+        stderr_console().print(Text(f"run {run_id} (cancel with: chordflow cancel {run_id})"))
+    try:
+        return follow_cluster_run(ctx, run_id, store, None, on_event)
+    except KeyboardInterrupt:
+        with contextlib.suppress(Exception):
+            api.cancel(run_id)
+        raise
+
+
+@click.command()
+@click.argument("workflow", metavar="WF.json")
+@click.option("--input", "-i", "pairs", multiple=True, metavar="KEY=VALUE", help="An input (JSON or text).")
+@click.option("--inputs-file", type=str, metavar="F.json", help="A JSON object of inputs.")
+@dataset_options
+def submit(workflow: str, pairs: tuple[str, ...], inputs_file: str | None, items: str | None, **job: Any) -> None:
+    """Validate a workflow, record the run in Redis and enqueue it; print the run id. Workers do the rest.
+
+    With --items FILE: a dataset job; returns once every record is stored in Redis."""
+    from scheduler import api, durable
+    from worker.engine.loader import load
+
+    wf = load(workflow)
+    dataset = dataset_job(items, job) or {}
+    if dataset and inputs_file is not None:
+        raise CliUsageError("--inputs-file: with --items, give the inputs common to every record with --input")
+    inputs = parse_inputs(pairs, None, None if dataset else wf)
+    run_id = api.submit(workflow, inputs, inputs_file=inputs_file, **dataset)
+    click.echo(run_id)
+    if not durable.workers_registered():
+        click.echo(
+            f"warning: no chordflow worker is registered; run {run_id} waits in the queue until one starts", err=True
+        )
+
+
+@click.command()
+@click.argument("workflow", metavar="WF.json")
+@click.option("--debug", is_flag=True, help="Print full tracebacks instead of one-line errors.")
+@click.pass_context
+def validate(ctx: click.Context, workflow: str, debug: bool) -> None:
+    """Check a workflow (shape, edges, templates, node types) without running it."""
+    if debug:
+        ctx.meta[DEBUG_KEY] = True
+    from worker.engine.loader import load
+
+    wf = load(workflow)
+    for warning in wf.warnings:
+        click.echo(f"warning: {warning}", err=True)
+    click.echo(f"ok: {len(wf.nodes)} nodes")
+
+
+@click.command()
+def schema() -> None:
+    """Print the JSON Schema of the workflow IR."""
+    click.echo(json.dumps(ir.json_schema(), indent=2))
+
+
+def _first_doc_line(cls: type) -> str:
+    doc = (cls.__dict__.get("__doc__") or "").strip()
+    return doc.splitlines()[0] if doc else ""
+
+
+def _params_text(cls: type) -> str:
+    params = getattr(cls, "PARAMS", None)
+    if isinstance(params, dict):
+        return "\n".join(f"{name}: {desc}" if desc else str(name) for name, desc in params.items())
+    if isinstance(params, list | tuple | set):
+        return "\n".join(str(name) for name in params)
+    return ""
+
+
+@click.command()
+def nodes() -> None:
+    """List the registered node types with their params."""
+    from worker.nodes import all_types
+
+    table = Table(title="node types", title_justify="left")
+    table.add_column("type", no_wrap=True)
+    table.add_column("params", overflow="fold")
+    table.add_column("description", overflow="fold")
+    for name, cls in all_types().items():
+        table.add_row(Text(name), Text(_params_text(cls)), Text(_first_doc_line(cls)))
+    stdout_console().print(table)

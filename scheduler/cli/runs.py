@@ -1,0 +1,297 @@
+"""Runs already started, found by run id in the run store (local SQLite or the cluster's Redis):
+`status`, `runs`, `wait`, `results`, `cancel`, and going on with one: `resume`, `redrive`, `repair`."""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import click
+from rich.table import Table
+from rich.text import Text
+
+import ir
+from ir.errors import WaitTimeout
+from scheduler.cli import repair as cli_repair
+from scheduler.cli.errors import EXIT_TIMEOUT, CliUsageError
+from scheduler.cli.follow import follow, follow_cluster_run
+from scheduler.cli.output import stderr_console, stdout_console, to_json
+from worker.runs.record import FINAL
+
+
+@click.command()
+@click.argument("run_id")
+@click.option("--timeout", type=float, default=None, help="Give up after S seconds (exit 124; the run goes on).")
+@click.option("--output", type=click.Choice(["text", "json"]), default="text", show_default=True)
+@click.pass_context
+def wait(ctx: click.Context, run_id: str, timeout: float | None, output: str) -> None:
+    """Follow a run until it ends, with the same display and exit codes as `run` (124: timeout)."""
+    from scheduler import lookup
+
+    record, _ = lookup.find_run(run_id)
+    store: dict[str, Any] = {}
+
+    def start(on_event: Any = None, **_: Any) -> Any:
+        try:
+            result = follow_cluster_run(ctx, run_id, store, timeout, on_event)
+        except WaitTimeout as exc:
+            click.echo(f"timeout: {exc}", err=True)
+            raise click.exceptions.Exit(EXIT_TIMEOUT) from None
+        return ir.load(record.workflow), result
+
+    follow(ctx, output, run_id, store, start)
+
+
+@click.command()
+@click.argument("run_id")
+@click.option("--output", type=click.Choice(["text", "json"]), default="text", show_default=True)
+@click.option("--workflow", "edited", default=None, metavar="WF.json",
+              help="Go on under an edited workflow: the completed nodes it leaves unchanged are kept, the first "
+              "changed one and every node after it run again (a succeeded run too).")  # fmt: skip
+@click.pass_context
+def resume(ctx: click.Context, run_id: str, output: str, edited: str | None) -> None:
+    """Go on with a failed or cancelled run from its last checkpoint (completed nodes are not run again).
+
+    A local run resumes here, to the end; a cluster run is handed back to the workers (follow it with `wait`).
+    """
+    import scheduler
+    from scheduler import api
+    from worker.runs.record import resumable
+
+    plan = api.plan_resume(run_id, edited)
+    if plan.record.status not in resumable(edited):
+        raise CliUsageError(f"run {run_id} is {plan.record.status}; only a failed or cancelled run can be resumed")
+    if output != "json":
+        for cached in dict.fromkeys(plan.kept):
+            stderr_console().print(Text(f"↻ cached {cached}", style="dim"))
+        if items := plan.cached_items:
+            stderr_console().print(
+                Text(f"↻ cached {items} items of batch node {plan.node} (from the checkpoint)", style="dim")
+            )
+        if plan.reason is not None:
+            stderr_console().print(Text(f"resume: {plan.reason}: runs again from step {plan.step}"))
+    if plan.runs.durable:
+        api.resume_cluster(run_id, workflow=edited)
+        click.echo(run_id)
+        return
+    record = plan.record
+    store: dict[str, Any] = {}
+
+    def start(**hooks: Any) -> Any:
+        result = scheduler.resume(run_id, workflow=edited, **hooks)
+        store.update(result.shared)
+        return ir.load(edited or record.workflow), result
+
+    follow(ctx, output, run_id, store, start)
+
+
+@click.command()
+@click.argument("run_id")
+@click.option("--output", type=click.Choice(["text", "json"]), default="text", show_default=True)
+@click.option("--detach", is_flag=True, help="A cluster job: print the run id and return at once.")
+@click.pass_context
+def redrive(ctx: click.Context, run_id: str, output: str, detach: bool) -> None:
+    """Run a finished dataset job's failed records (and those never run) again, under the same run id.
+
+    Every record that succeeded is kept and not run again; `results` then shows the new outcomes. As often
+    as needed. A local job runs here; a cluster job goes to the workers and is followed like `wait`."""
+    from scheduler import api, lookup
+
+    record, _ = lookup.find_run(run_id)
+    store: dict[str, Any] = {}
+    if record.backend == "local":
+        follow(ctx, output, run_id, store, lambda **hooks: (ir.load(record.workflow), api.redrive(run_id, **hooks)))
+        return
+    records = api.redrive(run_id)
+    if output != "json":
+        stderr_console().print(Text(f"run {run_id}: {records} records to run again"))
+    if detach:
+        click.echo(run_id)
+        return
+
+    def start(on_event: Any = None, **_: Any) -> Any:
+        return ir.load(record.workflow), follow_cluster_run(ctx, run_id, store, None, on_event)
+
+    follow(ctx, output, run_id, store, start)
+
+
+@click.command("repair")
+@click.argument("run_id")
+@cli_repair.out_option
+@cli_repair.generator_option
+@click.option("--output", type=click.Choice(["text", "json"]), default="text", show_default=True)
+@click.pass_context
+def repair_run(ctx: click.Context, run_id: str, repair_out: str | None, repair_generator: str | None, output: str):
+    """Repair a failed run's workflow and resume the run from its checkpoint (what `run --repair` does when
+    a run fails): completed nodes the repair leaves unchanged are not run again."""
+    from scheduler import lookup
+    from scheduler.repair import Failure, Runner, generator_named
+
+    generator_named(repair_generator)
+    record, runs = lookup.find_run(run_id)
+    if record.status != "failed":
+        cli_repair.usage_error(f"run {run_id} is {record.status}; only a failed run can be repaired")
+    failure = Failure.from_error_line(record.error or "failed", run_id, record.node)
+    options = cli_repair.RepairOptions(repair_out, repair_generator)
+    store: dict[str, Any] = {}
+
+    def start(**hooks: Any) -> Any:
+        runner = Runner("celery" if runs.durable else "local", None, run_id, hooks)
+        name = Path(record.source).name if record.source else f"run {run_id}"
+        return cli_repair.run_repair(ctx, record.workflow, failure, runner, options, name, store)
+
+    follow(ctx, output, run_id, store, start)
+
+
+@click.command()
+@click.argument("run_id")
+@click.option("--store", "whole_store", is_flag=True, help="Print the run's final store instead of its outputs.")
+@click.option("--node", default=None, help="A batch node: one JSON line per item, in input order.")
+@click.option("--format", "fmt", type=click.Choice(["jsonl", "json", "csv"]), default="jsonl", show_default=True)
+@click.option("--errors", "errors_only", is_flag=True, help="With --node or a dataset job: the failed items only.")
+@click.option("--done", "done_only", is_flag=True, help="A dataset job still running: what has finished so far.")
+@click.option("--out", type=click.Path(dir_okay=False, writable=True), default=None, help="Write to this file.")
+def results(
+    run_id: str, whole_store: bool, node: str | None, fmt: str, errors_only: bool, done_only: bool, out: str | None
+) -> None:
+    """A run's declared outputs as one JSON object (--store: the store; --node N: a batch's items).
+
+    A dataset job (--items): one `{"index", "result", "error"}` line per record in input order; while it
+    runs, each line is written as its record finishes (--done: only what has finished, then exit)."""
+    from scheduler import api, datasets, lookup
+
+    record, runs = lookup.find_run(run_id)
+    if record.dataset is not None and node is None and not whole_store:
+        rows = datasets.rows(record, done_only=done_only, is_final=lambda: lookup.find_run(run_id)[0].status in FINAL)
+        _write_rows(rows, fmt, errors_only, out, list(record.workflow.get("outputs") or {}))
+        return
+    if node is None:
+        if fmt == "csv":
+            raise CliUsageError("--format csv: only for rows (--node N, or a dataset job's records)")
+        store = runs.load_store(run_id)
+        if whole_store:
+            value = store
+        elif record.status != "succeeded":
+            raise CliUsageError(f"run {run_id} is {record.status}: it has no outputs (try --store)")
+        else:
+            value = api.outputs(run_id)
+        with open(out, "w", encoding="utf-8") if out else contextlib.nullcontext(sys.stdout) as sink:
+            sink.write(to_json(value) + "\n")
+        return
+    try:  # before --out is opened: an unknown node leaves no empty file behind
+        rows = runs.batch_rows(run_id, node)
+    except LookupError:
+        raise CliUsageError(f"--node {node}: run {run_id} has no batch results for node '{node}'") from None
+    _write_rows(rows, fmt, errors_only, out)
+
+
+def _write_rows(
+    rows: Iterator[dict[str, Any]], fmt: str, errors_only: bool, out: str | None, columns: list[str] | None = None
+) -> None:
+    """Rows `{"index", "result", "error"}` as JSON lines, one JSON array or CSV, written one by one.
+
+    CSV is for flat results: a column per result key (`columns`, else the first dict result's keys),
+    nested values as JSON text."""
+    if errors_only:
+        rows = (row for row in rows if row["error"] is not None)
+    with open(out, "w", encoding="utf-8", newline="") if out else contextlib.nullcontext(sys.stdout) as sink:
+        if fmt == "csv":
+            _write_csv(rows, sink, list(columns or []))
+        elif fmt == "json":  # one JSON array, still written row by row
+            sink.write("[")
+            for i, row in enumerate(rows):
+                sink.write(("," if i else "") + to_json(row))
+            sink.write("]\n")
+        else:
+            for row in rows:
+                sink.write(to_json(row) + "\n")
+
+
+def _write_csv(rows: Iterator[dict[str, Any]], sink: Any, columns: list[str]) -> None:
+    import csv
+    import itertools
+
+    held: list[dict[str, Any]] = []
+    if not columns:  # the first dict result names the columns (the rows before it wait, a few at most)
+        for row in rows:
+            held.append(row)
+            if isinstance(row["result"], dict):
+                columns = [str(k) for k in row["result"]]
+                break
+    writer = csv.writer(sink)
+    writer.writerow(["index", *(columns or ["result"]), "error"])
+    for row in itertools.chain(held, rows):
+        result = row["result"]
+        values = [result.get(c) for c in columns] if isinstance(result, dict) else [result] * bool(not columns)
+        values += [None] * (len(columns or ["result"]) - len(values))
+        cells = [v if isinstance(v, str) else "" if v is None else to_json(v) for v in values]
+        writer.writerow([row["index"], *cells, row["error"] or ""])
+
+
+@click.command()
+@click.argument("run_id")
+@click.option("--json", "as_json", is_flag=True, help="Print the status object as JSON.")
+def status(run_id: str, as_json: bool) -> None:
+    """Where a run stands: status, current node, steps, batch counts, error."""
+    from scheduler import api
+
+    info = api.status(run_id)
+    if as_json:
+        click.echo(to_json(info))
+        return
+    console = stdout_console()
+    console.print(Text(f"run {info['run_id']}: {info['status']}  ({info['workflow']}, {info['backend']})"))
+    console.print(Text(f"  steps: {info['steps']}  node: {info['node'] or '-'}"))
+    for node, counts in info["batches"].items():
+        console.print(Text(f"  {node}: {counts['done']}/{counts['total']} items, {counts['failed']} failed"))
+    if "records" in info:
+        r = info["records"]
+        total = r["total"] if r["total"] is not None else f"{r['read']}+ (reading)"
+        eta = f", ETA {r['eta_s']:.0f}s" if r["eta_s"] is not None and info["status"] == "running" else ""
+        console.print(Text(f"  records: {r['done']}/{total} done, {r['failed']} failed, {r['rate']:.1f}/s{eta}"))
+    if info["error"]:
+        console.print(Text(f"  error: {info['error']}"))
+
+
+@click.command()
+@click.option("--status", "status_", type=click.Choice(["queued", "running", "succeeded", "failed", "cancelled"]))
+@click.option("--limit", type=int, default=20, show_default=True)
+@click.option("--json", "as_json", is_flag=True, help="Print a list of status objects.")
+def runs(status_: str | None, limit: int, as_json: bool) -> None:
+    """Recent runs, newest first."""
+    from scheduler import datasets, lookup
+
+    records = lookup.recent(status_, limit)
+    if as_json:
+        click.echo(to_json([r.status_dict() for r in records]))
+        return
+    table = Table(title="runs", title_justify="left")
+    for column in ("run", "workflow", "backend", "status", "progress", "started", "duration"):
+        table.add_column(column)
+    for r in records:
+        done = sum(c["done"] for c in r.batches.values())
+        total = sum(c["total"] for c in r.batches.values())
+        progress = f"{done}/{total} items" if total else f"{r.step} steps"
+        if r.dataset is not None:  # a dataset job: its records (one read of its counts)
+            with contextlib.suppress(Exception):
+                counts = datasets.progress(r)
+                progress = f"{counts['done']}/{counts['total'] if counts['total'] is not None else '?'} records"
+        started = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(r.created))
+        table.add_row(
+            r.run_id, Text(r.name), r.backend, r.status, progress, started, f"{r.updated - r.created:.1f}s"
+        )  # fmt: skip
+    stdout_console().print(table)
+
+
+@click.command()
+@click.argument("run_id")
+def cancel(run_id: str) -> None:
+    """Cancel a distributed run: chunks stop between items, queued chunks are revoked, no new step starts."""
+    from scheduler import api
+
+    revoked = api.cancel(run_id)
+    click.echo(f"cancel requested for run {run_id}: {revoked} chunks revoked")

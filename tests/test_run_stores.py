@@ -1,0 +1,126 @@
+"""The RunStore contract (worker/runs/store.py): the same test bodies against both stores, the embedded
+SQLite one and Redis (a real redis-server this module starts), as the `backend` fixture does for backends.
+
+What a caller may rely on whichever store it holds: records, fenced checkpoints, the trail and its steps,
+the store a run goes on with, branches kept mid-section, one `rewind` over the stores' primitives."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import redis
+
+from scheduler.localcluster import RedisServer
+from worker.cluster.state.runs import ClusterRuns
+from worker.engine.steps import Step
+from worker.runs.record import RunRecord
+from worker.runs.sqlite import LocalRuns
+from worker.runs.store import RunStore, Unrecoverable, rewind
+
+
+@pytest.fixture(scope="module")
+def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
+    server = RedisServer(tmp_path_factory.mktemp("run-stores"))
+    try:
+        yield server
+    finally:
+        server.kill()
+
+
+@pytest.fixture(params=["sqlite", "redis"])
+def runs(request: pytest.FixtureRequest, tmp_path: Path) -> RunStore:
+    if request.param == "sqlite":
+        return LocalRuns(tmp_path / "runs.db")
+    server: RedisServer = request.getfixturevalue("redis_server")
+    client = redis.Redis.from_url(server.url)
+    client.flushdb()
+    return ClusterRuns(client, ttl=600)
+
+
+def record(run_id: str = "r1", status: str = "running") -> RunRecord:
+    workflow = {"nodes": [{"id": "a", "type": "echo"}, {"id": "b", "type": "echo"}]}
+    return RunRecord(run_id, workflow, "local", status, "a")
+
+
+def step(node: str, nxt: str | None, changed: dict, *, created: list[str] | None = None) -> Step:
+    return Step(node, None, nxt, changed, [], config=f"cfg-{node}", reads="", created=created or [])
+
+
+def test_a_created_run_is_found_with_its_store(runs: RunStore) -> None:
+    runs.create(record(), {"x": [1, 2]})
+    found = runs.get("r1")
+    assert found is not None and (found.status, found.node, found.step) == ("running", "a", 0)
+    assert runs.load_store("r1") == {"x": [1, 2]}
+    assert runs.get("nope") is None
+
+
+def test_encoded_values_join_the_store_as_given(runs: RunStore) -> None:
+    from ir import snapshot
+
+    runs.create(record(), {"x": 1}, encoded={"big": snapshot.encode(list(range(5)))})
+    assert runs.load_store("r1") == {"x": 1, "big": [0, 1, 2, 3, 4]}
+
+
+def test_a_checkpoint_moves_the_run_and_is_fenced_on_its_step(runs: RunStore) -> None:
+    runs.create(record(), {})
+    assert runs.checkpoint("r1", 0, step("a", "b", {"a": {"v": 1}}, created=["a"]))
+    assert not runs.checkpoint("r1", 0, step("a", "b", {"a": {"v": 2}}))  # a stale writer writes nothing
+    found = runs.get("r1")
+    assert (found.step, found.node) == (1, "b")
+    assert runs.load_store("r1") == {"a": {"v": 1}}
+    assert runs.trail("r1") == ["a"]
+    assert [(s.node, s.action, s.config) for s in runs.steps("r1")] == [("a", "default", "cfg-a")]
+
+
+def test_status_and_recent(runs: RunStore) -> None:
+    runs.create(record("r1"), {})
+    runs.create(record("r2"), {})
+    runs.set_status("r1", "failed", "boom", "b")
+    found = runs.get("r1")
+    assert (found.status, found.error, found.node) == ("failed", "boom", "b")
+    assert [r.run_id for r in runs.recent("failed")] == ["r1"]
+    assert {r.run_id for r in runs.recent()} == {"r1", "r2"}
+
+
+def test_rewind_puts_the_store_back_as_it_was_before_the_step(runs: RunStore) -> None:
+    runs.create(record(), {"x": 1})
+    runs.checkpoint("r1", 0, step("a", "b", {"x": 2, "a": {"v": 1}}, created=["a"]))
+    runs.checkpoint("r1", 1, step("b", None, {"x": 3, "b": {"w": 1}}, created=["b"]))
+    rewind(runs, "r1", 1)
+    assert runs.load_store("r1") == {"x": 2, "a": {"v": 1}}
+    assert runs.trail("r1") == ["a"] and runs.get("r1").step == 1
+    rewind(runs, "r1", 0)
+    assert runs.load_store("r1") == {"x": 1}
+    assert runs.trail("r1") == [] and runs.get("r1").step == 0
+
+
+def test_a_step_without_an_undo_log_cannot_be_rewound(runs: RunStore) -> None:
+    runs.create(record(), {})
+    runs.checkpoint("r1", 0, Step("a", None, "b", {"a": {}}, [], config=None, reads=None, created=["a"]))
+    with pytest.raises(Unrecoverable, match="cannot be rolled back"):
+        rewind(runs, "r1", 0)
+
+
+def test_an_edited_workflow_replaces_the_recorded_one(runs: RunStore) -> None:
+    runs.create(record(), {})
+    runs.set_workflow("r1", {"nodes": [{"id": "c", "type": "echo"}]}, "edited.json", "c")
+    found = runs.get("r1")
+    assert found.workflow == {"nodes": [{"id": "c", "type": "echo"}]} and found.node == "c"
+
+
+def test_branches_are_kept_by_section(runs: RunStore) -> None:
+    from ir import snapshot
+
+    runs.create(record(), {})
+    runs.save_branch("r1", "s#0", "left", snapshot.encode({"done": True}))
+    runs.save_branch("r1", "s#0", "right", snapshot.encode({"done": False}))
+    assert runs.load_branches("r1", "s#0") == {"left": {"done": True}, "right": {"done": False}}
+    assert runs.load_branches("r1", "other#0") == {}
+
+
+def test_durable_says_who_drives_the_run(runs: RunStore) -> None:
+    """The one thing a caller may need to know: whether the run goes on without the process that started it."""
+    assert runs.durable is isinstance(runs, ClusterRuns)
+    assert runs.exception("r1") is None

@@ -1,0 +1,51 @@
+"""The Redis keyspace, named once: every key chordflow keeps in its state store.
+
+Every key of a run carries the hash tag `{<run_id>}`, so a Lua script touches one slot and the state can
+move to Redis Cluster with runs sharded by id. A run's keys expire with it (CHORDFLOW_RUN_TTL).
+
+Keys of a run, `cf:{<run_id>}:<name>`; `<batch>` is `<node id>#<step>`:
+  run                 hash    the run record (worker/runs/record.py RunRecord) and a failed run's exception
+  store               hash    top-level store key -> snapshot-codec bytes
+  trail, steps        list    the nodes completed, in order; each step's [action, config hash, reads hash]
+  undo                hash    `<step>:<key>` -> what the key held before that step (`v<bytes>`, or `-`: absent)
+  events              stream  batch progress (packed outcomes per chunk) and the end marker `wait` wakes on
+  branch_events       stream  parallel branches' events, for `wait --stream`
+  lease               string  the advance holding the run, with a TTL (lease:<section>:<branch>: a branch's)
+  cancel              string  set by `chordflow cancel`
+  meta                hash    a client-driven run's description (its backend, status) for `cancel`
+  totals              hash    <batch> -> its number of items
+  abort:<batch>       string  a fail_fast failure or a threshold crossed: chunks stop between items
+  failed:<batch>      hash    failures counted against the batch's threshold (chunk start -> count, `total`)
+  dispatched:<batch>  string  the batch's chord was sent (a redelivered advance does not send it twice)
+  result:<batch>      string  the merged BatchResult, written by the chord body
+  chunks:<batch>      hash    a chunk's start -> its outcomes, kept as chunks finish (resume, `results`)
+  chunks              list    a client-driven run's chunk task ids (revoked by `cancel`)
+  snap:<batch>:<sha>  string  a snapshot too large to travel inside each chunk message
+  permits:<batch>     zset    leased item permits (max_concurrent), token -> lease deadline
+  branches:<section>  hash    a parallel section's finished branches; joined:<section> set: the join
+  ds, ds:*            ...     a dataset job's chunks, outcomes and counts (worker/cluster/datasets.py)
+Outside any run:
+  cf:runs             zset    run id -> created time (`chordflow runs`)
+  cf:{workers}:<host> string  a live worker's pool size, kept alive by its heartbeat
+"""
+
+from __future__ import annotations
+
+#: Every run id, scored by its created time.
+RUNS = "cf:runs"
+#: Prefix of the worker registry's keys; the rest is the worker's hostname (`w1@host`).
+WORKERS = "cf:{workers}:"
+
+
+def run_prefix(run_id: str) -> str:
+    """What every key of a run starts with."""
+    return f"cf:{{{run_id}}}:"
+
+
+def run_key(run_id: str, name: str) -> str:
+    """The key `name` (see the table above) of a run."""
+    return run_prefix(run_id) + name
+
+
+def worker_key(hostname: str) -> str:
+    return WORKERS + hostname

@@ -1,0 +1,119 @@
+"""The ONE loader of workflows: every path that runs or checks a workflow — validation, compile, a worker's
+advance, a sub-workflow, a dataset job — loads it here, with this process's node types and each type's own
+param check, so nothing runs that validation would refuse.
+
+`ir.load` knows no node types; this adds them (`registry.names()`) and runs each node class's
+`check_params(raw_params)` on the unresolved params: it returns None, a problem with the params as a whole
+(e.g. `shell` rejects templates inside a command string), or `{param name: problem}` to name the param
+(e.g. `python`: the function does not import). A wire dict (what a worker reads from a run record) is
+validated once per content in a process. A chunk message carries one node spec, not a workflow:
+`checked_spec` checks it the same way.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections import OrderedDict
+from pathlib import Path
+from typing import Any
+
+import pydantic
+
+import ir
+from ir.errors import NodeTypeError, TemplateError, ValidationError
+from ir.models import NodeSpec
+from ir.templates import references
+from worker.nodes import registry
+
+#: Workflows validated per process, by content: every execution of a sub-workflow, every task of a cluster run.
+CACHE_SIZE = 32
+_loaded: OrderedDict[str, ir.Workflow] = OrderedDict()
+_lock = threading.Lock()
+
+
+def load(workflow: Any) -> ir.Workflow:
+    """A validated workflow from a dict, JSON text or path (or an `ir.Workflow`, as it is); one
+    ValidationError listing every problem, node types and params included."""
+    if isinstance(workflow, ir.Workflow):
+        return workflow
+    key = _key(workflow) if isinstance(workflow, dict) else None
+    if key is not None:
+        with _lock:
+            loaded = _loaded.get(key)
+            if loaded is not None:
+                _loaded.move_to_end(key)
+                return loaded
+    loaded = ir.load(workflow, node_types=registry.names())
+    problems = node_problems(loaded)
+    if problems:
+        raise ValidationError(problems, source=source_of(workflow))
+    if key is not None:
+        with _lock:
+            _loaded[key] = loaded
+            while len(_loaded) > CACHE_SIZE:
+                _loaded.popitem(last=False)
+    return loaded
+
+
+def source_of(workflow: Any) -> str | None:
+    """The file a workflow came from (named in messages, kept in a run's record), when given as a path."""
+    if isinstance(workflow, Path) or (isinstance(workflow, str) and not workflow.lstrip().startswith(("{", "["))):
+        return str(workflow)
+    return None
+
+
+def _key(workflow: dict[str, Any]) -> str | None:
+    try:
+        return json.dumps(workflow, sort_keys=True, default=repr)
+    except (TypeError, ValueError):  # keys that do not sort: loaded every time
+        return None
+
+
+def node_problems(workflow: ir.Workflow) -> list[str]:
+    """What each node type's own param check finds in a workflow, every node's problems together."""
+    return [
+        problem
+        for i, spec in enumerate(workflow.nodes)
+        for problem in param_problems(registry.get(spec.type), spec.params, f"nodes[{i}] (id '{spec.id}').params")
+    ]
+
+
+def checked_spec(wire: Any) -> NodeSpec:
+    """The NodeSpec of `wire`, or a ValidationError naming the node and every problem (nothing is built)."""
+    label = f"node {wire.get('id')!r}" if isinstance(wire, dict) else "node spec"
+    try:
+        spec = NodeSpec.model_validate(wire)
+    except pydantic.ValidationError as exc:
+        problems = [f"{'.'.join(map(str, e['loc'])) or 'spec'}: {e['msg']}" for e in exc.errors()]
+        raise ValidationError(problems, source=label) from None
+    try:
+        cls = registry.get(spec.type)
+    except NodeTypeError as exc:
+        raise ValidationError(str(exc), source=label) from None
+    problems = []
+    for name, value in spec.params.items():
+        try:
+            references(value)
+        except TemplateError as exc:
+            problems.append(f"params.{name}: {exc}")
+    problems += param_problems(cls, spec.params, "params")
+    if problems:
+        raise ValidationError(problems, source=label)
+    return spec
+
+
+def param_problems(cls: type, params: dict[str, Any], where: str) -> list[str]:
+    """What a node type's own `check_params(raw_params)` finds, each problem prefixed with `where`.
+
+    The check returns None, a problem with the params as a whole, or `{param name: problem}`; one that
+    raises is a problem too, never a traceback. `load` and `checked_spec` both ask.
+    """
+    check = getattr(cls, "check_params", None)
+    try:
+        found = check(params) if check else None
+    except Exception as exc:
+        found = f"cannot be checked ({type(exc).__name__}: {' '.join(str(exc).split())[:200]})"
+    if isinstance(found, dict):
+        return [f"{where}.{name}: {problem}" for name, problem in found.items()]
+    return [f"{where}: {found}"] if found else []
