@@ -1,23 +1,37 @@
-"""`python -m bench.checkpoints`: what a checkpoint after every node costs on the embedded store.
+"""`python -m bench.checkpoints`: what a checkpoint after every node costs, on the embedded store and on Redis.
 
 Three figures (issue 7, item 2): one checkpoint after a node that changed one small key, with an empty
 store and with a 100 MB store beside it (it must cost the same); and a local run of 10,000 small node
-executions (a loop of echo nodes) with checkpoints, against the same stepper loop with none.
-Writes bench/CHECKPOINTS.md.
+executions (a loop of one node) with checkpoints, against the same stepper loop with none.
+Writes bench/CHECKPOINTS.md (or --out).
 """
 
 from __future__ import annotations
 
-import os
 import statistics
-import sys
-import tempfile
 import time
-from pathlib import Path
+from dataclasses import dataclass
 from typing import Any
 
-HERE = Path(__file__).resolve().parent
-LOOP_STEPS = 10_000
+from bench import harness
+from bench.harness import BenchCluster, Session, log
+
+
+@dataclass(frozen=True)
+class Sizes:
+    repeats: int  # checkpoints timed beside an empty store (a quarter of that beside the big one)
+    big_mb: int  # the big store value
+    steps: int  # node executions in the loop
+
+
+FULL = Sizes(repeats=2000, big_mb=100, steps=10_000)
+QUICK = Sizes(repeats=200, big_mb=10, steps=500)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = harness.arguments("bench.checkpoints", __doc__, "CHECKPOINTS.md", f"small sizes: {QUICK}", argv)
+    harness.run_bench(args, measure, report, workers=())  # a redis-server, no workers
+    return 0
 
 
 def loop_workflow(steps: int) -> dict[str, Any]:
@@ -29,47 +43,44 @@ def loop_workflow(steps: int) -> dict[str, Any]:
     }
 
 
+def register_rounds() -> None:
+    """The smallest node that loops: one counter in its namespace."""
+    from pocketflow import Node
+
+    from worker.nodes import register
+
+    @register("bench-rounds")
+    class Rounds(Node):
+        def prep(self, shared: Any) -> int:
+            return int(shared.get("n", 0)) + 1
+
+        def post(self, shared: Any, prep_res: int, exec_res: Any) -> str:
+            shared["n"] = prep_res
+            return "again" if prep_res < int(self.params["rounds"]) else "done"
+
+
 def median_checkpoint(runs: Any, store_bytes: int, repeats: int) -> float:
     """Median seconds of one `runs.checkpoint` of one small changed key, beside `store_bytes` of data."""
-    from worker.engine.stepper import Step
+    from worker.engine.steps import Step
     from worker.runs.record import RunRecord
 
+    run_id = f"r{store_bytes}"  # one run per measurement: the Redis one shares its server
     store = {"big": "x" * store_bytes} if store_bytes else {}
-    runs.create(RunRecord("r", {"nodes": []}, "local", "running", "n"), store)
+    runs.create(RunRecord(run_id, {"nodes": []}, "local", "running", "n"), store)
     samples = []
     for step in range(repeats):
         result = Step("n", "default", "n", {"n": {"value": step}}, [])
         started = time.perf_counter()
-        runs.checkpoint("r", step, result)
+        runs.checkpoint(run_id, step, result)
         samples.append(time.perf_counter() - started)
     return statistics.median(samples)
-
-
-def checkpoint_cost(store_bytes: int, repeats: int = 2000) -> float:
-    """On the embedded store (worker/runs/sqlite.py), in a fresh SQLite file."""
-    from worker.runs.sqlite import LocalRuns
-
-    return median_checkpoint(LocalRuns(Path(tempfile.mkdtemp()) / "runs.db"), store_bytes, repeats)
-
-
-def redis_checkpoint_cost(store_bytes: int, repeats: int = 2000) -> float:
-    """On Redis (worker/cluster/state/runs.py, one Lua script per checkpoint), on a bench-owned server."""
-    import redis
-
-    from scheduler.localcluster import RedisServer
-    from worker.cluster.state.runs import ClusterRuns
-
-    server = RedisServer(Path(tempfile.mkdtemp()))
-    try:
-        return median_checkpoint(ClusterRuns(redis.Redis.from_url(server.url), ttl=600), store_bytes, repeats)
-    finally:
-        server.kill()
 
 
 def loop_run(steps: int, checkpoints: bool) -> float:
     import scheduler
     from worker.engine.context import RunContext
-    from worker.engine.stepper import Cursor, drive
+    from worker.engine.stepper import drive
+    from worker.engine.steps import Cursor
 
     flow = scheduler.compile(loop_workflow(steps))
     started = time.perf_counter()
@@ -81,48 +92,56 @@ def loop_run(steps: int, checkpoints: bool) -> float:
     return time.perf_counter() - started
 
 
-def main() -> None:
-    os.environ["CHORDFLOW_HOME"] = tempfile.mkdtemp(prefix="chordflow-bench-")
-    from pocketflow import Node
+def measure(session: Session, bench: BenchCluster) -> dict[str, Any]:
+    """SQLite (worker/runs/sqlite.py, a fresh file each) and Redis (worker/cluster/state/runs.py, one Lua
+    script per checkpoint, on the bench's own redis-server); then the loop, best of 3 each way."""
+    from worker.cluster.state.runs import ClusterRuns
+    from worker.runs.sqlite import LocalRuns
 
-    from worker.nodes import register
+    sizes = QUICK if session.quick else FULL
+    register_rounds()
+    big = sizes.big_mb * 2**20
+    out: dict[str, Any] = {"sizes": sizes}
+    for name, store_bytes, repeats in (("empty", 0, sizes.repeats), ("big", big, sizes.repeats // 4)):
+        sqlite = LocalRuns(session.workdir / f"runs-{name}.db")
+        out[name] = median_checkpoint(sqlite, store_bytes, repeats)
+        out[f"redis_{name}"] = median_checkpoint(ClusterRuns(bench.redis, ttl=600), store_bytes, repeats)
+        log(
+            f"checkpoint beside {store_bytes:,} bytes: {out[name] * 1e3:.3f} ms, Redis {out[f'redis_{name}'] * 1e3:.3f}"
+        )
+    out["plain"] = min(loop_run(sizes.steps, False) for _ in range(3))
+    out["recorded"] = min(loop_run(sizes.steps, True) for _ in range(3))
+    log(f"loop of {sizes.steps:,} steps: {out['plain']:.3f} s plain, {out['recorded']:.3f} s with checkpoints")
+    return out
 
-    @register("bench-rounds")
-    class Rounds(Node):  # the smallest node that loops: one counter in its namespace
-        def prep(self, shared: Any) -> int:
-            return int(shared.get("n", 0)) + 1
 
-        def post(self, shared: Any, prep_res: int, exec_res: Any) -> str:
-            shared["n"] = prep_res
-            return "again" if prep_res < int(self.params["rounds"]) else "done"
-
-    empty = checkpoint_cost(0)
-    big = checkpoint_cost(100 * 1024 * 1024, repeats=500)
-    redis_empty = redis_checkpoint_cost(0)
-    redis_big = redis_checkpoint_cost(100 * 1024 * 1024, repeats=500)
-    plain = min(loop_run(LOOP_STEPS, False) for _ in range(3))
-    recorded = min(loop_run(LOOP_STEPS, True) for _ in range(3))
-    per_node = (recorded - plain) / LOOP_STEPS
-    text = f"""# Checkpoint cost (embedded store and Redis)
-
-`python -m bench.checkpoints` ({time.strftime("%Y-%m-%d")}, Python {sys.version.split()[0]}, {os.cpu_count()} cores).
-
-| measurement | result | target |
-|---|---|---|
-| one checkpoint, one small key changed, empty store | {empty * 1e3:.3f} ms | 0.2 ms |
-| the same beside a 100 MB store value | {big * 1e3:.3f} ms | same as empty |
-| one checkpoint on Redis (loopback, own redis-server), empty store | {redis_empty * 1e3:.3f} ms | 1 ms |
-| the same on Redis beside a 100 MB store value | {redis_big * 1e3:.3f} ms | same as empty |
-| loop of {LOOP_STEPS:,} node executions, no checkpoints (`drive`) | {plain:.3f} s | |
-| the same through `scheduler.run` (record + checkpoint per node) | {recorded:.3f} s | |
-| added per node execution | {per_node * 1e3:.3f} ms | |
+def report(session: Session, r: dict[str, Any]) -> str:
+    sizes: Sizes = r["sizes"]
+    per_node = (r["recorded"] - r["plain"]) / sizes.steps
+    rows = [
+        ("one checkpoint, one small key changed, empty store", f"{r['empty'] * 1e3:.3f} ms", "0.2 ms"),
+        (f"the same beside a {sizes.big_mb} MB store value", f"{r['big'] * 1e3:.3f} ms", "same as empty"),
+        (
+            "one checkpoint on Redis (loopback, own redis-server), empty store",
+            f"{r['redis_empty'] * 1e3:.3f} ms",
+            "1 ms",
+        ),
+        (
+            f"the same on Redis beside a {sizes.big_mb} MB store value",
+            f"{r['redis_big'] * 1e3:.3f} ms",
+            "same as empty",
+        ),
+        (f"loop of {sizes.steps:,} node executions, no checkpoints (`drive`)", f"{r['plain']:.3f} s", ""),
+        ("the same through `scheduler.run` (record + checkpoint per node)", f"{r['recorded']:.3f} s", ""),
+        ("added per node execution", f"{per_node * 1e3:.3f} ms", ""),
+    ]
+    body = f"""{harness.table(("measurement", "result", "target"), rows)}
 
 A checkpoint writes only the top-level keys the node changed (found by identity, not by reading
-values), so its cost does not depend on the size of the rest of the store.
-"""
-    (HERE / "CHECKPOINTS.md").write_text(text)
-    print(text)
+values), so its cost does not depend on the size of the rest of the store. Each figure is the median of
+{sizes.repeats:,} checkpoints ({sizes.repeats // 4:,} beside the big value); each loop the best of 3."""
+    return harness.document(session, "Checkpoint cost (embedded store and Redis)", body)
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

@@ -10,34 +10,55 @@ from __future__ import annotations
 import argparse
 import cProfile
 import gc
+import importlib
+import inspect
 import io
 import pstats
-import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from bench import variants
-from bench.measure import log
+from bench import harness, raw_tasks, variants
 
-# (label, file suffix, function name): the scheduler-side steps of one celery batch worth naming.
+#: (label, `module:qualified.name`): the scheduler-side steps of one celery batch worth naming, found by the
+#: function's own code (so a module that moves keeps its row); a name that is no attribute (celery's many
+#: `__call__`s) counts every function of that name in the module's file.
 FOCUS = (
-    ("scheduler.run (total)", "scheduler/engine.py", "run"),
-    ("CeleryBackend.run_batch", "scheduler/backends/celery.py", "run_batch"),
-    ("  chunking.registered_processes (worker registry, cached)", "scheduler/chunking.py", "registered_processes"),
-    ("  snapshot.encode (snapshot + item slices)", "ir/snapshot.py", "encode"),
-    ("  chord(header)(body): publish the chunk messages", "celery/canvas.py", "__call__"),
-    ("  CeleryBackend._wait (until the batch is done)", "scheduler/backends/celery.py", "_wait"),
-    ("    RunState.read_progress (XREAD, blocks up to POLL_MS)", "worker/cluster/state/runstate.py", "read_progress"),
-    ("    CeleryBackend._emit_progress", "scheduler/backends/celery.py", "_emit_progress"),
-    ("    AsyncResult.ready (chord state)", "celery/result.py", "ready"),
-    ("    AsyncResult.failed", "celery/result.py", "failed"),
-    ("    RunState.cancelled (EXISTS per wake-up)", "worker/cluster/state/runstate.py", "cancelled"),
-    ("    RunState.batch_result (GET the stored batch result)", "worker/cluster/state/runstate.py", "batch_result"),
-    ("  snapshot.decode (the batch result)", "ir/snapshot.py", "decode"),
-    ("  BatchResult.from_wire", "worker/batch/aggregate.py", "from_wire"),
+    ("scheduler.run (total)", "scheduler:run"),
+    ("CeleryBackend.run_batch", "scheduler.backends.celery:CeleryBackend.run_batch"),
+    ("  chunking.registered_processes (worker registry, cached)", "worker.cluster.chunking:registered_processes"),
+    ("  snapshot.encode (snapshot + item slices)", "ir.snapshot:encode"),
+    ("  chord(header)(body): publish the chunk messages", "celery.canvas:__call__"),
+    ("  CeleryBackend._wait (until the batch is done)", "scheduler.backends.celery:CeleryBackend._wait"),
+    (
+        "    RunState.read_progress (XREAD, blocks up to POLL_MS)",
+        "worker.cluster.state.runstate:RunState.read_progress",
+    ),
+    ("    CeleryBackend._emit_progress", "scheduler.backends.celery:CeleryBackend._emit_progress"),
+    ("    AsyncResult.ready (chord state)", "celery.result:AsyncResult.ready"),
+    ("    AsyncResult.failed", "celery.result:AsyncResult.failed"),
+    ("    RunState.cancelled (EXISTS per wake-up)", "worker.cluster.state.runstate:RunState.cancelled"),
+    ("    RunState.batch_result (GET the stored batch result)", "worker.cluster.state.runstate:RunState.batch_result"),
+    ("  snapshot.decode (the batch result)", "ir.snapshot:decode"),
+    ("  BatchResult.from_wire", "worker.batch.aggregate:BatchResult.from_wire"),
 )
+
+
+def code_of(target: str) -> tuple[str, str] | None:
+    """(file, function name) of `module:qualified.name`; None when the module is gone."""
+    module_name, _, qualname = target.partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError:
+        return None
+    obj: Any = module
+    for part in qualname.split("."):
+        obj = getattr(obj, part, None)
+    code = getattr(inspect.unwrap(getattr(obj, "fget", obj)), "__code__", None) if obj is not None else None
+    if code is not None:
+        return code.co_filename, code.co_name
+    return str(module.__file__), qualname.rpartition(".")[2]
 
 
 def profile_call(call: Callable[[], Any]) -> tuple[float, pstats.Stats]:
@@ -55,10 +76,11 @@ def focus_rows(stats: pstats.Stats) -> list[tuple[str, int, float, float]]:
     """(label, calls, own time, cumulative time) for the FOCUS functions present in the profile."""
     rows = []
     table = stats.stats  # type: ignore[attr-defined]
-    for label, suffix, name in FOCUS:
+    for label, target in FOCUS:
+        where = code_of(target)
         calls, own, cum = 0, 0.0, 0.0
         for (filename, _line, func), (_cc, nc, tt, ct, _callers) in table.items():
-            if func == name and filename.endswith(suffix):
+            if where is not None and (filename, func) == where:
                 calls, own, cum = calls + nc, own + tt, max(cum, ct)
         if calls:
             rows.append((label, calls, own, cum))
@@ -131,11 +153,11 @@ def local_layers(n: int, repeats: int = 3) -> dict[str, Any]:
     (`LocalBackend.run_batch`: loop + merge), then the full `scheduler.run`. Internals move while
     others work: a layer whose API changed is reported as not measured instead of failing the bench.
     """
-    from scheduler.compiler import load
     from worker.batch.backend import BatchJob, LocalBackend
     from worker.batch.executor import ItemExecutor, run_items
     from worker.batch.middleware import item_middleware
     from worker.engine.build import item_chain
+    from worker.engine.loader import load
 
     items = list(range(n))
     shared = {"items": items}
@@ -199,9 +221,9 @@ def chunk_cost(size: int = 5000, repeats: int = 5) -> tuple[float, float]:
     """
     from bench import raw_tasks
     from ir import snapshot
-    from scheduler.compiler import load
     from worker.cluster import tasks
     from worker.cluster.state.runstate import RunState
+    from worker.engine.loader import load
 
     items = list(range(size))
     state = RunState("bench-diagnose")
@@ -220,48 +242,46 @@ def chunk_cost(size: int = 5000, repeats: int = 5) -> tuple[float, float]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.diagnose", description=__doc__)
-    parser.add_argument("--n", type=int, default=10_000, help="items in the profiled chordflow celery run")
-    parser.add_argument("--top", type=int, default=25, help="rows of each cProfile table")
-    parser.add_argument("--local", action="store_true", help="also print the local per-item layer breakdown")
-    parser.add_argument("--chunk", action="store_true", help="also time one 5,000-item chunk body in-process")
-    args = parser.parse_args(argv)
-    from bench import cluster as bench_cluster
+    def options(parser: argparse.ArgumentParser) -> None:
+        parser.add_argument("--n", type=int, default=10_000, help="items in the profiled chordflow celery run")
+        parser.add_argument("--top", type=int, default=25, help="rows of each cProfile table")
+        parser.add_argument("--local", action="store_true", help="also print the local per-item layer breakdown")
+        parser.add_argument("--chunk", action="store_true", help="also time one 5,000-item chunk body in-process")
 
-    workdir = Path(tempfile.mkdtemp(prefix="chordflow-profile-"))
-    bench = bench_cluster.start(workdir)
-    try:
-        variants.run_chordflow(list(range(200)), "celery")  # warm-up: connections, worker caches
-        profiler = cProfile.Profile()
-        items = list(range(args.n))
-        profiler.enable()
-        variants.run_chordflow(items, "celery")
-        profiler.disable()
-        out = io.StringIO()
-        stats = pstats.Stats(profiler, stream=out)
-        stats.sort_stats("cumulative").print_stats(args.top)
-        stats.sort_stats("tottime").print_stats(args.top)
-        print(out.getvalue())
-        for label, calls, own, cum in focus_rows(stats):
-            print(f"{label:60s} calls={calls:6d} own={own * 1000:8.1f} ms cum={cum * 1000:8.1f} ms")
-        if args.local:
-            layers = local_layers(100_000)
-            for label, on, off, calls, note in layers["rows"]:
-                if on is None:
-                    print(f"  n/a  {label} {note}")
-                    continue
-                print(f"{on * 10:7.3f} us/item (GC off {off * 10:6.3f}, {calls:5.1f} calls/item)  {label}")
-            print(f"GC collections during one full local run: {layers['gc']}")
-        if args.chunk:
-            try:
-                cf, raw = chunk_cost()
-                print(f"one 5,000-item chunk, in-process: chordflow.run_chunk {cf:.2f} us/item, bench.chunk {raw:.2f}")
-            except Exception as exc:  # run_chunk's job format moved
-                print(f"chunk cost not measured: {type(exc).__name__}: {exc}")
-    finally:
-        bench.stop()
-    log(f"worker and redis logs kept in {workdir}")
+    quick = "1,000 items (and 10,000 for --local) instead of --n and 100,000"
+    args = harness.arguments("bench.diagnose", __doc__, None, quick, argv, options)
+    harness.run_bench(args, show, plugins=raw_tasks.__name__, needed=raw_tasks.TASK_NAMES)
     return 0
+
+
+def show(session: harness.Session, bench: harness.BenchCluster) -> None:
+    """Print the cProfile tables of one chordflow celery run, then the asked-for extras."""
+    args = session.args
+    variants.run_chordflow(list(range(200)), "celery")  # warm-up: connections, worker caches
+    items = list(range(1_000 if args.quick else args.n))
+    _seconds, stats = profile_call(lambda: variants.run_chordflow(items, "celery"))
+    out = io.StringIO()
+    stats.stream = out  # type: ignore[attr-defined]
+    stats.sort_stats("cumulative").print_stats(args.top)
+    stats.sort_stats("tottime").print_stats(args.top)
+    print(out.getvalue())
+    for label, calls, own, cum in focus_rows(stats):
+        print(f"{label:60s} calls={calls:6d} own={own * 1000:8.1f} ms cum={cum * 1000:8.1f} ms")
+    if args.local:
+        n = 10_000 if args.quick else 100_000
+        layers = local_layers(n)
+        for label, on, off, calls, note in layers["rows"]:
+            if on is None:
+                print(f"  n/a  {label} {note}")
+                continue
+            print(f"{on / n * 1e6:7.3f} us/item (GC off {off / n * 1e6:6.3f}, {calls:5.1f} calls/item)  {label}")
+        print(f"GC collections during one full local run: {layers['gc']}")
+    if args.chunk:
+        try:
+            cf, raw = chunk_cost()
+            print(f"one 5,000-item chunk, in-process: chordflow.run_chunk {cf:.2f} us/item, bench.chunk {raw:.2f}")
+        except Exception as exc:  # run_chunk's job format moved
+            print(f"chunk cost not measured: {type(exc).__name__}: {exc}")
 
 
 if __name__ == "__main__":

@@ -1,13 +1,14 @@
-"""Measurement helpers: wall time, the scheduler's peak RSS increase, Redis bytes in, worker-log phases."""
+"""What the benches read off processes: peak RSS (this one's, the workers'), CPU, Redis memory and bytes, and
+what the workers' own log lines say about a run. Nothing here starts a process (bench/harness.py does)."""
 
 from __future__ import annotations
 
 import contextlib
 import datetime as dt
 import gc
+import os
 import re
 import signal
-import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -21,45 +22,36 @@ except ImportError:  # psutil is optional: /proc is enough on Linux
     psutil = None
 
 
-def log(message: str) -> None:
-    """A progress line on stderr."""
-    print(f"[bench {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
+# -- resident set size: this process, and others by pid ------------------------------------------------
+def status_kb(name: str, pid: int | str = "self") -> int | None:
+    """A `kB` field of /proc/<pid>/status (VmRSS, VmHWM), in bytes; None when unreadable."""
+    with contextlib.suppress(OSError):
+        match = re.search(rf"^{name}:\s+(\d+) kB", Path(f"/proc/{pid}/status").read_text(), re.MULTILINE)
+        if match:
+            return int(match.group(1)) * 1024
+    return None
 
 
-# -- resident set size ---------------------------------------------------------------------------
-def _status_kb(field_name: str) -> int | None:
+def reset_peak(pid: int | str = "self") -> bool:
+    """Linux >= 4.0: writing 5 to clear_refs resets VmHWM (the peak RSS) to the current RSS."""
     try:
-        text = Path("/proc/self/status").read_text()
+        Path(f"/proc/{pid}/clear_refs").write_text("5")
     except OSError:
-        return None
-    match = re.search(rf"^{field_name}:\s+(\d+) kB", text, re.MULTILINE)
-    return int(match.group(1)) if match else None
+        return False
+    return status_kb("VmHWM", pid) is not None
 
 
 def current_rss() -> int:
-    """This process's resident set size in bytes."""
     if psutil is not None:
         return psutil.Process().memory_info().rss
-    kb = _status_kb("VmRSS")
-    return (kb or 0) * 1024
-
-
-def _reset_peak() -> bool:
-    """Linux >= 4.0: writing 5 to clear_refs resets VmHWM (the peak RSS) to the current RSS."""
-    try:
-        with open("/proc/self/clear_refs", "w") as f:
-            f.write("5")
-    except OSError:
-        return False
-    return _status_kb("VmHWM") is not None
+    return status_kb("VmRSS") or 0
 
 
 class PeakRss:
-    """Peak RSS increase over a block: VmHWM after a reset (exact), else a 2 ms psutil sampler."""
+    """This process's peak RSS increase over a block: VmHWM after a reset (exact), else a 2 ms sampler."""
 
     def __init__(self) -> None:
-        self.before = 0
-        self.peak = 0
+        self.before = self.peak = 0
         self.method = ""
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -67,11 +59,10 @@ class PeakRss:
     def __enter__(self) -> PeakRss:
         gc.collect()
         self.before = current_rss()
-        if _reset_peak():
+        if reset_peak():
             self.method = "VmHWM"
         else:
-            self.method = "sampled"
-            self.peak = self.before
+            self.method, self.peak = "sampled", self.before
             self._thread = threading.Thread(target=self._sample, daemon=True)
             self._thread.start()
         return self
@@ -81,55 +72,155 @@ class PeakRss:
             self.peak = max(self.peak, current_rss())
 
     def __exit__(self, *exc: object) -> None:
-        if self._thread is not None:
-            self._stop.set()
-            self._thread.join()
-            self.peak = max(self.peak, current_rss())
-        else:
-            self.peak = (_status_kb("VmHWM") or 0) * 1024
+        if self._thread is None:
+            self.peak = status_kb("VmHWM") or 0
+            return
+        self._stop.set()
+        self._thread.join()
+        self.peak = max(self.peak, current_rss())
 
     @property
     def increase(self) -> int:
         return max(0, self.peak - self.before)
 
 
-# -- a per-run deadline --------------------------------------------------------------------------
-@contextlib.contextmanager
-def deadline(seconds: int, what: str) -> Iterator[None]:
-    """Raise TimeoutError in the main thread if the block runs longer than `seconds`."""
-
-    def expire(signum: int, frame: Any) -> None:
-        raise TimeoutError(f"{what} did not finish within {seconds}s")
-
-    previous = signal.signal(signal.SIGALRM, expire)
-    signal.alarm(seconds)
-    try:
-        yield
-    finally:
-        signal.alarm(0)
-        signal.signal(signal.SIGALRM, previous)
+def process_tree(pid: int) -> list[int]:
+    """pid and its descendants (a prefork worker's pool children; none for solo)."""
+    pids = [pid]
+    with contextlib.suppress(OSError):
+        for tid in os.listdir(f"/proc/{pid}/task"):
+            with contextlib.suppress(OSError):
+                for child in Path(f"/proc/{pid}/task/{tid}/children").read_text().split():
+                    pids += process_tree(int(child))
+    return pids
 
 
-# -- Redis bytes -------------------------------------------------------------------------------
+class WorkerPeaks:
+    """Peak RSS (VmHWM) of the worker processes, reset before a phase; `resettable` False when a reset failed
+    (the peaks are then lifetime peaks)."""
+
+    def __init__(self, pids: Callable[[], list[int]]):
+        self.pids = pids
+        self.resettable = True
+
+    def reset(self) -> None:
+        for pid in self.pids():
+            self.resettable = reset_peak(pid) and self.resettable
+
+    def read(self) -> dict[int, int]:
+        return {pid: status_kb("VmHWM", pid) or 0 for pid in self.pids()}
+
+
+# -- CPU -----------------------------------------------------------------------------------------------
+def process_cpu(pids: list[int]) -> float:
+    """CPU seconds (user + system) these processes have used so far (/proc/<pid>/stat)."""
+    ticks = 0
+    for pid in pids:
+        with contextlib.suppress(OSError):
+            fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+            ticks += int(fields[11]) + int(fields[12])  # utime, stime (fields 14 and 15 of stat)
+    return ticks / os.sysconf("SC_CLK_TCK")
+
+
+def machine_busy() -> float:
+    """CPU seconds every core of the machine has spent busy since boot (/proc/stat: all but idle and iowait)."""
+    values = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:8]]
+    return (sum(values) - values[3] - values[4]) / os.sysconf("SC_CLK_TCK")
+
+
+class CpuUse:
+    """CPU used over a block by the workers, by redis-server, by this process and the children it reaped (the
+    CLI processes), and by the whole machine: the difference is other processes' load on the same cores."""
+
+    def __init__(self, workers: Callable[[], list[int]], redis_pid: int):
+        self.workers, self.redis_pid = workers, redis_pid
+        self.start: dict[str, float] = {}
+        self.used: dict[str, float] = {}
+
+    def read(self) -> dict[str, float]:
+        mine = os.times()
+        return {
+            "workers": process_cpu(self.workers()),
+            "redis": process_cpu([self.redis_pid]),
+            "clients": mine.user + mine.system + mine.children_user + mine.children_system,
+            "machine": machine_busy(),
+            "wall": time.perf_counter(),
+        }
+
+    def __enter__(self) -> CpuUse:
+        self.start = self.read()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        end = self.read()
+        self.used = {k: end[k] - self.start[k] for k in end}
+        self.used["others"] = self.used["machine"] - self.used["workers"] - self.used["redis"] - self.used["clients"]
+
+    def text(self) -> str:
+        u, cores = self.used, os.cpu_count() or 1
+        return (
+            f"{u['machine']:.0f} s busy of {u['wall'] * cores:.0f} s ({cores} cores x wall): "
+            f"workers {u['workers']:.0f} s, redis-server {u['redis']:.0f} s, the CLI processes and this bench "
+            f"{u['clients']:.0f} s, **other processes {max(0.0, u['others']):.0f} s**"
+        )
+
+
+# -- Redis -----------------------------------------------------------------------------------------------
 def redis_bytes_in(client: Any) -> int:
     """total_net_input_bytes of the bench's own redis-server (everything clients wrote to it)."""
     return int(client.info("stats")["total_net_input_bytes"])
 
 
-# -- worker logs ---------------------------------------------------------------------------------
+class RedisPeak:
+    """Redis's used_memory sampled every 10 ms over a block, beside its lifetime used_memory_peak
+    (CONFIG RESETSTAT does not reset the peak on Redis 7.0)."""
+
+    def __init__(self, client: Any):
+        self.client = client
+        self.before = self.sampled = self.lifetime = self.lifetime_before = 0
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def __enter__(self) -> RedisPeak:
+        memory = self.client.info("memory")
+        self.before = self.sampled = int(memory["used_memory"])
+        self.lifetime_before = int(memory["used_memory_peak"])
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+        self._thread.start()
+        return self
+
+    def _sample(self) -> None:
+        while not self._stop.wait(0.01):
+            with contextlib.suppress(Exception):
+                self.sampled = max(self.sampled, int(self.client.info("memory")["used_memory"]))
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+        memory = self.client.info("memory")
+        self.sampled = max(self.sampled, int(memory["used_memory"]))
+        self.lifetime = int(memory["used_memory_peak"])
+
+    def as_dict(self) -> dict[str, int]:
+        return {
+            "redis_before": self.before,
+            "redis_sampled": self.sampled,
+            "redis_lifetime": self.lifetime,
+            "redis_lifetime_before": self.lifetime_before,
+        }
+
+
+# -- worker logs -------------------------------------------------------------------------------------------
 _LINE = re.compile(
     r"^\[(?P<ts>\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}): \w+/[\w-]+\] Task (?P<name>[\w.]+)\[(?P<id>[\w-]+)\] "
-    r"(?P<what>received|succeeded in (?P<secs>[\d.e-]+)s)"
+    r"(?:received|succeeded in (?P<secs>[\d.e-]+)s)"
 )
-
-
-def _epoch(stamp: str) -> float:
-    return dt.datetime.strptime(stamp, "%Y-%m-%d %H:%M:%S,%f").timestamp()
 
 
 @dataclass
 class Phases:
-    """What the workers' own log lines (ms timestamps, same clock) say about one run."""
+    """What the workers' log lines (ms timestamps, same clock) say about one chord: its header and body."""
 
     tasks: int = 0  # header tasks that succeeded
     busy_s: float = 0.0  # sum of the header tasks' run times, over both workers
@@ -155,49 +246,80 @@ class Phases:
 
 
 class WorkerLogs:
-    """Reads what the workers logged since `mark()`; the chord body's "succeeded" line ends a run."""
+    """The workers' `Task ... received` / `succeeded in` lines written since `mark()`."""
 
     def __init__(self, paths: list[Path]):
         self.paths = paths
-        self.offsets = {p: 0 for p in paths}
+        self.offsets = dict.fromkeys(paths, 0)
 
     def mark(self) -> None:
         self.offsets = {p: p.stat().st_size if p.exists() else 0 for p in self.paths}
 
-    def _new_lines(self) -> Iterator[str]:
+    def entries(self) -> Iterator[tuple[float, str, str, float | None]]:
+        """(epoch, task name, task id, run seconds or None for "received") per line since mark()."""
         for path in self.paths:
             with path.open("rb") as f:
                 f.seek(self.offsets[path])
                 for raw in f:
-                    yield raw.decode("utf-8", "replace")
+                    m = _LINE.match(raw.decode("utf-8", "replace"))
+                    if m:
+                        at = dt.datetime.strptime(m.group("ts"), "%Y-%m-%d %H:%M:%S,%f").timestamp()
+                        secs = m.group("secs")
+                        yield at, m.group("name"), m.group("id"), None if secs is None else float(secs)
 
     def phases(self, body_task: str, timeout: float = 10.0) -> Phases:
-        """Parse the lines since mark(); waits (up to `timeout`) for the body's line to be written."""
+        """One chord's phases; waits (up to `timeout`) for the body's "succeeded" line to be written."""
         stop = time.monotonic() + timeout
         while True:
             phases = Phases()
-            for line in self._new_lines():
-                m = _LINE.match(line)
-                if not m:
-                    continue
-                at = _epoch(m.group("ts"))
-                if m.group("what") == "received":
-                    if m.group("name") != body_task and (phases.first_received is None or at < phases.first_received):
+            for at, name, task_id, secs in self.entries():
+                if secs is None:
+                    if name != body_task and (phases.first_received is None or at < phases.first_received):
                         phases.first_received = at
-                elif m.group("name") == body_task:
-                    phases.body_s += float(m.group("secs"))
-                    phases.body_done = at
-                    phases.body_id = m.group("id")
+                elif name == body_task:
+                    phases.body_s += secs
+                    phases.body_done, phases.body_id = at, task_id
                 else:
                     phases.tasks += 1
-                    phases.busy_s += float(m.group("secs"))
+                    phases.busy_s += secs
                     phases.last_header_done = max(phases.last_header_done or at, at)
             if phases.body_done is not None or time.monotonic() > stop:
                 return phases
             time.sleep(0.02)
 
+    def tasks(self, settle: float = 0.5) -> dict[str, Any]:
+        """Per task name, [succeeded, summed run seconds]; when the first task was received and the last done."""
+        time.sleep(settle)  # the last task's "succeeded" line is written after its result
+        tasks: dict[str, list[float]] = {}
+        first = last = None
+        for at, name, _id, secs in self.entries():
+            if secs is None:
+                first = at if first is None else min(first, at)
+            else:
+                entry = tasks.setdefault(name, [0, 0.0])
+                entry[0] += 1
+                entry[1] += secs
+                last = at if last is None else max(last, at)
+        return {"tasks": tasks, "first_received": first, "last_done": last}
 
-# -- one measured call -----------------------------------------------------------------------------
+
+# -- one measured in-process call ----------------------------------------------------------------------
+@contextlib.contextmanager
+def deadline(seconds: int, what: str) -> Iterator[None]:
+    """Raise TimeoutError in the main thread if the block runs longer than `seconds`."""
+
+    def expire(signum: int, frame: Any) -> None:
+        raise TimeoutError(f"{what} did not finish within {seconds}s")
+
+    previous = signal.signal(signal.SIGALRM, expire)
+    signal.alarm(seconds)
+    try:
+        yield
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
+
+
 @dataclass
 class Sample:
     seconds: float
@@ -218,7 +340,7 @@ def stored_at(meta_reader: Callable[[str], dict[str, Any]], task_id: str) -> flo
     return done.timestamp() if isinstance(done, dt.datetime) else None
 
 
-def measure(
+def time_call(
     call: Callable[[], Any],
     *,
     redis_client: Any = None,
@@ -227,7 +349,7 @@ def measure(
     meta_reader: Callable[[str], dict[str, Any]] | None = None,
     limit: int = 600,
     what: str = "run",
-) -> tuple[Sample, Any]:
+) -> Sample:
     """Time `call()` (perf_counter around the whole dispatch-and-wait) with its peak RSS increase."""
     gc.collect()  # the previous run's garbage (e.g. 2,000 AsyncResults unsubscribing) is not this run's
     if logs is not None:
@@ -236,15 +358,14 @@ def measure(
     with deadline(limit, what), PeakRss() as rss:
         wall_start = time.time()
         t0 = time.perf_counter()
-        value = call()
+        call()
         seconds = time.perf_counter() - t0
-        wall_end = wall_start + seconds
     sample = Sample(seconds, rss.increase)
     if logs is not None:  # waits for the body's log line: its trailing writes (ack, events) land first
         phases = logs.phases(body_task)
         if phases.body_id and meta_reader is not None:
             phases.body_done = stored_at(meta_reader, phases.body_id) or phases.body_done
-        sample.phases = phases.as_dict(wall_start, wall_end)
-    if redis_client is not None and before_bytes is not None:
+        sample.phases = phases.as_dict(wall_start, wall_start + seconds)
+    if before_bytes is not None:
         sample.bytes_in = redis_bytes_in(redis_client) - before_bytes
-    return sample, value
+    return sample

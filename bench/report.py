@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import statistics
-import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from bench import variants
+from bench import harness, variants
+from bench.harness import Session, document, verdict
 
 if TYPE_CHECKING:
     from bench.run import Record, Results
@@ -22,10 +22,6 @@ def _mb(n: int | float | None) -> str:
 
 def _n(n: int) -> str:
     return f"{n // 1000:,}k" if n % 1000 == 0 and n < 1_000_000 else f"{n:,}"
-
-
-def _verdict(ok: bool | None) -> str:
-    return "n/a" if ok is None else ("**PASS**" if ok else "**FAIL**")
 
 
 def _ms(value: Any) -> str:
@@ -80,52 +76,41 @@ def issue2_ratios(i2: dict[str, Any]) -> tuple[float, float]:
     return best["local"] / best["plain"], best["local"] / best["discarding"]
 
 
-def results_table(results: Results) -> list[str]:
-    lines = [
-        "| variant | N | runs | wall s (best) | all runs s | us/item | items/s | scheduler peak RSS + MB "
-        "| Redis bytes in MB | tasks |",
-        "|---|---:|---:|---:|---|---:|---:|---:|---:|---:|",
-    ]
+RESULTS_HEAD = ("variant", "N", "runs", "wall s (best)", "all runs s", "us/item", "items/s")
+RESULTS_HEAD += ("scheduler peak RSS + MB", "Redis bytes in MB", "tasks")
+PHASES_HEAD = ("variant", "N", "wall ms", "first task received", "all header tasks done", "chord body done")
+PHASES_HEAD += ("body done -> caller returned", "worker busy s (sum, 2 procs)", "body task s", "registry read")
+
+
+def results_table(results: Results) -> str:
+    """Every record, by variant and N, the 1,000,000-item one last."""
     records = sorted(results.records, key=lambda r: (variants.VARIANTS.index(r.variant), r.n))
-    if results.million is not None:
-        records.append(results.million)
-    for r in records:
+    rows = []
+    for r in records + ([results.million] if results.million is not None else []):
         name = f"{LETTER[r.variant]} {r.variant}"
         if not r.samples:
-            lines.append(f"| {name} | {_n(r.n)} | 0 | FAILED: {r.error} | | | | | | |")
+            rows.append([name, _n(r.n), 0, f"FAILED: {r.error}", *[""] * 6])
             continue
         best = r.best
         runs = ", ".join(f"{s.seconds:.3f}" for s in r.samples)
         tasks = best.phases.get("tasks", "") if best.phases else ""
-        lines.append(
-            f"| {name} | {_n(r.n)} | {len(r.samples)} | {best.seconds:.3f} | {runs} | {best.seconds / r.n * 1e6:,.2f} "
-            f"| {r.n / best.seconds:,.0f} | {r.rss / 2**20:,.1f} | {_mb(best.bytes_in)} | {tasks} |"
-        )
-    return lines
+        row = [name, _n(r.n), len(r.samples), f"{best.seconds:.3f}", runs, f"{best.seconds / r.n * 1e6:,.2f}"]
+        rows.append([*row, f"{r.n / best.seconds:,.0f}", f"{r.rss / 2**20:,.1f}", _mb(best.bytes_in), tasks])
+    return harness.table(RESULTS_HEAD, rows, "lrrrlrrrrr")
 
 
-def phases_table(results: Results) -> list[str]:
-    lines = [
-        "| variant | N | wall ms | first task received | all header tasks done | chord body done "
-        "| body done -> caller returned | worker busy s (sum, 2 procs) | body task s | registry read |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|",
-    ]
-    records = [r for r in results.records if r.variant != variants.LOCAL and r.samples]
-    if results.million is not None and results.million.samples:
-        records.append(results.million)
-    records.sort(key=lambda r: (r.n, variants.VARIANTS.index(r.variant)))
-    for r in records:
-        best = r.best
-        p = best.phases
-        if not p:
-            continue
+def phases_table(results: Results) -> str:
+    """The best run of every Celery record, by N and variant."""
+    timed = results.records + ([results.million] if results.million is not None else [])
+    records = [r for r in timed if r.variant != variants.LOCAL and r.samples and r.best.phases]
+    rows = []
+    for r in sorted(records, key=lambda r: (r.n, variants.VARIANTS.index(r.variant))):
+        best, p = r.best, r.best.phases
         inspect = best.extra.get("inspect")
-        lines.append(
-            f"| {LETTER[r.variant]} {r.variant} | {_n(r.n)} | {best.seconds * 1000:,.0f} | {_ms(p['to_first_ms'])} "
-            f"| {_ms(p['headers_done_ms'])} | {_ms(p['body_done_ms'])} | {_ms(p['notice_ms'])} | {p['busy_s']:.3f} "
-            f"| {p['body_s']:.3f} | {'' if inspect is None else ('yes' if inspect else 'no')} |"
-        )
-    return lines
+        row = [f"{LETTER[r.variant]} {r.variant}", _n(r.n), f"{best.seconds * 1000:,.0f}", _ms(p["to_first_ms"])]
+        row += [_ms(p["headers_done_ms"]), _ms(p["body_done_ms"]), _ms(p["notice_ms"]), f"{p['busy_s']:.3f}"]
+        rows.append([*row, f"{p['body_s']:.3f}", "" if inspect is None else ("yes" if inspect else "no")])
+    return harness.table(PHASES_HEAD, rows, "lrrrrrrrrl")
 
 
 def notice_summary(results: Results) -> list[str]:
@@ -195,7 +180,7 @@ def issue2_section(results: Results) -> list[str]:
     lines += [
         "",
         f"Ratio against the loop keeping results (a batch must return them): **{keeping:.2f}x** (target <= 3x: "
-        f"{_verdict(keeping <= 3)}). Against the loop that discards every result: {discarding:.2f}x (not the "
+        f"{verdict(keeping <= 3)}). Against the loop that discards every result: {discarding:.2f}x (not the "
         "target's baseline: that loop does less work than any batch can).",
         "",
         "Where the local per-item time goes, one layer added per row (each best of 3, same items; *GC off* = "
@@ -294,42 +279,20 @@ OTHER_RESULTS = [
 ]
 
 
-def write(results: Results, out: Path) -> tuple[Path, Path]:
-    png = out / "throughput.png"
-    write_plot(results, png)
-    md = out / "RESULTS.md"
-    md.write_text("\n".join(render(results)) + "\n")
-    return md, png
-
-
-def render(results: Results) -> list[str]:
+def render(session: Session, results: Results) -> str:
+    """RESULTS.md; throughput.png is written beside it."""
     from scheduler.backends import celery as celery_backend
     from worker import settings
 
-    date = time.strftime("%Y-%m-%d %H:%M:%S %Z", time.localtime(results.started))
+    write_plot(results, session.args.out / "throughput.png")
     s = settings.load()
-    mode = "quick (N=1k, 10k; no 1M run)" if results.quick else "full"
+    mode = "quick: N=1k, 10k; no 1M run" if session.quick else "full"
     lines = [
-        "# chordflow vs raw Celery: no-op batch benchmark",
+        f"Every number below comes from this one run ({mode}), on one redis-server the bench started and two "
+        "worker processes. Regenerate with `make bench`.",
         "",
-        f"Generated by `python -m bench` ({mode}) on {date}, {results.duration / 60:.1f} min in all. "
-        "Every number below comes from that one run, on one redis-server the bench started and two worker "
-        "processes. Regenerate with `make bench`.",
-        "",
-        f"Exact command: `{results.command}`",
-        "",
-        "## Machine and setup",
-        "",
-        "| | |",
-        "|---|---|",
+        "## Setup",
     ]
-    lines += [f"| {k} | {v} |" for k, v in results.facts.items()]
-    lines += [f"| chordflow source fingerprint | {results.fingerprint_start} |"]
-    if results.fingerprint_end != results.fingerprint_start:
-        lines += [
-            f"| **WARNING** | chordflow's sources changed during the run (fingerprint at the end: "
-            f"{results.fingerprint_end}); processes started before the change ran the old code |"
-        ]
     lines += [
         "",
         "- **Workers: two solo workers** (`-P solo -c 1` each = 2 worker processes), the same for every Celery "
@@ -368,10 +331,10 @@ def render(results: Results) -> list[str]:
         "## Results",
         "",
     ]
-    lines += results_table(results)
+    lines += [results_table(results)]
     lines += ["", "![items/s vs N](throughput.png)", "", "## Targets", "", "| check | measured | target | result |"]
     lines += ["|---|---|---|---|"]
-    lines += [f"| {check} | {value} | {target} | {_verdict(ok)} |" for check, value, target, ok in ratios(results)]
+    lines += [f"| {check} | {value} | {target} | {verdict(ok)} |" for check, value, target, ok in ratios(results)]
     lines += ["", "## Large snapshot (bytes written to Redis)", ""]
     lines += snapshot_section(results)
     lines += ["", "## Issue 2: local sequential per-item overhead", ""]
@@ -387,7 +350,7 @@ def render(results: Results) -> list[str]:
         "whether chordflow re-read the worker registry (its cached worker-process count) during that call.",
         "",
     ]
-    lines += phases_table(results)
+    lines += [phases_table(results)]
     lines += [""]
     lines += notice_summary(results)
     lines += [
@@ -398,4 +361,4 @@ def render(results: Results) -> list[str]:
     lines += profile_section(results)
     lines += ["", "The analysis of these numbers (which targets are missed and why) is in README.md, *Findings*.", ""]
     lines += OTHER_RESULTS
-    return lines
+    return document(session, "chordflow vs raw Celery: no-op batch benchmark", "\n".join(lines))

@@ -5,26 +5,21 @@ Writes RESULTS.md and throughput.png into --out (default: this directory). Progr
 
 from __future__ import annotations
 
-import argparse
-import hashlib
-import os
-import shlex
-import shutil
+import contextlib
+import gc
 import sys
-import tempfile
 import time
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
-from bench import cluster as bench_cluster
-from bench import diagnose, report, variants
-from bench.measure import Sample, log, measure
+from bench import diagnose, harness, raw_tasks, report, variants
+from bench.harness import BenchCluster, log
+from bench.measure import Sample, time_call
 from ir import snapshot
 
-HERE = Path(__file__).resolve().parent
+TASKS = (*raw_tasks.TASK_NAMES, "chordflow.run_chunk", "chordflow.aggregate")  # every worker must have them
 FULL_NS = (1_000, 2_000, 10_000, 100_000)
 QUICK_NS = (1_000, 10_000)
 NAIVE_NS = (1_000, 2_000)  # the per-item chord is superlinear: capped at 2,000 items
@@ -41,7 +36,6 @@ class Record:
     variant: str
     n: int
     samples: list[Sample] = field(default_factory=list)
-    info: dict[str, Any] = field(default_factory=dict)
     error: str | None = None
 
     @property
@@ -60,16 +54,8 @@ class Results:
     snapshot: dict[str, Any] = field(default_factory=dict)
     issue2: dict[str, Any] = field(default_factory=dict)
     profiles: list[dict[str, Any]] = field(default_factory=list)
-    facts: dict[str, str] = field(default_factory=dict)
-    command: str = ""
-    started: float = 0.0
-    duration: float = 0.0
-    quick: bool = False
     chunks: int = 0
-    rss_method: str = ""
     get_check: str = ""
-    fingerprint_start: str = ""
-    fingerprint_end: str = ""
 
     def get(self, variant: str, n: int) -> Record | None:
         return next((r for r in self.records if r.variant == variant and r.n == n and r.samples), None)
@@ -79,152 +65,153 @@ def repeats_for(n: int) -> int:
     return 2 if n <= 10_000 else 1
 
 
-def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
-    parser.add_argument("--quick", action="store_true", help="N=1k and 10k only; skip the 1,000,000-item run")
-    parser.add_argument("--out", type=Path, default=HERE, help="where RESULTS.md and throughput.png go")
-    parser.add_argument("--keep-logs", action="store_true", help="keep the redis/worker logs directory")
-    return parser.parse_args(argv)
-
-
 def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
-    results = Results(quick=args.quick, started=time.time())
-    results.command = f"cd {shlex.quote(str(Path.cwd()))} && " + " ".join(
-        shlex.quote(a) for a in getattr(sys, "orig_argv", [sys.executable, "-m", "bench", *sys.argv[1:]])
-    )
-    t0 = time.perf_counter()
-    results.fingerprint_start = fingerprint()
-    workdir = Path(tempfile.mkdtemp(prefix="chordflow-bench-"))
-    bench = None
-    try:
-        bench = bench_cluster.start(workdir)
-        results.facts = bench_cluster.machine_facts(bench)
-        results.chunks = variants.chunk_count(bench.processes)
-        results.get_check = bench.get_check
-        run_all(bench, results, args.quick)
-    finally:
-        if bench is not None:
-            bench.stop()
-        if not results.facts:
-            results.facts = bench_cluster.machine_facts(None)
-    results.duration = time.perf_counter() - t0
-    results.fingerprint_end = fingerprint()
-    if results.fingerprint_end != results.fingerprint_start:
-        log("WARNING: chordflow's sources changed while the bench ran; the results mix two versions")
-    results.facts["load average at end (1/5/15 min)"] = " / ".join(f"{x:.2f}" for x in os.getloadavg())
-    args.out.mkdir(parents=True, exist_ok=True)
-    md, png = report.write(results, args.out)
-    log(f"wrote {md} and {png} ({results.duration:.0f} s in all)")
-    if args.keep_logs:
-        log(f"logs kept in {workdir}")
-    else:
-        shutil.rmtree(workdir, ignore_errors=True)
+    args = harness.arguments("bench", __doc__, "RESULTS.md", "N=1k and 10k only; skip the 1,000,000-item run", argv)
+    harness.run_bench(args, measure, report.render, plugins=raw_tasks.__name__, needed=TASKS)
     return 0
 
 
-def fingerprint() -> str:
-    """sha256 over chordflow's sources (ir/, scheduler/, worker/: .py and .lua) and the newest mtime.
+def measure(session: harness.Session, bench: BenchCluster) -> Results:
+    """Every variant on the bench's cluster; the raw baselines through a stock client signing as chordflow."""
+    from worker.cluster import signing
+    from worker.cluster.app import current_app
 
-    Others edit the code while benchmarks run: this says which code was measured, and whether it moved.
+    app = current_app()
+    stock = signing.sign_messages(variants.stock_client(), app.signer)  # the workers drop unsigned tasks
+    results = Results(chunks=variants.chunk_count(bench.processes), get_check=check_get(app))
+    log(f"AsyncResult.get() on chordflow's own app: {results.get_check}")
+    conf = app.conf
+    session.facts["celery app"] = (
+        f"worker/app.py: serializer {conf.task_serializer}/{conf.result_serializer}, "
+        f"acks_late={conf.task_acks_late}, prefetch_multiplier={conf.worker_prefetch_multiplier}, "
+        f"result_chord_ordered={conf.result_chord_ordered}, task events on, "
+        "every task message signed and verified (HMAC-SHA256, worker/cluster/signing.py)"
+    )
+    try:
+        Runs(bench, stock, results).all(session.quick)
+    finally:  # results unsubscribe when released: let them, while Redis is still up
+        variants.settle(stock)
+        gc.collect()
+        with contextlib.suppress(Exception):  # no result consumer was ever started, or it is closed
+            stock.backend.result_consumer.stop()
+    return results
+
+
+def check_get(app: Any, delay: float = 0.5, timeout: float = 3.0) -> str:
+    """Does `AsyncResult.get()` work on chordflow's app, for a task that is not one of chordflow's chords?
+
+    It did not when this bench was written: RunResultBackend skipped every result subscription, so such
+    a `.get()` waited until its timeout. Found here and fixed (subscriptions are skipped only inside
+    `backend.quiet()`; tests/test_distributed.py::test_other_tasks_on_the_app_can_still_wait_for_their_results).
+    This stays as a regression check. The task is sent with a countdown so that it cannot be finished when
+    `.get()` starts: a `.get()` that looks at the stored state once and never hears of it later times out.
     """
-    root = HERE.parent
-    digest = hashlib.sha256()
-    newest = 0.0
-    sources = (p for d in ("ir", "scheduler", "worker") for p in (root / d).rglob("*"))
-    files = sorted(p for p in sources if p.suffix in (".py", ".lua"))
-    for path in files:
-        digest.update(str(path.relative_to(root)).encode())
-        digest.update(path.read_bytes())
-        newest = max(newest, path.stat().st_mtime)
-    stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(newest))
-    return f"sha256 {digest.hexdigest()[:16]} over {len(files)} files (newest edit {stamp})"
+    from celery.exceptions import TimeoutError as CeleryTimeout
 
-
-def run_all(bench: bench_cluster.BenchCluster, results: Results, quick: bool) -> None:
-    ns = QUICK_NS if quick else FULL_NS
-    naive_ns = tuple(n for n in NAIVE_NS if n in ns)
-    shared = variants.item_shared({"items": []})
-
-    def runner(variant: str, items: list[Any]) -> Callable[[], dict[str, Any]]:
-        if variant == variants.NAIVE:
-            return lambda: variants.run_naive(bench.client, items, shared)
-        if variant == variants.CHUNKED:
-            return lambda: variants.run_chunked(bench.client, items, shared, results.chunks)
-        if variant == variants.CELERY:
-            return lambda: variants.run_chordflow(items, "celery")
-        return lambda: variants.run_chordflow(items, "local")
-
-    log(f"warm-up: every variant once with {WARMUP_N} items (not timed)")
-    for variant in variants.VARIANTS:
-        runner(variant, list(range(WARMUP_N)))()
-    variants.settle(bench.client)
-
-    order = (variants.LOCAL, variants.CHUNKED, variants.CELERY, variants.NAIVE)
-    for n in ns:
-        items = list(range(n))
-        for variant in order:
-            if variant == variants.NAIVE and n not in naive_ns:
-                continue
-            results.records.append(timed(bench, variant, n, runner(variant, items), repeats_for(n), results))
-
-    if not quick:
-        items = list(range(MILLION))
-        results.million = timed(bench, variants.CELERY, MILLION, runner(variants.CELERY, items), 1, results, 1800)
-        del items
-
-    results.snapshot = large_snapshot(bench, results)
-    results.issue2 = issue2()
-    for n in (10_000,) if quick else (10_000, 100_000):
-        log(f"diagnostics: cProfile of one extra chordflow celery run, N={n:,} (not timed)")
-        results.profiles.append(diagnose.profile_chordflow(n))
-
-
-def timed(
-    bench: bench_cluster.BenchCluster,
-    variant: str,
-    n: int,
-    call: Callable[[], dict[str, Any]],
-    repeats: int,
-    results: Results,
-    limit: int = 900,
-    label: str = "",
-) -> Record:
-    record = Record(variant, n)
-    label = label or variant
-    celery = variant != variants.LOCAL
-    for attempt in range(repeats):
-        refreshed = inspect_cache()
-        try:
-            sample, info = measure(
-                call,
-                redis_client=bench.redis if celery else None,
-                logs=bench.logs if celery else None,
-                body_task=variants.BODY_TASK.get(variant, ""),
-                meta_reader=bench.client.backend.get_task_meta if celery else None,
-                limit=limit,
-                what=f"{label} N={n}",
-            )
-            if variant in (variants.NAIVE, variants.CHUNKED):
-                variants.settle(bench.client)  # outside the timing: this run's leftovers stay out of the next
-        except Exception as exc:
-            record.error = f"{type(exc).__name__}: {exc}"
-            log(f"{label:22s} N={n:>9,}  FAILED: {record.error}")
-            traceback.print_exc(file=sys.stderr)
-            if celery:
-                bench.app.control.purge()  # leave no half-run batch in the queue for the next variant
-            break
-        if variant == variants.CELERY:
-            sample.extra["inspect"] = inspect_cache() is not refreshed
-        record.samples.append(sample)
-        record.info.update(info or {})
-        results.rss_method = results.rss_method or "VmHWM"
-        log(
-            f"{label:22s} N={n:>9,}  run {attempt + 1}/{repeats}: {sample.seconds:8.3f} s  "
-            f"{sample.seconds / n * 1e6:9.2f} us/item  rss +{sample.rss_increase / 2**20:7.1f} MB"
-            + (f"  redis in {sample.bytes_in / 1e6:8.2f} MB" if sample.bytes_in is not None else "")
+    result = app.signature(raw_tasks.NAIVE_TASK, args=({}, 0)).apply_async(countdown=delay)
+    t0 = time.perf_counter()
+    backend = f"{type(app.backend).__module__}.{type(app.backend).__name__}"
+    try:
+        result.get(timeout=timeout)
+    except CeleryTimeout:
+        stored = result.backend.get_task_meta(result.id).get("status")
+        return (
+            f"a task sent with countdown={delay} s was not seen by `.get(timeout={timeout:.0f})`: timed out although "
+            f"the worker had stored the result (state {stored}); result backend {backend}"
         )
-    return record
+    return f"returned after {time.perf_counter() - t0:.3f} s for a task sent with countdown={delay} s ({backend})"
+
+
+class Runs:
+    """The timed runs on one cluster: `bench` for chordflow, `stock` (a stock Celery client) for the baselines."""
+
+    def __init__(self, bench: BenchCluster, stock: Any, results: Results):
+        self.bench, self.stock, self.results = bench, stock, results
+
+    def call(self, variant: str, items: list[Any], **extra: Any) -> Callable[[], None]:
+        shared = variants.item_shared({"items": []})
+        if variant == variants.NAIVE:
+            return lambda: variants.run_naive(self.stock, items, shared)
+        if variant == variants.CHUNKED:
+            return lambda: variants.run_chunked(self.stock, items, shared, self.results.chunks)
+        backend = "celery" if variant == variants.CELERY else "local"
+        return lambda: variants.run_chordflow(items, backend, **extra)
+
+    def all(self, quick: bool) -> None:
+        results = self.results
+        log(f"warm-up: every variant once with {WARMUP_N} items (not timed)")
+        for variant in variants.VARIANTS:
+            self.call(variant, list(range(WARMUP_N)))()
+        variants.settle(self.stock)
+        ns = QUICK_NS if quick else FULL_NS
+        for n in ns:
+            items = list(range(n))
+            for variant in (variants.LOCAL, variants.CHUNKED, variants.CELERY, variants.NAIVE):
+                if variant != variants.NAIVE or n in NAIVE_NS:
+                    results.records.append(self.timed(variant, items, repeats_for(n)))
+        if not quick:
+            results.million = self.timed(variants.CELERY, list(range(MILLION)), 1, limit=1800)
+        results.snapshot = self.large_snapshot()
+        results.issue2 = issue2()
+        for n in (10_000,) if quick else (10_000, 100_000):
+            log(f"diagnostics: cProfile of one extra chordflow celery run, N={n:,} (not timed)")
+            results.profiles.append(diagnose.profile_chordflow(n))
+
+    def timed(self, variant: str, items: list[Any], repeats: int, limit: int = 900, **extra: Any) -> Record:
+        """`repeats` timed runs of one variant; the first failure ends them (recorded, the bench goes on)."""
+        n, bench = len(items), self.bench
+        record = Record(variant, n)
+        label = variant + (" +1MB" if extra else "")
+        call = self.call(variant, items, **extra)
+        celery = variant != variants.LOCAL
+        for attempt in range(repeats):
+            refreshed = inspect_cache()
+            try:
+                sample = time_call(
+                    call,
+                    redis_client=bench.redis if celery else None,
+                    logs=bench.logs if celery else None,
+                    body_task=variants.BODY_TASK.get(variant, ""),
+                    meta_reader=self.stock.backend.get_task_meta if celery else None,
+                    limit=limit,
+                    what=f"{label} N={n}",
+                )
+                if variant in (variants.NAIVE, variants.CHUNKED):
+                    variants.settle(self.stock)  # outside the timing: this run's leftovers stay out of the next
+            except Exception as exc:
+                record.error = f"{type(exc).__name__}: {exc}"
+                log(f"{label:22s} N={n:>9,}  FAILED: {record.error}")
+                traceback.print_exc(file=sys.stderr)
+                if celery:
+                    bench.purge()  # leave no half-run batch in the queue for the next variant
+                break
+            if variant == variants.CELERY:
+                sample.extra["inspect"] = inspect_cache() is not refreshed
+            record.samples.append(sample)
+            log(
+                f"{label:22s} N={n:>9,}  run {attempt + 1}/{repeats}: {sample.seconds:8.3f} s  "
+                f"{sample.seconds / n * 1e6:9.2f} us/item  rss +{sample.rss_increase / 2**20:7.1f} MB"
+                + (f"  redis in {sample.bytes_in / 1e6:8.2f} MB" if sample.bytes_in is not None else "")
+            )
+        return record
+
+    def large_snapshot(self) -> dict[str, Any]:
+        """chordflow celery with a ~1 MB value in the store: bytes written to the bench's Redis."""
+        items = list(range(SNAPSHOT_ITEMS))
+        blob = "x" * BLOB_BYTES
+        record = self.timed(variants.CELERY, items, 2, blob=blob)
+        items_bytes = len(snapshot.encode(items))
+        plain = self.results.get(variants.CELERY, SNAPSHOT_ITEMS)
+        out = {
+            "record": record,
+            "items_bytes": items_bytes,
+            "snapshot_bytes": len(snapshot.encode({"items": items, "blob": blob})),
+            "budget": SNAPSHOT_BUDGET + items_bytes,
+            "bytes_in": max((s.bytes_in or 0 for s in record.samples), default=None) if record.samples else None,
+            "without_blob": max((s.bytes_in or 0 for s in plain.samples), default=None) if plain else None,
+        }
+        log(f"large snapshot: {out['bytes_in']} bytes written to Redis (budget {out['budget']})")
+        return out
 
 
 def inspect_cache() -> Any:
@@ -234,35 +221,6 @@ def inspect_cache() -> Any:
     from worker.cluster import chunking
 
     return chunking._cache.get(settings.load().result_backend)
-
-
-def large_snapshot(bench: bench_cluster.BenchCluster, results: Results) -> dict[str, Any]:
-    """chordflow celery with a ~1 MB value in the store: bytes written to the bench's Redis."""
-    items = list(range(SNAPSHOT_ITEMS))
-    blob = "x" * BLOB_BYTES
-    record = timed(
-        bench,
-        variants.CELERY,
-        SNAPSHOT_ITEMS,
-        lambda: variants.run_chordflow(items, "celery", blob=blob),
-        2,
-        results,
-        label="chordflow celery +1MB",
-    )
-    items_bytes = len(snapshot.encode(items))
-    snap_bytes = len(snapshot.encode({"items": items, "blob": blob}))
-    plain = results.get(variants.CELERY, SNAPSHOT_ITEMS)
-    measured = max((s.bytes_in or 0 for s in record.samples), default=None)
-    out = {
-        "record": record,
-        "items_bytes": items_bytes,
-        "snapshot_bytes": snap_bytes,
-        "budget": SNAPSHOT_BUDGET + items_bytes,
-        "bytes_in": measured if record.samples else None,
-        "without_blob": max((s.bytes_in or 0 for s in plain.samples), default=None) if plain else None,
-    }
-    log(f"large snapshot: {out['bytes_in']} bytes written to Redis (budget {out['budget']})")
-    return out
 
 
 def issue2() -> dict[str, Any]:
@@ -275,11 +233,11 @@ def issue2() -> dict[str, Any]:
     shared = {"items": items}
     calls = {
         "local": lambda: variants.run_chordflow(items, "local"),
-        # len(): the results are freed inside the timing, as chordflow local's are (measure() would keep them)
+        # len(): the results are freed inside the timing, as chordflow local's are
         "plain": lambda: len(variants.plain_loop(items, shared)),
         "discarding": lambda: variants.plain_loop_discarding(items, shared),
     }
-    runs = {name: [measure(call, what=f"{name} 100k")[0].seconds for _ in range(3)] for name, call in calls.items()}
+    runs = {name: [time_call(call, what=f"{name} 100k").seconds for _ in range(3)] for name, call in calls.items()}
     best = {name: min(seconds) for name, seconds in runs.items()}
     log(
         f"issue 2: local {best['local']:.3f} s vs plain loop {best['plain']:.3f} s (keeping results) = "

@@ -52,7 +52,7 @@ def stock_client() -> Celery:
     Same broker, serializer (msgpack), acks_late, prefetch, queue and chord ordering as chordflow's app;
     only the result backend class is Celery's own RedisBackend: what a raw-Celery user writes. (chordflow's
     RunResultBackend skips result subscriptions only inside `backend.quiet()`, around its own chord
-    dispatch, so `.get()` works on chordflow's app as well; `cluster.check_get` confirms it at start.)
+    dispatch, so `.get()` works on chordflow's app as well; `run.check_get` confirms it at start.)
     """
     from worker import settings
     from worker.cluster import app as worker_app
@@ -85,20 +85,19 @@ def settle(client: Celery, wait: float = 0.05) -> int:
     return read
 
 
-def run_naive(client: Celery, items: list[Any], shared: dict[str, Any]) -> dict[str, Any]:
+def run_naive(client: Celery, items: list[Any], shared: dict[str, Any]) -> None:
     """What a newcomer writes: one task per item, `chord(header)(callback).get()`."""
     header = [client.signature(raw_tasks.NAIVE_TASK, args=(shared, item)) for item in items]
     result = chord(header, app=client)(client.signature(raw_tasks.COLLECT_TASK))
     value = result.get(timeout=RESULT_TIMEOUT)
     _check(NAIVE, value["count"], value["results"], len(items))
-    return {"tasks": len(items)}
 
 
 def chunk_count(processes: int, per_process: int = 4) -> int:
     return processes * per_process
 
 
-def run_chunked(client: Celery, items: list[Any], shared: dict[str, Any], chunks: int) -> dict[str, Any]:
+def run_chunked(client: Celery, items: list[Any], shared: dict[str, Any], chunks: int) -> None:
     """What an expert writes by hand: `chunks` slices (4 per worker process), ordered concatenation."""
     size = max(1, math.ceil(len(items) / chunks))
     header = [
@@ -107,17 +106,15 @@ def run_chunked(client: Celery, items: list[Any], shared: dict[str, Any], chunks
     result = chord(header, app=client)(client.signature(raw_tasks.CONCAT_TASK))
     value = result.get(timeout=RESULT_TIMEOUT)
     _check(CHUNKED, value["count"], value["results"], len(items))
-    return {"tasks": len(header), "chunk_size": size}
 
 
-def run_chordflow(items: list[Any], backend: str, **extra_inputs: Any) -> dict[str, Any]:
+def run_chordflow(items: list[Any], backend: str, **extra_inputs: Any) -> None:
     """chordflow's public API: scheduler.run(workflow, inputs, backend=...)."""
     result = scheduler.run(WORKFLOW, {"items": items, **extra_inputs}, backend=backend)
     aggregate = result.shared[raw_tasks.NODE_ID]
     if result.status != "success" or aggregate["success_count"] != len(items):
         raise WrongResult(f"chordflow {backend}: status={result.status} aggregate count={aggregate.get('count')}")
     _check(f"chordflow {backend}", aggregate["count"], aggregate["results"], len(items))
-    return {}
 
 
 def plain_loop(items: list[Any], shared: dict[str, Any]) -> list[Any]:

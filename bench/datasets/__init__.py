@@ -1,0 +1,333 @@
+"""`python -m bench.datasets`: the scale check of dataset jobs (issue 9, item 6).
+
+A two-node workflow once per record of a JSONL file, through `chordflow submit WF.json --items FILE` and
+`chordflow wait RUN`, at 1,000,000 and at 100,000 records (the client's memory must not grow with the file),
+on its own cluster (bench/harness.py: a redis-server on a free port and two solo workers). For each: wall
+time, the submitting client's peak RSS (target: < 150 MB at 1,000,000), the workers' peak RSS, Redis's peak
+memory and what the job leaves in it, the time to the first readable result, and `chordflow results RUN
+--out FILE` streaming every row to a file.
+
+Beside it, in the same run: what a user writes by hand with Celery (read the file, a `group` of tasks over
+chunks of 500 records, `GroupResult.get()`), and the local backend (`chordflow run WF --items FILE`).
+
+Writes bench/DATASETS.md (or --out). Progress lines go to stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from bench import harness
+from bench.harness import BenchCluster, Child, Phase, Session, log, mb
+from bench.measure import CpuUse
+from worker.cluster.app import task
+
+PLUGINS = "bench.datasets"  # the workers import this module: it defines the baseline's task
+CHUNK = 500  # records per chunk: chordflow's default, and the baseline's chunk
+SUBMIT_RSS_MB = 150  # target: the submitting client's peak RSS at the large N
+LIMIT = 1800  # seconds: any one child process (a job, the baseline) is killed past this
+POLL = 0.005  # seconds between two looks for the first result
+RECORDS_TASK = "bench.records_chunk"
+TEXT = "some short text"
+
+
+@dataclass(frozen=True)
+class Sizes:
+    large: int  # records in the large job
+    small: int  # the small one: same measurements, to show the client's memory does not grow
+    warm: int  # an untimed job first (the workers' first-chunk costs)
+
+
+FULL = Sizes(large=1_000_000, small=100_000, warm=2_000)
+QUICK = Sizes(large=20_000, small=5_000, warm=500)
+
+
+def main(argv: list[str] | None = None) -> int:
+    def options(parser: argparse.ArgumentParser) -> None:
+        parser.add_argument(
+            "--chunk-size", type=int, action="append", default=[], metavar="N",
+            help="also a job of the small size with this --chunk-size (repeatable)",
+        )  # fmt: skip
+        parser.add_argument("--celery-client", type=Path, metavar="FILE", help=argparse.SUPPRESS)
+
+    args = harness.arguments("bench.datasets", __doc__, "DATASETS.md", f"small sizes: {QUICK}", argv, options)
+    if args.celery_client:
+        return celery_client(args.celery_client, CHUNK)
+    from bench.datasets.report import report  # it reads this module's constants
+
+    harness.run_bench(args, measure, report, plugins=PLUGINS, needed=(RECORDS_TASK, "chordflow.dataset_chunk"))
+    return 0
+
+
+def workflow() -> dict[str, Any]:
+    """Two built-in nodes per record: `a` echoes the record's id and text, `b` echoes a's id."""
+    return {
+        "ir_version": "0.1.0",
+        "name": "datasets_bench",
+        "inputs": {"record": {"description": "one record of the file: {id, text}"}},
+        "nodes": [
+            {"id": "a", "type": "echo", "params": {"id": "${record.id}", "text": "${record.text}"}},
+            {"id": "b", "type": "echo", "params": {"n": "${a.id}"}},
+        ],
+        "outputs": {"id": {"source": "${b.n}"}},
+    }
+
+
+# -- the hand-written Celery baseline -----------------------------------------------------------------------
+def one_record(record: dict[str, Any]) -> dict[str, Any]:
+    """The workflow's two steps as plain Python: what a user would call per record."""
+    a = {"id": record["id"], "text": record["text"]}
+    b = {"n": a["id"]}
+    return {"id": b["n"]}
+
+
+@task(name=RECORDS_TASK)
+def records_chunk(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """A chunk of records through `one_record`, results in the chunk's order."""
+    return [one_record(record) for record in records]
+
+
+def celery_client(path: Path, chunk: int) -> int:
+    """The baseline client, run as its own process (`--celery-client FILE`): read the whole file, send a
+    `group` of one task per `chunk` records, `GroupResult.get()`, check the results are in input order.
+    Prints its phases as one JSON object. A stock Celery app with worker/app.py's config, signing its
+    messages as chordflow's do (the workers drop unsigned ones), as bench/variants.py's baselines."""
+    from celery import Celery, group
+
+    from worker import settings
+    from worker.cluster import app as worker_app
+    from worker.cluster import signing
+
+    client = Celery("datasets-bench-client", set_as_current=False)
+    client.conf.update(worker_app.config(settings.load()))
+    signing.sign_messages(client, worker_app.current_app().signer)
+    t0 = time.perf_counter()
+    with path.open(encoding="utf-8") as f:
+        records = [json.loads(line) for line in f]
+    read = time.perf_counter()
+    job = group(
+        (client.signature(RECORDS_TASK, args=(records[i : i + chunk],)) for i in range(0, len(records), chunk)),
+        app=client,
+    )
+    result = job.apply_async()
+    sent = time.perf_counter()
+    results = [row for part in result.get(timeout=LIMIT) for row in part]
+    got = time.perf_counter()
+    ordered = len(results) == len(records) and all(row["id"] == i for i, row in enumerate(results))
+    print(json.dumps({"read": read - t0, "send": sent - read, "get": got - sent, "n": len(results), "ok": ordered}))
+    return 0 if ordered else 1
+
+
+# -- checks ------------------------------------------------------------------------------------------------
+def check_job(child: Child, n: int) -> dict[str, Any]:
+    """`wait`/`run --output json` of a dataset job: it succeeded with all n records done."""
+    try:
+        report = json.loads(child.last_line())
+    except ValueError:
+        raise child.failure() from None
+    if report["status"] != "success" or report["outputs"] != {"total": n, "done": n, "failed": 0}:
+        raise child.failure()
+    return report
+
+
+def check_rows(path: Path, n: int) -> bool:
+    """The results file has n lines, line i being record i's row `{"index": i, "result": {"id": i}, ...}`."""
+    count = 0
+    with path.open("rb") as rows:
+        for i, line in enumerate(rows):
+            row = json.loads(line)
+            if row["index"] != i or row["result"] != {"id": i} or row["error"] is not None:
+                return False
+            count += 1
+    return count == n
+
+
+class FirstResult:
+    """When `chordflow results RUN --done` would first print a line: polls the bench's Redis from submit start
+    for the new run id (the `cf:runs` index), then for the first field of its `cf:{run}:ds:out` hash (a
+    finished chunk's outcomes, what `--done` prints). Then runs that command once to confirm."""
+
+    def __init__(self, bench: BenchCluster):
+        import redis
+
+        self.bench = bench
+        self.redis = redis.Redis.from_url(bench.url)
+        self.known = {r.decode() for r in self.redis.zrange("cf:runs", 0, -1)}
+        self.t0 = 0.0
+        self.run_id: str | None = None
+        self.seconds: float | None = None
+        self.confirm: dict[str, Any] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._poll, daemon=True)
+
+    def start(self, t0: float) -> None:
+        self.t0 = t0
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread.ident is not None:
+            self._thread.join()
+        self.redis.close()
+
+    def _poll(self) -> None:
+        while self.seconds is None and not self._stop.wait(POLL):
+            if self.run_id is None:
+                new = [r.decode() for r in self.redis.zrange("cf:runs", 0, -1) if r.decode() not in self.known]
+                self.run_id = new[0] if new else None
+            if self.run_id is not None and self.redis.hlen(f"cf:{{{self.run_id}}}:ds:out"):
+                self.seconds = time.perf_counter() - self.t0
+        if self.seconds is not None:
+            path = self.bench.workdir / "done.jsonl"
+            child = self.bench.cli("results", str(self.run_id), "--done", "--out", str(path), limit=LIMIT)
+            with path.open("rb") as rows:
+                lines = sum(1 for _ in rows)
+            self.confirm = {"child": child, "lines": lines, "at": time.perf_counter() - self.t0}
+
+
+# -- the measurements ----------------------------------------------------------------------------------------
+@dataclass
+class Results:
+    sizes: Sizes
+    floor: Child | None = None
+    jobs: list[dict[str, Any]] = field(default_factory=list)
+    baseline: list[dict[str, Any]] = field(default_factory=list)
+    local: dict[str, Any] = field(default_factory=dict)
+    resettable: bool = True
+
+
+def measure(session: Session, bench: BenchCluster) -> Results:
+    sizes = QUICK if session.quick else FULL
+    results, jobs = Results(sizes), Jobs(bench)
+    for n in (sizes.large, sizes.small):
+        jobs.records(n)
+    log(f"records files written: {sizes.large:,} and {sizes.small:,} lines")
+    results.floor = jobs.untimed(1)  # the submitting client's RSS floor (interpreter and imports)
+    log(f"submit of 1 record: {results.floor.seconds:.3f} s, client peak rss {mb(results.floor.maxrss)}")
+    jobs.untimed(sizes.warm)  # the workers' first-chunk costs (imports, connections) are in no row
+    log(f"warm-up job of {sizes.warm:,} records done")
+    results.jobs += [jobs.job(sizes.large), jobs.job(sizes.small)]
+    results.jobs += [jobs.job(sizes.small, size) for size in session.args.chunk_size]
+    results.baseline += [jobs.baseline(sizes.small), jobs.baseline(sizes.large)]
+    results.local = jobs.local(sizes.small)
+    results.resettable = bench.peaks.resettable
+    return results
+
+
+class Jobs:
+    """The dataset jobs, the baseline and the local run, over records files of N lines on the bench's cluster.
+    The workers import this module (the baseline's task); the `chordflow` commands do not."""
+
+    def __init__(self, bench: BenchCluster):
+        self.bench = bench
+        self.wf = str(bench.write("wf.json", json.dumps(workflow())))
+
+    def records(self, n: int) -> str:
+        """A JSONL file of n records `{"id": i, "text": ...}` (written once, before any timing)."""
+        path = self.bench.workdir / f"records-{n}.jsonl"
+        if not path.exists():
+            with path.open("w", encoding="utf-8") as f:
+                for start in range(0, n, 10_000):
+                    f.writelines(f'{{"id": {i}, "text": "{TEXT}"}}\n' for i in range(start, min(n, start + 10_000)))
+        return str(path)
+
+    def untimed(self, n: int) -> Child:
+        """A job of n records submitted and waited for, outside any timing; returns its `submit`."""
+        submit = self.bench.cli("submit", self.wf, "--items", self.records(n), limit=LIMIT)
+        run_id = submit.last_line()
+        check_job(self.bench.cli("wait", run_id, "--output", "json", limit=LIMIT), n)
+        self.bench.forget(run_id, task_results=True)
+        return submit
+
+    def job(self, n: int, chunk_size: int | None = None) -> dict[str, Any]:
+        """`chordflow submit WF --items FILE` then `chordflow wait RUN`, timed from submit start to wait end;
+        then `chordflow results RUN --out FILE`."""
+        from worker.cluster.state.runs import ClusterRuns
+
+        bench, path = self.bench, self.records(n)
+        extra = ["--chunk-size", str(chunk_size)] if chunk_size else []
+        first = FirstResult(bench)
+        try:
+            with Phase(bench) as phase:
+                first.start(phase.t0)
+                submit = bench.cli("submit", self.wf, "--items", path, *extra, limit=LIMIT)
+                run_id = submit.last_line()
+                log(f"submit {n:,} records: run {run_id}, {submit.seconds:.3f} s, client peak rss {mb(submit.maxrss)}")
+                waited = bench.cli("wait", run_id, "--output", "json", limit=LIMIT)
+        finally:
+            first.stop()
+        check_job(waited, n)
+        left = self.left(run_id)
+        record = ClusterRuns().get(run_id)
+        seen = "never" if first.seconds is None else f"{first.seconds:.3f} s"
+        log(f"job of {n:,} records: {phase.seconds:.3f} s ({n / phase.seconds:,.0f} records/s); first result {seen}")
+        rows_path = bench.workdir / "results.jsonl"
+        streamed = bench.cli("results", run_id, "--out", str(rows_path), limit=LIMIT)
+        if streamed.code != 0:
+            raise streamed.failure()
+        ordered = check_rows(rows_path, n)
+        size = rows_path.stat().st_size
+        rows_path.unlink()
+        log(f"results --out {n:,} rows: {streamed.seconds:.3f} s, peak rss {mb(streamed.maxrss)}, in order: {ordered}")
+        timeline = bench.logs.tasks()
+        bench.forget(run_id, task_results=True)
+        return {
+            **phase.as_dict(),
+            "n": n,
+            "chunk_size": chunk_size or CHUNK,
+            "submit": submit,
+            "wait": waited,
+            "record_final": record.updated - phase.wall if record else None,
+            "first": first.seconds,
+            "confirm": first.confirm,
+            "results": streamed,
+            "results_bytes": size,
+            "ordered": ordered,
+            "left": left,
+            "timeline": timeline,
+        }
+
+    def left(self, run_id: str) -> dict[str, Any]:
+        """What a finished job leaves in Redis: used_memory, its own keys (and their MEMORY USAGE), the
+        Celery task results."""
+        client, prefix = self.bench.redis, f"cf:{{{run_id}}}:"
+        run_keys = list(client.scan_iter(match=f"{prefix}*", count=1000))
+        usage = {k.decode().removeprefix(prefix): client.memory_usage(k, samples=0) or 0 for k in run_keys}
+        metas = list(client.scan_iter(match="celery-task-meta-*", count=1000))
+        meta_usage = sum(client.memory_usage(k) or 0 for k in metas)
+        ttl = client.ttl(f"{prefix}ds:out")
+        used = int(client.info("memory")["used_memory"])
+        return {"used": used, "usage": usage, "task_results": len(metas), "meta_usage": meta_usage, "ttl": ttl}
+
+    def baseline(self, n: int) -> dict[str, Any]:
+        """The hand-written Celery client (`celery_client`) in its own process, over the same file."""
+        argv = [sys.executable, "-m", "bench.datasets", "--celery-client", self.records(n)]
+        env = {**self.bench.env, "PYTHONPATH": str(harness.HERE.parent)}
+        with Phase(self.bench) as phase:
+            child = harness.run_child(argv, env, self.bench.workdir, LIMIT)
+        phases: dict[str, Any] = {}
+        with contextlib.suppress(ValueError, IndexError):
+            phases = json.loads(child.stdout.strip().splitlines()[-1])
+        if child.code != 0 or not phases.get("ok"):
+            log(f"baseline {n:,} records did not complete: exit {child.code}, peak rss {mb(child.maxrss)}")
+            self.bench.purge()
+        else:
+            log(f"baseline {n:,} records: {child.seconds:.3f} s, client peak rss {mb(child.maxrss)}")
+        self.bench.forget(None, task_results=True)
+        return {**phase.as_dict(), "n": n, "child": child, "phases": phases}
+
+    def local(self, n: int) -> dict[str, Any]:
+        """`chordflow run WF --items FILE` (the local backend: this one process, the embedded store)."""
+        with CpuUse(self.bench.pids, self.bench.cluster.redis.pid) as cpu:
+            child = self.bench.cli("run", self.wf, "--items", self.records(n), "--output", "json", limit=LIMIT)
+        check_job(child, n)
+        log(f"local run of {n:,} records: {child.seconds:.3f} s, peak rss {mb(child.maxrss)}")
+        return {"n": n, "child": child, "cpu": cpu.text()}
