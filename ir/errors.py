@@ -119,3 +119,24 @@ class SubworkflowFailed(ChordflowError, RuntimeError):
 
 class WaitTimeout(ChordflowError, TimeoutError):
     """`wait` gave up before the run ended (the run goes on)."""
+
+
+class Throttled(ChordflowError, RuntimeError):
+    """The service asked to slow down (HTTP 429, or 503 with Retry-After). Raised by a node's exec; the engine
+    waits (`retry_after` seconds, else a backoff with jitter) and calls again without counting an attempt, and
+    holds back the node's rate-limit bucket for every caller (worker/engine/rate_limits.py). Past `max_wait`
+    seconds of such waits in one call the item fails (ThrottledTooLong)."""
+
+    def __init__(self, message: str, retry_after: float | None = None, max_wait: float | None = None):
+        super().__init__(message)
+        self.retry_after = retry_after
+        self.max_wait = max_wait
+
+
+class ThrottledTooLong(ChordflowError, RuntimeError):
+    """A call was throttled (HTTP 429/503) for longer in all than its bounded wait: the item fails, naming why."""
+
+
+class Fenced(ChordflowError, RuntimeError):
+    """This process's claim on a run (or a branch) was taken over while it ran — it was paused past its lease,
+    and another worker went on from the checkpoint: it stops at its next write and does nothing more."""

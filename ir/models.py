@@ -120,6 +120,35 @@ class BatchSpec(_Model):
         return self.error_handling == "fail_fast"
 
 
+class RateLimitSpec(_Model):
+    """`rate_limit` on a node: every call of every node naming the same `key` — in any run, on any worker —
+    draws from one bucket (docs/ARCHITECTURE.md, rate limits). Two runs declaring different rates for one key
+    share the lowest."""
+
+    key: str = Field(min_length=1, max_length=200, description="The bucket's name, shared cluster-wide")
+    requests_per_second: float | None = Field(None, gt=0, description="Calls allowed per second")
+    requests_per_minute: float | None = Field(None, gt=0, description="Calls allowed per minute")
+    burst: int = Field(1, ge=1, description="Calls that may go at once after a quiet spell")
+    tokens_per_minute: float | None = Field(
+        None, gt=0, description="Tokens per minute, charged with the usage a call reports (llm)"
+    )
+
+    @model_validator(mode="after")
+    def _one_rate(self) -> RateLimitSpec:
+        if self.requests_per_second is not None and self.requests_per_minute is not None:
+            raise ValueError("give requests_per_second or requests_per_minute, not both")
+        if self.requests_per_second is None and self.requests_per_minute is None and self.tokens_per_minute is None:
+            raise ValueError("give requests_per_second, requests_per_minute or tokens_per_minute")
+        return self
+
+    @property
+    def per_second(self) -> float | None:
+        """Calls per second, whichever way the rate was given (None: tokens only)."""
+        if self.requests_per_second is not None:
+            return self.requests_per_second
+        return None if self.requests_per_minute is None else self.requests_per_minute / 60
+
+
 class NodeSpec(_Model):
     """One node: a registered type, its params (may hold templates), optional batch and retries."""
 
@@ -129,6 +158,7 @@ class NodeSpec(_Model):
     batch: BatchSpec | None = None
     max_retries: int = Field(1, ge=1, description="Total attempts of exec() (PocketFlow max_retries)")
     wait: float = Field(0, ge=0, description="Seconds between attempts (PocketFlow wait)")
+    rate_limit: RateLimitSpec | None = None
     purpose: str | None = None
 
     @field_validator("id", mode="before")

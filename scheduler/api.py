@@ -1,4 +1,5 @@
-"""The public entry points: `run`, `stream`, `submit`, `wait`, `status`, `resume`, `redrive`, `cancel`.
+"""The public entry points: `run`, `stream`, `submit`, `wait`, `status`, `resume`, `redrive`, `cancel`, `purge`,
+`prune`.
 
 The ONE place that routes a call: to a dataset job (`items=`) or a workflow, to a run this process drives
 (scheduler/driver.py) or one the cluster's workers drive (scheduler/durable.py), and to the store that
@@ -10,22 +11,23 @@ from __future__ import annotations
 
 import queue
 import threading
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ir.errors import BackendError, ValidationError
 from scheduler import driver, lookup
+from scheduler.records import Items
 from worker import events, redact
 from worker.engine.flow import build_flow
 from worker.engine.loader import load
 from worker.engine.stepper import outputs as recorded_outputs
-from worker.runs.record import RunRecord, RunResult, new_run_id
+from worker.runs.record import FINAL, RunRecord, RunResult, new_run_id
 from worker.runs.resume_point import items_from_checkpoint, resume_point
 from worker.runs.store import RunStore
-
-#: A dataset job's records: a file (JSONL, CSV, JSON array) or any iterable of records.
-Items = str | Path | Any
+from worker.runs.store import prune as prune_runs
 
 
 def run(
@@ -78,7 +80,7 @@ def submit(
     straight into the run's stored bytes: a large input is never built as objects in this process.
     `items`: a dataset job, the workflow once per record of this file (or iterable): scheduler/datasets.py,
     with its options (`as_`, `format`, `skip_bad_records`, `tolerated_failure_percent`,
-    `tolerated_failure_count`, `chunk_size`); returns once every record is stored in Redis.
+    `tolerated_failure_count`, `chunk_size`, `max_record_bytes`); returns once every record is stored in Redis.
     """
     if items is not None:
         from scheduler import datasets
@@ -179,6 +181,30 @@ def cancel(run_id: str) -> int:
     from scheduler import durable
 
     return durable.cancel_run(run_id)
+
+
+def purge(run_id: str) -> None:
+    """Delete everything of an ended run from the store that holds it, its record too (`chordflow purge`).
+    A run still queued or running is refused: its workers or process would write it back."""
+    record, runs = lookup.find_run(run_id)
+    if record.status not in FINAL:
+        raise ValidationError(f"run {run_id} is {record.status}: stop it first with `chordflow cancel {run_id}`")
+    runs.purge(run_id)
+
+
+def prune(older_than: float) -> dict[str, int | None]:
+    """Purge the ended runs of both stores last updated more than `older_than` seconds ago; returns how many per
+    store (`where` -> count; None: the cluster's Redis did not answer, so nothing was pruned there)."""
+    before = time.time() - older_than
+    local = lookup.local_runs()
+    pruned: dict[str, int | None] = {local.where: prune_runs(local, before)}
+    try:
+        cluster = lookup.cluster_runs()
+    except BackendError:
+        pruned["Redis"] = None
+    else:
+        pruned[cluster.where] = prune_runs(cluster, before)
+    return pruned
 
 
 #: Events a stream holds for a consumer that has not read them yet; beyond, the run waits for it.

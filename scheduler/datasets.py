@@ -21,7 +21,7 @@ from ir.names import is_identifier
 from scheduler.backends.celery import broker_errors
 from scheduler.inputs import unknown_input
 from scheduler.lookup import find_run, local_runs
-from scheduler.records import BadRecord, read_records, windows
+from scheduler.records import BadRecord, Items, read_records, windows
 from worker import settings
 from worker.batch.executor import ItemExecutor
 from worker.batch.middleware import item_middleware
@@ -37,12 +37,13 @@ from worker.engine.build import item_chain
 from worker.engine.loader import load, source_of
 from worker.runs.record import FINAL, RESULT_STATUS, RunRecord, RunResult, new_run_id
 
-Items = str | Path | Iterable[Any]
-
 
 def options(options: dict[str, Any]) -> dict[str, Any]:
     """`format=` (the Python name) is `fmt` inside; anything unknown is a TypeError as for any function."""
-    known = {"as_", "format", "skip_bad_records", "tolerated_failure_percent", "tolerated_failure_count", "chunk_size"}
+    known = {
+        "as_", "format", "skip_bad_records", "tolerated_failure_percent", "tolerated_failure_count", "chunk_size",
+        "max_record_bytes",
+    }  # fmt: skip
     unknown = sorted(set(options) - known)
     if unknown:
         raise TypeError(f"unexpected keyword arguments: {', '.join(unknown)}")
@@ -65,6 +66,7 @@ def prepare(
     tolerated_failure_percent: float | None = None,
     tolerated_failure_count: int | None = None,
     chunk_size: int | None = None,
+    max_record_bytes: int | None = None,
 ) -> tuple[RunRecord, Dataset, dict[str, Any], Iterator[tuple[list, dict[int, str]]]]:
     """(the job's run record, not yet stored; its Dataset; the store of inputs common to every record; the
     record windows to read), all checked before anything is recorded: a file that cannot be read records no run.
@@ -95,7 +97,8 @@ def prepare(
     size = chunk_size or datasets.DEFAULT_CHUNK_SIZE
     records: Iterable[Any] = ()
     try:
-        records = read_records(items, fmt, skip_bad=skip_bad_records)  # a path: its format and opening checked
+        cap = {} if max_record_bytes is None else {"max_record_bytes": max_record_bytes}
+        records = read_records(items, fmt, skip_bad=skip_bad_records, **cap)  # a path: its format and opening checked
     except ValidationError as exc:
         problems.extend(exc.problems)
     if problems:
@@ -127,31 +130,30 @@ def submit(
     """Record the job in Redis, then read the records and store them chunk by chunk, sending chunks as the
     window allows; returns once the whole file is in Redis (the workers go on without this process).
 
-    A bad record (without `skip_bad_records`) stops the job: it ends failed naming the file and line, and
-    the error is raised here too."""
+    A submit that stops part-way (a bad record without `skip_bad_records`, Redis out of memory, Ctrl-C) deletes
+    what it wrote and leaves the run's record alone, failed (cancelled) saying why; the error is raised here too."""
     record, dataset, common, chunks = prepare(workflow, inputs, items, backend="celery", run_id=run_id, **options)
     run_id = record.run_id
     with broker_errors(settings.load().result_backend):
-        runs = ClusterRuns()
-        signing.publishing_signer(current_app())
-        runs.create(record, common)
+        runs = ClusterRuns(signer=signing.publishing_signer(current_app()))  # the job's workflow is recorded signed
         ds, state = ClusterDataset(run_id), RunState(run_id)
-        ds.start(dataset.chunk_size)
         read = 0
         try:
+            runs.create(record, common)
+            ds.start(dataset.chunk_size)
             for n, (records, bad) in enumerate(chunks):
                 read += len(records)
                 _, claimed = ds.add(n, records, bad, read)
                 state.set_batch_total(RECORDS, read)
                 send(run_id, claimed)
             go_on(run_id, *ds.read_done(read))
-        except BaseException as exc:  # a bad record, Ctrl-C, a lost Redis: the job cannot complete
-            with contextlib.suppress(Exception):
-                state.cancel()
+        except BaseException as exc:  # chunks already sent find nothing pending: they run no record
+            with contextlib.suppress(Exception):  # a lost Redis cannot be told
                 if isinstance(exc, KeyboardInterrupt):
-                    runs.set_status(run_id, "cancelled", "run cancelled")
+                    runs.abandon(record, "cancelled", "run cancelled while its records were read")
                 else:
-                    runs.set_status(run_id, "failed", f"reading the records stopped: {exc}")
+                    why = str(exc) if isinstance(exc, ValidationError) else f"{type(exc).__name__}: {exc}"
+                    runs.abandon(record, "failed", f"reading the records stopped: {why}")
             raise
     return run_id
 
@@ -300,9 +302,15 @@ def rows(record: RunRecord, *, done_only: bool = False, is_final: Callable[[], b
 
 
 def progress(record: RunRecord) -> dict[str, Any]:
-    """The `records` object of `status`: total, read, done, failed, rate (records/s), eta_s."""
+    """The `records` object of `status`: total, read, done, failed, rate (records/s), eta_s. A running cluster job
+    whose records stopped coming in for longer than the dead-delivery bound (a worker died holding a chunk: it
+    comes back after that bound) has no ETA (None) until they come in again."""
     now = record.updated if record.status in FINAL else time.time()
-    return datasets.progress(store_of(record).counts(), record.created, now)
+    ds = store_of(record)
+    counts = datasets.progress(ds.counts(), record.created, now)
+    if counts["eta_s"] is not None and record.status not in FINAL and isinstance(ds, ClusterDataset) and ds.stalled():
+        counts["eta_s"] = None
+    return counts
 
 
 def result_of(record: RunRecord) -> RunResult:

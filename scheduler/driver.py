@@ -13,7 +13,7 @@ import warnings
 from collections.abc import Callable
 from typing import Any
 
-from ir.errors import RunCancelled, ValidationError
+from ir.errors import Fenced, RunCancelled, ValidationError
 from scheduler import backends
 from scheduler.compiler import compile
 from scheduler.inputs import apply_inputs
@@ -116,6 +116,8 @@ def _go_on(
             cursor = drive(flow, cursor, store, ctx, StepJournal(runs, run_id, batch_nodes(flow)))
     except RunCancelled:
         cancelled.set()
+    except Fenced:  # another process took the run over from its checkpoint: its record is theirs now
+        raise
     except KeyboardInterrupt:
         runs.set_status(run_id, "cancelled", "run cancelled", ctx.last_node)
         raise

@@ -25,9 +25,10 @@ from worker.cluster.state.runstate import RunState
 from worker.engine.flow import build_flow
 from worker.engine.loader import load, source_of
 from worker.engine.stepper import outputs as recorded_outputs
+from worker.nodes.llm import usage_totals
 from worker.runs.record import FINAL, RESULT_STATUS, RunRecord, RunResult, new_run_id, resumable
 from worker.runs.resume_point import go_on_under
-from worker.runs.store import RunStore
+from worker.runs.store import RunStore, Unrecoverable
 
 POLL_MS = 200
 #: How often `wait` checks whether a dataset job ended with nobody left to say so (its reader died).
@@ -50,12 +51,18 @@ def submit(
     from_file = read_encoded(inputs_file) if inputs_file is not None else {}
     store: dict[str, Any] = {}
     apply_inputs(wf, store, inputs, encoded=from_file)
-    runs = cluster_runs()
-    signing.publishing_signer(current_app())  # a client without the key fails before it records anything
+    # A client without the key fails before it records anything; with it, the run's workflow is recorded signed.
+    runs = cluster_runs(signing.publishing_signer(current_app()))
     run_id = run_id or new_run_id()
     record = RunRecord(run_id, wf.wire(), "celery", "queued", wf.start_id(), source=source_of(workflow))
     with broker_errors(settings.load().result_backend):
-        runs.create(record, store, encoded={k: v for k, v in from_file.items() if k not in store})
+        try:
+            runs.create(record, store, encoded={k: v for k, v in from_file.items() if k not in store})
+        except BaseException as exc:  # part-way (Redis out of memory after the store): what it wrote goes
+            with contextlib.suppress(Exception):
+                status = "cancelled" if isinstance(exc, KeyboardInterrupt) else "failed"
+                runs.abandon(record, status, f"not recorded: {type(exc).__name__}: {exc}")  # type: ignore[attr-defined]
+            raise
         try:
             current_app().send_task("chordflow.advance", (run_id, 0))
         except Exception as exc:  # recorded but never enqueued: say so in the record, not "queued" forever
@@ -71,11 +78,16 @@ def workers_registered() -> int:
 
 
 def status(run_id: str) -> dict[str, Any]:
-    """The `chordflow status --json` object; a dataset job's has `records` (total, done, failed, rate, eta_s)."""
-    record = find_run(run_id)[0]
+    """The `chordflow status --json` object; a dataset job's has `records` (total, done, failed, rate, eta_s), a
+    run whose store keeps `__llm_calls__` has `llm` (calls, input_tokens, output_tokens)."""
+    record, runs = find_run(run_id)
     info = record.status_dict()
     if record.dataset is not None:
         info["records"] = datasets.progress(record)
+    else:
+        with contextlib.suppress(Unrecoverable):  # a store that cannot be read back still has a status
+            if (totals := usage_totals(runs.load_store(run_id))) is not None:
+                info["llm"] = totals
     return info
 
 
@@ -190,7 +202,7 @@ def resume_cluster(run_id: str, workflow: Any = None) -> None:
 
     `workflow`: an edited workflow (any finished run, a succeeded one too): it goes into the run record,
     the run is rewound to its first changed node (worker/runs/resume_point.py), then the advance is enqueued."""
-    record, runs = find_run(run_id)
+    record, runs = find_run(run_id, signing.publishing_signer(current_app()))  # an edited workflow goes in signed
     if record.status not in resumable(workflow):
         raise ValidationError(f"run {run_id} is {record.status}; only a failed or cancelled run can be resumed")
     step = record.step

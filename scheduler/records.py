@@ -6,7 +6,8 @@ array, parsed as a stream (ijson). Blank lines are not records; a UTF-8 byte ord
 Each format is a generator reading its file lazily, so a file of millions of records costs the memory of
 one record and a small buffer, never of the file. A record that cannot be read is a `BadRecord` in its
 place: `read_records` raises it as a ValidationError, or with `skip_bad` passes it on, so every later record
-keeps its index (its position in the file).
+keeps its index (its position in the file). A record longer than `max_record_bytes` (16 MiB unless told) is such a
+record, found without holding more than that cap of it: one line or row is read in bounded pieces.
 """
 
 from __future__ import annotations
@@ -28,12 +29,17 @@ import ijson
 from ir.errors import ValidationError, shown
 from ir.limits import MAX_DEPTH, json_too_deep_at
 
+#: A dataset job's records: a file (JSONL, CSV, JSON array) or any iterable of records.
+Items = str | Path | Iterable[Any]
+
 #: The record formats, as `--format` names them.
 FORMATS = ("jsonl", "csv", "json")
 #: A file's format when `--format` is not given, by its extension (any case).
 SUFFIXES = {".jsonl": "jsonl", ".ndjson": "jsonl", ".csv": "csv", ".json": "json"}
 #: How many bytes the json reader hands its parser at a time.
 CHUNK_BYTES = 64 * 1024
+#: The largest record read unless `--max-record-bytes` says otherwise: its bytes in the file, line break aside.
+MAX_RECORD_BYTES = 16 * 1024 * 1024
 
 _BOM = b"\xef\xbb\xbf"
 _JSON_SPACE = b" \t\r\n"
@@ -68,7 +74,11 @@ def record_format(path: str | os.PathLike[str], fmt: str | None = None) -> str:
 
 
 def read_records(
-    source: str | os.PathLike[str] | Iterable[Any], fmt: str | None = None, *, skip_bad: bool = False
+    source: str | os.PathLike[str] | Iterable[Any],
+    fmt: str | None = None,
+    *,
+    skip_bad: bool = False,
+    max_record_bytes: int = MAX_RECORD_BYTES,
 ) -> Iterator[Any]:
     """The records of `source` in file order, read lazily.
 
@@ -76,7 +86,8 @@ def read_records(
     The format and whether the file can be opened are checked at once; a bad record raises ValidationError
     (one line naming the file and the line) when it is reached, unless `skip_bad`: then a BadRecord takes
     its place. A json file stops at its first problem whatever `skip_bad` says: after a syntax error a
-    stream parser cannot find where the next record starts.
+    stream parser cannot find where the next record starts (so does a json record too large for the parser to
+    finish without holding more than `max_record_bytes`; one it finished is a bad record like any other).
     """
     if not isinstance(source, str | os.PathLike):
         return iter(source)
@@ -87,8 +98,10 @@ def read_records(
             pass
     except OSError as exc:
         raise _unreadable(label, exc) from None
+    if max_record_bytes < 1:
+        raise ValidationError(f"--max-record-bytes: must be 1 or more, got {max_record_bytes}")
     read = _READERS[record_format(source, fmt)]
-    return _checked(read(path, label), label, skip_bad)
+    return _checked(read(path, label, max_record_bytes), label, skip_bad)
 
 
 def windows(records: Iterable[Any], size: int) -> Iterator[list[Any]]:
@@ -122,13 +135,41 @@ def _unreadable(label: str, exc: OSError) -> ValidationError:
 # --- jsonl: one JSON value per line ---------------------------------------------------------------------
 
 
-def _jsonl(path: Path, label: str) -> Iterator[Any]:
+def _jsonl(path: Path, label: str, limit: int) -> Iterator[Any]:
     with path.open("rb") as f:  # bytes: only b"\n" ends a line (a str would also break on \u2028)
-        for number, raw in enumerate(f, 1):
+        for number in count(1):
+            raw = _line(f, limit)
+            if raw == b"":
+                return
+            if isinstance(raw, int):
+                yield BadRecord(number, _too_large(f"{label} line {number}", raw, limit))
+                continue
             if number == 1 and raw.startswith(_BOM):
                 raw = raw[len(_BOM) :]
             if not raw.isspace():
                 yield _json_line(raw, number, label)
+
+
+def _line(f: Any, limit: int) -> bytes | int:
+    """The next line of `f` (b"" at its end), read CHUNK_BYTES at a time; when it is longer than `limit` bytes (its
+    line break aside), its length instead: the rest of it is read past, and no more than the cap was ever held."""
+    piece = f.readline(CHUNK_BYTES)
+    pieces: list[bytes] | None = [piece]
+    size = len(piece)
+    while piece and not piece.endswith(b"\n"):
+        piece = f.readline(CHUNK_BYTES)
+        size += len(piece)
+        if pieces is not None:
+            pieces.append(piece)
+            if size > limit + 1:  # over the cap however the line ends: let go of it
+                pieces = None
+    if pieces is None or size - piece.endswith(b"\n") > limit:
+        return size - piece.endswith(b"\n")
+    return pieces[0] if len(pieces) == 1 else b"".join(pieces)
+
+
+def _too_large(where: str, size: int, limit: int, more: bool = False, what: str = "record") -> str:
+    return f"{where}: {what} is {'more than ' if more else ''}{size} bytes, over --max-record-bytes {limit}"
 
 
 def _json_line(raw: bytes, number: int, label: str) -> Any:
@@ -153,40 +194,79 @@ def _json_line(raw: bytes, number: int, label: str) -> Any:
 # --- csv: a header row, then one record per row -----------------------------------------------------------
 
 
+class _RecordTooLarge(Exception):
+    """A csv record went over the cap: the line that did is read past (`size`: the record's bytes so far)."""
+
+    def __init__(self, size: int, more: bool):
+        super().__init__(size)
+        self.size, self.more = size, more
+
+
 class _Lines:
-    """The lines of a csv file as the csv module reads them, noting the first byte that is not UTF-8."""
+    """The lines of a csv file as the csv module reads them, noting the first byte that is not UTF-8, and
+    each read bounded: a record over `limit` is refused. The reader sets `first` (the line where a record starts)
+    and `size` (its bytes so far) to 0 before each record."""
 
-    __slots__ = ("bad", "lines", "number")
+    __slots__ = ("bad", "f", "first", "limit", "number", "pending", "size")
 
-    def __init__(self, lines: Iterable[str]):
-        self.lines, self.number, self.bad = iter(lines), 0, None
+    def __init__(self, f: Any, limit: int):
+        self.f, self.limit, self.number, self.bad, self.pending = f, limit, 0, None, ""
+        self.first, self.size = 0, 0
 
     def __iter__(self) -> _Lines:
         return self
 
     def __next__(self) -> str:
-        line = next(self.lines)
+        line = self._read(self.limit + 2)  # `limit` characters and a \r\n at most
+        if not line:
+            raise StopIteration
         self.number += 1
         if self.bad is None and not line.isascii() and (byte := _UNDECODED.search(line)):
             code, column = ord(byte.group()) - 0xDC00, byte.start() + 1
             self.bad = f"line {self.number}: not UTF-8 (byte 0x{code:02x} at column {column})"
+        ended = line.endswith(("\n", "\r"))
+        self.size += _utf8_bytes(line.rstrip("\r\n") if ended else line)
+        if self.size > self.limit:
+            whole = ended or len(line) < self.limit + 2
+            while not whole and (piece := self._read(CHUNK_BYTES)):  # the rest of the line, unread
+                whole = piece.endswith(("\n", "\r"))
+                self.size += _utf8_bytes(piece.rstrip("\r\n"))
+            raise _RecordTooLarge(self.size, self.number > self.first)
+        return line
+
+    def _read(self, size: int) -> str:
+        """One line of at most `size` characters; a \r\n cut in two by the limit is kept whole."""
+        line, self.pending = self.pending + self.f.readline(size), ""
+        if line.endswith("\r") and len(line) >= size and (after := self.f.read(1)):
+            if after == "\n":
+                line += after
+            else:
+                self.pending = after
         return line
 
 
-def _csv(path: Path, label: str) -> Iterator[Any]:
+def _utf8_bytes(text: str) -> int:
+    return len(text) if text.isascii() else len(text.encode("utf-8", "surrogateescape"))
+
+
+def _csv(path: Path, label: str, limit: int) -> Iterator[Any]:
     # newline="": the csv module sees a quoted field's line breaks as they are (it ends records itself)
     with path.open(encoding="utf-8-sig", errors="surrogateescape", newline="") as f:
-        lines = _Lines(f)
+        lines = _Lines(f, limit)
+        csv.field_size_limit(max(limit, csv.field_size_limit()))  # a field may be as long as a record
         rows = csv.reader(lines, strict=True)  # strict: a stray or unclosed quote is an error, not data
         header: list[str] | None = None
         while True:
-            start = rows.line_num + 1  # the line where the next record starts
+            start = lines.number + 1  # the line where the next record starts
+            lines.size, lines.first = 0, start
             try:
                 row = next(rows)
             except StopIteration:
                 return
             except csv.Error as exc:
                 row, lines.bad = [], f"line {start}: not CSV ({exc})"
+            except _RecordTooLarge as exc:
+                row, lines.bad = [], _too_large(f"line {start}", exc.size, limit, exc.more)
             problem, lines.bad = lines.bad, None
             if problem is not None:
                 if header is None:
@@ -227,7 +307,7 @@ _PY_PARSER = ijson.get_backend("python")
 _PARSE_ERRORS = (ijson.JSONError, UnicodeDecodeError)  # the Python parser decodes UTF-8 itself
 
 
-def _json(path: Path, label: str) -> Iterator[Any]:
+def _json(path: Path, label: str, limit: int) -> Iterator[Any]:
     """The array's items, parsed as a stream by ijson's C parser.
 
     That parser refuses integers beyond 64 bits: at the first one the file is read again by ijson's
@@ -235,23 +315,36 @@ def _json(path: Path, label: str) -> Iterator[Any]:
     """
     given = 0
     try:
-        for record in _json_array(path, label, _C_PARSER):
+        for record in _json_array(path, label, _C_PARSER, limit):
             yield record
             given += 1
         return
     except _IntegerBeyond64Bits as exc:
         if not _rereadable(path):  # a pipe: what was read is gone
             raise ValidationError(str(exc)) from None
-    yield from islice(_json_array(path, label, _PY_PARSER), given, None)
+    yield from islice(_json_array(path, label, _PY_PARSER, limit), given, None)
 
 
-def _json_array(path: Path, label: str, parser: Any) -> Iterator[Any]:
+def _json_array(path: Path, label: str, parser: Any, limit: int) -> Iterator[Any]:
+    """The items as the parser gives them, each checked against `limit` as it comes: an item may be larger only
+    when the bytes read since the chunk where the one before it ended are, and then its JSON text is measured."""
     with path.open("rb") as f:
-        source = _JsonSource(_chunks(f), label)
+        source = _JsonSource(_chunks(f), label, limit)
         try:
-            yield from parser.items(source, "item", use_float=True)
+            for index, item in enumerate(parser.items(source, "item", use_float=True)):
+                if source.fed - source.floor > limit and (size := _json_bytes(item)) > limit:
+                    where = f"{label} after {source.position}"
+                    yield BadRecord(source.position.line, _too_large(where, size, limit, what=f"record {index}"))
+                else:
+                    yield item
+                source.floor = source.fed - len(source.last)  # the next item starts in this chunk or later
         except _PARSE_ERRORS as exc:
             raise _json_error(exc, path, label, parser, source) from None
+
+
+def _json_bytes(value: Any) -> int:
+    """The bytes of `value` as compact JSON text (what a record over the cap is measured by)."""
+    return len(json.dumps(value, ensure_ascii=False, separators=(",", ":")).encode("utf-8", "surrogatepass"))
 
 
 def _chunks(f: Any) -> Iterator[bytes]:
@@ -268,17 +361,25 @@ class _JsonSource:
     """Chunks of a json file as a file its parser reads: the top level checked to be an array, each chunk's
     nesting checked before the parser sees it, and where the last chunk read starts (parsers say not)."""
 
-    __slots__ = ("at_end", "chunks", "label", "last", "nesting", "position", "read_count", "started")
+    __slots__ = (
+        "at_end", "chunks", "fed", "floor", "label", "last", "limit", "nesting", "position", "read_count", "started",
+    )  # fmt: skip
 
-    def __init__(self, chunks: Iterator[bytes], label: str):
-        self.chunks, self.label = chunks, label
+    def __init__(self, chunks: Iterator[bytes], label: str, limit: int | None = None):
+        self.chunks, self.label, self.limit = chunks, label, limit
         self.position, self.last = _Position(), b""
         self.read_count, self.at_end, self.started = 0, False, False  # non-empty chunks read; the end read
+        self.fed, self.floor = 0, 0  # bytes handed over; where the item being parsed starts at the earliest
         self.nesting = _Nesting(MAX_DEPTH + 1)  # the array itself is one level
 
     def read(self, size: int) -> bytes:
         if size == 0:  # ijson asks whether the file gives bytes or text
             return b""
+        # The parser asks for more only once it gave every item it finished: the one it is building started
+        # within a chunk of `floor`. Past the cap by more than that, it is too large: stop before it is held.
+        if self.limit is not None and (over := self.fed - self.floor - CHUNK_BYTES) > self.limit:
+            where = f"{self.label} after {self.position}"
+            raise ValidationError(f"{_too_large(where, over, self.limit, more=True)} (a json file stops there)")
         self.position.advance(self.last)
         self.last = chunk = next(self.chunks, b"")
         if not self.started and (text := chunk.lstrip(_JSON_SPACE)):
@@ -295,6 +396,7 @@ class _JsonSource:
             self.position.advance(chunk[:deep])
             raise ValidationError(f"{self.label} {self.position}: a record nested deeper than {MAX_DEPTH} levels")
         self.read_count += 1
+        self.fed += len(chunk)
         return chunk
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import io
 import json
 import os
@@ -9,6 +10,7 @@ import signal
 import subprocess
 import sys
 import time
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -16,10 +18,13 @@ import pytest
 from pocketflow import Node
 from rich.console import Console
 
+import scheduler
 from ir.errors import BatchItemsError, RemoteError, TemplateError, ValidationError
 from scheduler.cli.errors import CliUsageError, WorkflowFailed, error_lines, exit_code_for
 from scheduler.cli.follow import ProgressDisplay
 from scheduler.cli.running import _params_text
+from worker.runs.record import RUN_ID_RULE
+from worker.runs.store import StoreFull
 
 ROOT = Path(__file__).parents[1]
 
@@ -406,6 +411,26 @@ def test_error_mapping_in_one_place() -> None:
     ]
     assert error_lines(RemoteError("KeyError", "'k'")) == ["error: KeyError: 'k' (raised on a worker)"]
     assert error_lines(KeyboardInterrupt()) == ["cancelled"]
+    full = StoreFull(errno.ENOSPC, "disk full", "/home/x/.chordflow/runs.db")
+    assert (error_lines(full, node="n"), exit_code_for(full)) == (["error: /home/x/.chordflow/runs.db: disk full"], 1)
+
+
+@pytest.mark.parametrize("command", ["status", "wait", "results", "cancel", "resume", "redrive", "repair"])
+def test_an_invalid_run_id_is_one_line_before_any_lookup(command: str) -> None:
+    line = assert_one_line_error(run_cli(command, "../etc/passwd"), 2)
+    assert line == "error: invalid run id '../etc/passwd': a run id is " + RUN_ID_RULE
+
+
+def test_a_long_run_id_is_not_printed_back_and_a_valid_one_is_looked_up() -> None:
+    line = assert_one_line_error(run_cli("status", "x" * 129), 2)
+    assert line == f"error: invalid run id (129 characters): a run id is {RUN_ID_RULE}"
+    odd = assert_one_line_error(run_cli("status", "a\nb"), 2)
+    assert odd.startswith("error: invalid run id 'a\\nb'")
+    given = "user-given_id.v2-" + uuid.uuid4().hex + "x" * 79  # 128 characters of every allowed kind
+    scheduler.run({"nodes": [{"id": "a", "type": "echo", "params": {"v": 1}}]}, run_id=given)
+    status = run_cli("status", given, "--json")
+    assert status.returncode == 0, status.stderr
+    assert json.loads(status.stdout)["run_id"] == given
 
 
 def test_progress_display_applies_out_of_order_events_monotonically() -> None:

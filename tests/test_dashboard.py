@@ -17,6 +17,7 @@ import signal
 import subprocess
 import sys
 import urllib.error
+import urllib.parse
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -93,6 +94,73 @@ def test_dashboard_answers_401_without_credentials(tmp_path: Path) -> None:
 def test_dashboard_unauthenticated_is_an_explicit_choice(tmp_path: Path) -> None:
     with dashboard(tmp_path, _env(), "--unauthenticated") as base:
         assert request(base + "/")[0] == 200
+
+
+# -- what every answer says, and what none says (issue 20) ------------------------------------------------
+
+FRAMING = {"X-Frame-Options": "DENY", "Content-Security-Policy": "frame-ancestors 'none'"}
+
+
+def _answer(url: str, *, method: str = "GET", **headers: str) -> tuple[int, Any, str]:
+    """(status, headers, body) of a request with the dashboard's credentials (and the action header)."""
+    token = base64.b64encode(f"{USER}:{PASSWORD}".encode()).decode()
+    headers = {"Authorization": f"Basic {token}", "X-Chordflow-Action": "1", **headers}
+    try:
+        with urllib.request.urlopen(urllib.request.Request(url, method=method, headers=headers), timeout=30) as r:
+            return r.status, r.headers, r.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.headers, exc.read().decode()
+
+
+def _framing(headers: Any) -> dict[str, list[str]]:
+    return {name: headers.get_all(name) for name in FRAMING}
+
+
+def _first_event(url: str) -> Any:
+    token = base64.b64encode(f"{USER}:{PASSWORD}".encode()).decode()
+    request = urllib.request.Request(url, headers={"Authorization": f"Basic {token}"})
+    with urllib.request.urlopen(request, timeout=30) as stream:
+        assert _framing(stream.headers) == {k: [v] for k, v in FRAMING.items()}
+        for line in stream:
+            if line.startswith(b"data: "):
+                return json.loads(line.removeprefix(b"data: "))
+    raise AssertionError("the stream ended without data")
+
+
+def test_every_answer_forbids_framing_checks_run_ids_and_names_no_server_path(
+    celery_cluster: Cluster, tmp_path: Path
+) -> None:
+    expected = {k: [v] for k, v in FRAMING.items()}
+    with dashboard(tmp_path, {**celery_cluster.env, USERS_VARIABLE: f"{USER}:{PASSWORD}"}) as base:
+        # Clickjacking: no page may frame the dashboard, whatever it answers (401s and event streams too).
+        for path in ("/", "/api/runs", "/api/runs/r1/events"):
+            status, headers = request(base + path)
+            assert (status, _framing(headers)) == (401, expected), path
+        status, headers, body = _answer(base + "/")
+        assert (status, _framing(headers)) == (200, expected) and "<script>" in body  # inline script still runs
+        status, headers, body = _answer(base + "/api/runs")
+        assert (status, _framing(headers), headers["Content-Type"]) == (200, expected, "application/json")
+        status, headers = request(base + "/api/runs/events", auth=(USER, PASSWORD))
+        assert (status, _framing(headers)) == (200, expected)
+        assert headers["Content-Type"].startswith("text/event-stream")
+        status, headers, _ = _answer(base + "/no/such/page")
+        assert (status, _framing(headers)) == (404, expected)
+
+        # A run id that cannot name a run is refused before any lookup, and never echoed.
+        script = urllib.parse.quote("<img src=x onerror=alert(1)>", safe="")
+        for bad in ("x" * 129, script, "a%20b", "r%0Aun"):
+            for method, suffix in (("GET", ""), ("GET", "/failed"), ("GET", "/events"), ("POST", "/cancel")):
+                status, headers, body = _answer(f"{base}/api/runs/{bad}{suffix}", method=method)
+                assert (status, json.loads(body), _framing(headers)) == (400, {"error": "invalid run id"}, expected)
+        # An unknown run: its id (checked) and no more; the store's file is not named.
+        for method, suffix in (("GET", ""), ("GET", "/failed"), ("POST", "/resume"), ("POST", "/redrive")):
+            status, headers, body = _answer(f"{base}/api/runs/no-such.run_1{suffix}", method=method)
+            assert (status, json.loads(body)) == (404, {"error": "run no-such.run_1: unknown run"}), suffix
+            assert "runs.db" not in body and "/" not in json.loads(body)["error"]
+        event = _first_event(f"{base}/api/runs/no-such.run_1/events")
+        assert event["error"] == "run no-such.run_1: unknown run"
+        status, _, body = _answer(f"{base}/api/runs/r1/explode", method="POST")
+        assert (status, json.loads(body)) == (404, {"error": "unknown action (one of: cancel, resume, redrive)"})
 
 
 # -- the page in Chromium, on a live cluster --------------------------------------------------------------

@@ -168,6 +168,51 @@ def test_a_malformed_record_is_one_line_naming_file_and_line_or_a_failed_record(
     assert row["index"] == 56 and "line 57" in row["error"]
 
 
+def write_with_long_record(path: Path, count: int, at: int, size: int) -> Path:
+    """`count` records, the one at index `at` padded to `size` bytes on its line (written a MiB at a time)."""
+    with path.open("w") as f:
+        for i in range(count):
+            line = json.dumps({"id": f"r{i}", "requires": "", "pad": ""})
+            if i != at:
+                f.write(line + "\n")
+                continue
+            f.write(line[:-2])  # up to the opening quote of the pad
+            left = size - len(line)
+            while left:
+                left -= f.write("x" * min(left, 1 << 20))
+            f.write('"}\n')
+    return path
+
+
+def test_a_record_over_the_cap_is_one_line_naming_file_and_line_or_a_failed_record(
+    backend: str, job: dict, tmp_path: Path
+) -> None:
+    items = write_with_long_record(tmp_path / "items.jsonl", 6, 2, 20 * 1024 * 1024)
+    over = cli("run", job["wf"], "--items", items, "--output", "json", *backend_args(backend))
+    assert over.returncode == 2
+    line = f"{items} line 3: record is 20971520 bytes, over --max-record-bytes 16777216"
+    assert over.stderr == f"error: {line}\n" and json.loads(over.stdout)["error"] == line
+    assert logged(job["log"]) == []  # nothing ran: the window holding the record was never complete
+
+    items = write_with_long_record(tmp_path / "small.jsonl", 6, 4, 1500)
+    skipped = cli(
+        "run", job["wf"], "--items", items, "--max-record-bytes", 1000, "--skip-bad-records", "--output", "json",
+        *backend_args(backend),
+    )  # fmt: skip
+    assert skipped.returncode == 1, skipped.stderr
+    report = json.loads(skipped.stdout)
+    assert report["error"] == "failed 1 of 6 records (16.7%)" and report["outputs"]["done"] == 6
+    (row,) = result_rows(report["run_id"], "--errors")
+    assert row["index"] == 4 and row["error"].endswith("line 5: record is 1500 bytes, over --max-record-bytes 1000")
+    assert sorted(logged(job["log"])) == ["r0", "r1", "r2", "r3", "r5"]
+    bad = cli("run", job["wf"], "--items", items, "--max-record-bytes", 0, *backend_args(backend))
+    assert bad.returncode == 2 and bad.stderr == "error: --max-record-bytes: must be 1 or more, got 0\n"
+    assert (
+        cli("run", job["wf"], "--max-record-bytes", 5).stderr
+        == "error: --max-record-bytes needs --items FILE (a dataset job)\n"
+    )
+
+
 def test_a_records_file_that_cannot_be_read_is_a_usage_error_that_records_no_run(job: dict, tmp_path: Path) -> None:
     from worker.runs.sqlite import LocalRuns
 
@@ -289,3 +334,5 @@ def test_a_job_whose_submitting_client_is_killed_mid_file_ends_failed_saying_so(
     assert result.status == "failed"
     assert f"the client reading {items} stopped after" in result.error and "submit the job again" in result.error
     assert json.loads(cli("status", run_id, "--json").stdout)["records"]["total"] is None
+    # It cannot be redriven (its file was never read to the end): the records it stored are gone with it.
+    assert not redis_client.exists(f"cf:{{{run_id}}}:ds:rec") and redis_client.exists(f"cf:{{{run_id}}}:ds:out")

@@ -68,6 +68,11 @@ def test_chunk_size_rule() -> None:
     assert chunking.slices(10, 4) == [(0, 4), (4, 8), (8, 10)]
 
 
+def test_a_parallel_batchs_chunk_holds_at_least_its_threads() -> None:
+    assert chunking.chunk_size(40, None, processes=2, per_process=4, cap=5000, threads=8) == 8
+    assert chunking.chunk_size(4000, None, processes=2, per_process=4, cap=5000, threads=8) == 500
+
+
 def test_one_chord_of_chunks_with_short_argsrepr_and_snapshot_by_reference() -> None:
     items = list(range(400))
     big = "x" * 300_000  # above the inline threshold: stored once in Redis, referenced by hash

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
 import threading
+import time
 import urllib.parse
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler
@@ -12,8 +14,9 @@ from typing import Any
 import pytest
 
 import scheduler
+from ir.errors import Throttled, ThrottledTooLong
 from tests.support import http_server
-from worker.nodes.http import HttpNode
+from worker.nodes.http import HttpNode, parse_retry_after
 from worker.store import NamespacedStore
 
 RELEASE = threading.Event()  # /slow waits on it; the fixture sets it at teardown
@@ -212,3 +215,173 @@ def test_end_to_end_connection_refused_raises_after_retries(refused_url: str) ->
     workflow = {"nodes": [{"id": "get", "type": "http", "max_retries": 2, "params": {"url": refused_url}}]}
     with pytest.raises(ConnectionError, match="failed"):
         scheduler.run(workflow)
+
+
+# -- pooled connections and backpressure: a keep-alive (HTTP/1.1) server counting what it was sent ------------
+
+
+class KeepAlive(BaseHTTPRequestHandler):
+    """HTTP/1.1, so connections stay open between requests. /n/<i> answers {"n": i}. /limit/<key> answers
+    `status` (429 unless given) to the first `times` requests of <key> (-1: every one), with Retry-After
+    `retry_after` when given, then 200 {"key", "served"}."""
+
+    protocol_version = "HTTP/1.1"
+    served: dict[str, int] = {}
+    lock = threading.Lock()
+
+    def log_message(self, format: str, *args: Any) -> None:
+        """Quiet."""
+
+    def reply(self, status: int, payload: Any, headers: dict[str, str] | None = None) -> None:
+        data = json.dumps(payload).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        for name, value in (headers or {}).items():
+            self.send_header(name, value)
+        self.end_headers()
+        self.wfile.write(data)
+
+    def do_GET(self) -> None:
+        url = urllib.parse.urlsplit(self.path)
+        query = dict(urllib.parse.parse_qsl(url.query))
+        _, kind, key = url.path.split("/", 2)
+        if kind == "n":
+            self.reply(200, {"n": int(key)})
+            return
+        with self.lock:
+            served = self.served[key] = self.served.get(key, 0) + 1
+        times = int(query.get("times", "-1"))
+        if times < 0 or served <= times:
+            extra = {"Retry-After": query["retry_after"]} if "retry_after" in query else {}
+            self.reply(int(query.get("status", "429")), {"slow": "down"}, extra)
+        else:
+            self.reply(200, {"key": key, "served": served})
+
+
+@pytest.fixture
+def keepalive() -> Iterator[http_server.LoopbackServer]:
+    KeepAlive.served.clear()
+    with http_server.running(KeepAlive) as server:
+        yield server
+
+
+def one_get(**node: Any) -> dict[str, Any]:
+    """A workflow of one http GET of ${item} over `urls` (batch `continue`), node fields from `node`."""
+    spec = {"id": "get", "type": "http", "params": {"url": "${item}"}}
+    spec["batch"] = {"items": "${urls}", "error_handling": "continue"}
+    spec.update(node)
+    return {"nodes": [spec]}
+
+
+def test_a_parallel_batch_reuses_pooled_connections(keepalive: http_server.LoopbackServer) -> None:
+    workflow = one_get(batch={"items": "${urls}", "parallel": True, "max_concurrent": 8, "error_handling": "continue"})
+    urls = [f"{keepalive.url}/n/{i}" for i in range(50)]
+    result = scheduler.run(workflow, {"urls": urls}, backend="local")
+    out = result.shared["get"]
+    assert out["success_count"] == 50
+    assert [r["json"]["n"] for r in out["results"]] == list(range(50))
+    assert 1 <= keepalive.accepted <= 8  # 50 requests on at most one connection per thread
+
+
+def test_429_with_retry_after_is_waited_out_without_using_an_attempt(keepalive: http_server.LoopbackServer) -> None:
+    workflow = one_get(max_retries=1, batch={"items": "${urls}", "max_retries": 1, "error_handling": "continue"})
+    started = time.monotonic()
+    result = scheduler.run(workflow, {"urls": [f"{keepalive.url}/limit/ra?times=2&retry_after=0.2"]})
+    out = result.shared["get"]
+    assert out["success_count"] == 1 and out["errors"] is None
+    assert out["results"][0]["json"] == {"key": "ra", "served": 3}  # the 200's body, after two 429s
+    assert out["results"][0]["status"] == 200
+    assert time.monotonic() - started >= 0.4  # both Retry-After waits were kept
+
+
+def test_429_without_retry_after_backs_off_then_succeeds(keepalive: http_server.LoopbackServer) -> None:
+    workflow = {"nodes": [{"id": "get", "type": "http", "params": {"url": f"{keepalive.url}/limit/bo?times=1"}}]}
+    result = scheduler.run(workflow)
+    assert result.status == "success"
+    assert result.shared["get"]["json"] == {"key": "bo", "served": 2}
+
+
+def test_always_429_fails_the_item_past_max_throttle_wait(keepalive: http_server.LoopbackServer) -> None:
+    workflow = one_get(params={"url": "${item}", "max_throttle_wait": 0.5})
+    urls = [f"{keepalive.url}/limit/never?retry_after=0.2", f"{keepalive.url}/n/1"]
+    result = scheduler.run(workflow, {"urls": urls})
+    out = result.shared["get"]
+    assert (out["success_count"], out["error_count"]) == (1, 1)
+    assert out["results"][0] is None  # never a success
+    [error] = out["errors"]
+    assert error["index"] == 0 and error["exception_type"] == "ThrottledTooLong"
+    assert "HTTP 429 from http://127.0.0.1" in error["error"] and "throttled" in error["error"]
+    assert KeepAlive.served["never"] == 3  # asked at 0, 0.2 and 0.4 s; the next wait would pass 0.5 s
+
+
+def test_always_429_on_a_plain_node_fails_the_run(keepalive: http_server.LoopbackServer) -> None:
+    params = {"url": f"{keepalive.url}/limit/plain?retry_after=0.2", "max_throttle_wait": 0.1}
+    workflow = {"nodes": [{"id": "get", "type": "http", "params": params}]}
+    with pytest.raises(ThrottledTooLong, match="HTTP 429 from"):
+        scheduler.run(workflow)
+
+
+def test_503_with_retry_after_is_waited_out(keepalive: http_server.LoopbackServer) -> None:
+    url = f"{keepalive.url}/limit/busy?times=1&status=503&retry_after=0.1"
+    result = scheduler.run({"nodes": [{"id": "get", "type": "http", "params": {"url": url}}]})
+    assert result.status == "success"
+    assert result.shared["get"]["json"] == {"key": "busy", "served": 2}
+
+
+def test_503_without_retry_after_is_the_error_action(keepalive: http_server.LoopbackServer) -> None:
+    action, out = run_http({"url": f"{keepalive.url}/limit/down?times=1&status=503"})
+    assert action == "error"
+    assert out["status"] == 503
+    assert out["error"] == "HTTP 503 Service Unavailable"
+    assert KeepAlive.served["down"] == 1  # not asked again
+
+
+def test_throttled_message_masks_credentials(keepalive: http_server.LoopbackServer) -> None:
+    node = HttpNode()
+    node.params = {"url": f"{keepalive.url}/limit/auth", "params": {"api_token": "s3cr3t-v4lue"}}
+    with pytest.raises(Throttled) as caught:
+        node.exec(node.prep({}))
+    assert "s3cr3t-v4lue" not in str(caught.value)
+    assert str(caught.value).startswith("HTTP 429 from http://127.0.0.1:")
+    assert caught.value.retry_after is None and caught.value.max_wait == 300
+
+
+@pytest.mark.parametrize(
+    ("value", "seconds"),
+    [
+        ("0", 0.0),
+        ("0.2", 0.2),
+        (" 120 ", 120.0),
+        (7, 7.0),
+        ("Wed, 21 Oct 1998 07:28:00 GMT", 0.0),  # in the past: ask again now
+        ("Sun, 09 Sep 2001 01:47:40 GMT", 60.0),  # a minute after NOW
+        ("Sun, 09 Sep 2001 01:47:40", None),  # no zone: not an HTTP-date
+        (None, None),
+        ("", None),
+        ("-1", None),
+        ("soon", None),
+        ("nan", None),
+        ("inf", None),
+        (True, None),
+    ],
+)
+def test_parse_retry_after(value: Any, seconds: float | None) -> None:
+    assert parse_retry_after(value, now=1_000_000_000.0) == seconds  # 2001-09-09 01:46:40 GMT
+
+
+def test_a_forked_child_opens_its_own_connection(keepalive: http_server.LoopbackServer) -> None:
+    """The parent's pooled connection is never used by a child (two processes on one socket mix replies)."""
+    assert run_http({"url": f"{keepalive.url}/n/1"})[1]["json"] == {"n": 1}
+    assert keepalive.accepted == 1
+    pid = os.fork()
+    if pid == 0:  # the child: a request of its own, then leave without running the parent's cleanups
+        code = 1
+        try:
+            code = 0 if run_http({"url": f"{keepalive.url}/n/2"})[1]["json"] == {"n": 2} else 1
+        finally:
+            os._exit(code)
+    assert os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) == 0
+    assert keepalive.accepted == 2  # the child connected anew
+    assert run_http({"url": f"{keepalive.url}/n/3"})[1]["json"] == {"n": 3}
+    assert keepalive.accepted == 2  # and the parent's connection is still its own, alive

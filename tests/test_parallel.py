@@ -1,17 +1,26 @@
-"""batch.parallel / max_concurrent: same aggregate as sequential, original exceptions, bounded concurrency."""
+"""batch.parallel / max_concurrent: same aggregate as sequential, original exceptions, bounded concurrency, in
+this process and on workers (a chunk's items on threads of its worker, max_concurrent across the cluster)."""
 
 from __future__ import annotations
+
+import threading
+from pathlib import Path
+from typing import Any
 
 import pytest
 
 import scheduler
+from scheduler import api
 from tests.support import batch_node, run_in_process, unique, workflow
 from tests.support import nodes as tn
+from worker.batch.executor import DEFAULT_THREADS
+from worker.cluster.state.runstate import RunState, client
+from worker.engine import context, rate_limits
 
 
-def _mixed_workflow(parallel: bool, max_concurrent: int | None = 3) -> dict:
+def _mixed_workflow(parallel: bool, max_concurrent: int | None = 3, **batch: Any) -> dict:
     """Several batches covering successes, raised errors, "Error:" strings, accumulators and the alias/index."""
-    opts = {"parallel": parallel}
+    opts: dict[str, Any] = {"parallel": parallel, **batch}
     if max_concurrent is not None:
         opts["max_concurrent"] = max_concurrent
     return workflow(
@@ -205,3 +214,134 @@ def test_parallel_items_isolated():
     assert len({id(c.store) for c in tn.RECORDS}) == 12
     assert shared["item"] == "original"
     assert shared["b"]["results"] == [{"value": i} for i in range(12)]
+
+
+def test_item_threads_see_the_callers_rate_limiter():
+    """ThreadPoolExecutor does not carry contextvars: the run context (its limiter, sink, cancel flag) must be
+    copied into each item thread, or `rate_limits.current()` there would fall back to the process's."""
+    limiter = rate_limits.LocalLimiter()
+    wf = workflow(batch_node(node_type="test-limiter", params={}, parallel=True, max_concurrent=4))
+    with context.using(context.RunContext(limiter=limiter)):
+        shared = run_in_process(wf, {"x": list(range(8))})
+    results = shared["b"]["results"]
+    assert {r["limiter_id"] for r in results} == {id(limiter)}
+    assert threading.get_ident() not in {r["thread"] for r in results}  # they did run on other threads
+
+
+# -- a chunk's items on threads of its worker -------------------------------------------------------------
+
+
+def _gauged(parties: int, **batch: Any) -> tuple[dict, str]:
+    """A parallel batch of test-gauge-gate items (value: the item) that meet `parties` at a time in Redis;
+    returns it and the gauge's key (`<key>:max`: the most items in flight at once, cluster-wide)."""
+    key = unique("gauge-")
+    params = {"value": "${item}", "key": key, "gate": unique("gate-"), "parties": parties}
+    return workflow(batch_node(node_type="test-gauge-gate", params=params, parallel=True, **batch)), key
+
+
+@pytest.mark.parametrize("max_concurrent", [4, None])
+def test_a_worker_runs_several_items_of_one_chunk_at_once(celery_cluster, max_concurrent):
+    # One chunk (chunk_size = every item), so one worker process. Its items meet at a barrier of as many parties
+    # as the chunk has threads (max_concurrent, else DEFAULT_THREADS): it opens only when that many items are
+    # inside exec together, so items run one at a time would fail (TimeoutError) instead of passing.
+    threads = max_concurrent or DEFAULT_THREADS
+    items = 2 * threads
+    limit = {"max_concurrent": max_concurrent} if max_concurrent else {}
+    wf, key = _gauged(threads, chunk_size=items, **limit)
+    events: list[dict] = []
+    result = scheduler.run(wf, {"x": list(range(items))}, backend="celery", on_event=events.append)
+    aggregate = result.shared["b"]
+    assert aggregate["errors"] is None
+    assert [r["value"] for r in aggregate["results"]] == list(range(items))
+    assert int(client().get(f"{key}:max")) == threads
+    workers = {r["worker"].split("@")[0] for r in aggregate["results"]}  # item threads run as the chunk's task
+    assert len(workers) == 1 and workers <= {"w1", "w2"}
+    progress = [e for e in events if e["type"] == "batch_progress"]
+    assert sorted(e["index"] for e in progress) == list(range(items))
+    assert [e["done"] for e in progress] == list(range(1, items + 1))
+
+
+def test_max_concurrent_caps_the_threads_of_two_chunks_on_two_workers_together(celery_cluster):
+    # Two chunks of 6 items, one on each solo worker (a worker holds one unacknowledged chunk at a time), each on
+    # 3 threads: 6 items could be in flight, the batch's 3 permits let 3. Items meet 3 at a time, so 3 is reached;
+    # the gauge, counted in Redis around every item, shows it is never passed.
+    wf, key = _gauged(3, max_concurrent=3, chunk_size=6)
+    result = scheduler.run(wf, {"x": list(range(12))}, backend="celery")
+    aggregate = result.shared["b"]
+    assert aggregate["errors"] is None
+    assert [r["value"] for r in aggregate["results"]] == list(range(12))
+    assert int(client().get(f"{key}:max")) == 3
+    assert {r["worker"].split("@")[0] for r in aggregate["results"]} == {"w1", "w2"}
+
+
+def test_a_sequential_chunk_still_runs_one_item_at_a_time_on_its_worker(celery_cluster):
+    key = unique("gauge-")
+    wf = workflow(batch_node(node_type="test-gauge", params={"key": key, "seconds": 0.02}, chunk_size=8))
+    result = scheduler.run(wf, {"x": list(range(8))}, backend="celery")
+    assert result.shared["b"]["success_count"] == 8
+    assert int(client().get(f"{key}:max")) == 1
+
+
+@pytest.mark.parametrize("max_concurrent", [3, None])
+def test_one_parallel_chunk_same_aggregate_as_sequential(backend, max_concurrent):
+    # chunk_size 10 = every item: on the cluster each batch is one chunk whose items run on its worker's threads.
+    sequential = scheduler.run(_mixed_workflow(False, chunk_size=10), shared=_mixed_shared(), backend=backend)
+    parallel = scheduler.run(
+        _mixed_workflow(True, max_concurrent, chunk_size=10), shared=_mixed_shared(), backend=backend
+    )
+    assert sequential.status == parallel.status == "success"
+    assert parallel.shared == sequential.shared
+    assert parallel.shared["__llm_calls__"] == [{"index": i, "item": c} for i, c in enumerate("abcdefghij")]
+    assert [e["index"] for e in parallel.shared["raised"]["errors"]] == [1, 4, 7]
+
+
+def test_fail_fast_in_one_parallel_chunk_starts_no_item_after_a_failure(celery_cluster):
+    # The one chunk's 4 threads take items 0-3 (in index order) and meet at the gate; all four fail, and each
+    # thread's own failure stops the chunk before that thread takes another item: exactly items 0-3 ran.
+    params = {"value": "${item}", "gate": unique("gate-"), "parties": 4}
+    node = batch_node(node_type="test-fail-together", params=params, parallel=True, max_concurrent=4, chunk_size=8)
+    events: list[dict] = []
+    shared = {"x": list("abcdefgh")}
+    with pytest.raises(ValueError, match=r"^boom a$"):
+        scheduler.run(workflow(node), shared=shared, backend="celery", on_event=events.append)
+    assert sorted(e["index"] for e in events if e["type"] == "batch_progress") == [0, 1, 2, 3]
+    assert _failed_indices(events) == [0, 1, 2, 3]
+    assert "b" not in shared
+
+
+def _lines(path: Path) -> list[str]:
+    return path.read_text().splitlines() if path.exists() else []
+
+
+def test_cancelled_parallel_chunk_keeps_a_prefix_and_resume_runs_the_rest_once(celery_cluster, tmp_path):
+    # A cluster run whose batch is one parallel chunk. Threads take items in index order and stop taking them at
+    # the cancel, so the items that ran are 0..k-1 (what a sequential chunk leaves); the resume runs k.. once.
+    total, log = 400, tmp_path / "log"
+    params = {"log": str(log), "label": "${item}", "seconds": 0.05}
+    node = batch_node(node_type="test-side-effect", params=params, parallel=True, max_concurrent=4, chunk_size=total)
+    run_id = scheduler.submit(workflow(node), {"x": list(range(total))})
+    state = RunState(run_id)
+    assert state.redis.xread({state.key("events"): "0-0"}, block=60_000, count=1), "no item ever ran"
+    api.cancel(run_id)
+    assert scheduler.wait(run_id, timeout=60).status == "cancelled"
+    ran = sorted(map(int, _lines(log)))
+    assert 0 < len(ran) < total
+    assert ran == list(range(len(ran)))
+    api.resume_cluster(run_id)
+    result = scheduler.wait(run_id, timeout=90)
+    assert result.status == "success"
+    assert [r["label"] for r in result.shared["b"]["results"]] == [str(i) for i in range(total)]
+    assert sorted(map(int, _lines(log))) == list(range(total))  # every item exactly once overall
+
+
+def test_item_threads_on_a_worker_see_the_limiter_its_chunk_sees(celery_cluster):
+    # Both batches are one chunk: the sequential one runs its items on the chunk's own thread, the parallel one on
+    # threads started for it, which must see the same rate limiter (the cluster's, installed in the worker).
+    wf = workflow(
+        batch_node("seq", node_type="test-limiter", params={}, chunk_size=6),
+        batch_node("par", node_type="test-limiter", params={}, parallel=True, max_concurrent=3, chunk_size=6),
+    )
+    shared = scheduler.run(wf, {"x": list(range(6))}, backend="celery").shared
+    seen = {r["limiter"] for r in shared["seq"]["results"]}
+    assert len(seen) == 1
+    assert {r["limiter"] for r in shared["par"]["results"]} == seen

@@ -35,9 +35,9 @@ def write(name: str, content: str | bytes) -> str:
     return name
 
 
-def error_of(source: Any, fmt: str | None = None, *, skip_bad: bool = False) -> str:
+def error_of(source: Any, fmt: str | None = None, *, skip_bad: bool = False, **cap: int) -> str:
     with pytest.raises(ValidationError) as caught:
-        list(read_records(source, fmt, skip_bad=skip_bad))
+        list(read_records(source, fmt, skip_bad=skip_bad, **cap))
     message = str(caught.value)
     assert "\n" not in message  # every problem is one line
     return message
@@ -383,6 +383,98 @@ def test_memory_stays_flat_as_the_file_grows(name: str) -> None:
     assert seen == expected
     # holding the records would take several times the file's size; one record at a time takes a buffer
     assert grown < size / 10, f"peak RSS grew by {grown / 2**20:.1f} MiB reading a {size / 2**20:.0f} MiB file"
+
+
+# --- records over the cap (--max-record-bytes) -------------------------------------------------------------
+
+
+def write_long_line(name: str, number: int, size: int, *, before: str = "", after: str = "") -> None:
+    """A file whose line `number` is one JSON string of exactly `size` bytes, written a MiB at a time."""
+    lines = before or "".join(json.dumps({"i": i}) + "\n" for i in range(number - 1))
+    with open(name, "w") as f:
+        f.write(lines + '"')
+        left = size - 2
+        while left:
+            left -= f.write("x" * min(left, 1 << 20))
+        f.write('"\n' + (after or json.dumps({"i": number}) + "\n"))
+
+
+def test_a_jsonl_line_over_the_default_cap_is_one_error_naming_file_line_and_size() -> None:
+    write_long_line("items.jsonl", 3, 20 * 1024 * 1024)
+    assert records.MAX_RECORD_BYTES == 16 * 1024 * 1024
+    assert error_of("items.jsonl") == "items.jsonl line 3: record is 20971520 bytes, over --max-record-bytes 16777216"
+    got = list(read_records("items.jsonl", skip_bad=True))
+    assert got[:2] == [{"i": 0}, {"i": 1}] and got[3] == {"i": 3}
+    assert got[2] == BadRecord(3, "items.jsonl line 3: record is 20971520 bytes, over --max-record-bytes 16777216")
+
+
+def test_a_record_of_exactly_the_cap_is_read_and_one_byte_more_is_a_bad_record() -> None:
+    write("items.jsonl", '"' + "a" * 998 + '"\n' + '"' + "b" * 999 + '"\n{"c": 3}\r\n"' + "d" * 998 + '"')
+    got = list(read_records("items.jsonl", skip_bad=True, max_record_bytes=1000))
+    assert got[0] == "a" * 998 and got[2] == {"c": 3} and got[3] == "d" * 998
+    assert got[1] == BadRecord(2, "items.jsonl line 2: record is 1001 bytes, over --max-record-bytes 1000")
+    assert error_of("items.jsonl", max_record_bytes=1000).startswith("items.jsonl line 2: record is 1001 bytes")
+    assert error_of("items.jsonl", max_record_bytes=0) == "--max-record-bytes: must be 1 or more, got 0"
+
+
+def test_a_csv_row_over_the_cap_is_a_bad_record_and_a_long_field_under_it_is_read() -> None:
+    long = "é" * 100_000  # 200,000 bytes: over csv's own default field limit (131,072), under the cap
+    write("items.csv", f'id,text\n1,{long}\n2,"{"y" * 1500}"\r\n3,"two\nlines"\n4,ok\n')
+    assert list(read_records("items.csv")) == [
+        {"id": "1", "text": long}, {"id": "2", "text": "y" * 1500}, {"id": "3", "text": "two\nlines"},
+        {"id": "4", "text": "ok"},
+    ]  # fmt: skip
+    got = list(read_records("items.csv", skip_bad=True, max_record_bytes=1000))
+    assert got[0] == BadRecord(2, "items.csv line 2: record is 200002 bytes, over --max-record-bytes 1000")
+    assert got[1] == BadRecord(3, "items.csv line 3: record is 1504 bytes, over --max-record-bytes 1000")
+    assert got[2:] == [{"id": "3", "text": "two\nlines"}, {"id": "4", "text": "ok"}]  # line numbers still right
+    with pytest.raises(ValidationError, match=r"^items\.csv line 1: record is 1007 bytes"):
+        write("items.csv", "h" * 1007 + "\n1\n")
+        list(read_records("items.csv", skip_bad=True, max_record_bytes=1000))  # a header over the cap: the file
+
+
+def test_a_json_item_over_the_cap_is_a_bad_record_and_one_too_large_to_parse_stops_the_file() -> None:
+    write("items.json", json.dumps([1, "x" * 1500, {"c": 3}]))
+    got = list(read_records("items.json", skip_bad=True, max_record_bytes=1000))
+    assert got[0] == 1 and got[2] == {"c": 3}
+    assert got[1] == BadRecord(
+        1, "items.json after line 1, column 1: record 1 is 1502 bytes, over --max-record-bytes 1000"
+    )
+    assert error_of("items.json", max_record_bytes=1000).endswith(
+        "record 1 is 1502 bytes, over --max-record-bytes 1000"
+    )
+    write("items.json", json.dumps([1, "x" * (records.CHUNK_BYTES * 4), 3]))  # the parser would have to hold it
+    message = error_of("items.json", skip_bad=True, max_record_bytes=1000)
+    assert message.startswith("items.json after line 1, column ") and "over --max-record-bytes 1000" in message
+    assert message.endswith("(a json file stops there)")
+
+
+LONG_LINE = """
+import resource, sys
+from scheduler.records import read_records
+before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+got = list(read_records(sys.argv[1], skip_bad=True))
+grown = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before
+print(got[0], got[2], got[1].error, grown * 1024)  # ru_maxrss is in KiB on Linux
+"""
+
+
+def test_skipping_a_200_mb_line_holds_at_most_the_cap_of_it() -> None:
+    write_long_line("items.jsonl", 2, 200 * 1024 * 1024)
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    out = subprocess.run(
+        [sys.executable, "-c", LONG_LINE, "items.jsonl"],
+        capture_output=True,
+        text=True,
+        env=env,
+        check=True,
+        timeout=240,
+    ).stdout
+    assert "line 2: record is 209715200 bytes, over --max-record-bytes 16777216" in out
+    assert out.startswith("{'i': 0} {'i': 2} ")
+    grown = int(out.split()[-1])
+    # the cap (16 MiB: 15.4 MiB measured) and read buffers; reading the line whole takes 400 MiB (measured)
+    assert grown < 24 * 2**20, f"peak RSS grew by {grown / 2**20:.1f} MiB skipping a 200 MiB line"
 
 
 # --- files that cannot be read ---------------------------------------------------------------------------

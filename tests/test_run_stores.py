@@ -2,7 +2,8 @@
 SQLite one and Redis (a real redis-server this module starts), as the `backend` fixture does for backends.
 
 What a caller may rely on whichever store it holds: records, fenced checkpoints, the trail and its steps,
-the store a run goes on with, branches kept mid-section, one `rewind` over the stores' primitives."""
+the store a run goes on with, branches kept mid-section, one `rewind` over the stores' primitives, and
+`purge` / `prune` leaving nothing of a run behind."""
 
 from __future__ import annotations
 
@@ -124,3 +125,68 @@ def test_durable_says_who_drives_the_run(runs: RunStore) -> None:
     """The one thing a caller may need to know: whether the run goes on without the process that started it."""
     assert runs.durable is isinstance(runs, ClusterRuns)
     assert runs.exception("r1") is None
+
+
+def add_dataset_rows(runs: RunStore, run_id: str) -> None:
+    """A dataset job's chunk of records and its outcome, where each store keeps them."""
+    if isinstance(runs, LocalRuns):
+        from worker.datasets.sqlite import LocalDataset
+
+        ds = LocalDataset(run_id, runs)
+        ds.start(2)
+        ds.add(0, [{"a": 1}, {"a": 2}], {}, 2)
+    else:
+        from worker.cluster.state.keys import run_key
+
+        for name in ("ds:rec", "ds:out", "ds:cov"):
+            runs.redis.hset(run_key(run_id, name), "0", b"x")
+
+
+def held_of(runs: RunStore, run_id: str) -> list[str]:
+    """Everything the store still holds that names the run: rows of any table, or keys and its `cf:runs` entry."""
+    if isinstance(runs, LocalRuns):
+        tables = [name for (name,) in runs.db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")]
+        return [
+            table
+            for table in tables
+            if "run_id" in {row[1] for row in runs.db.execute(f"PRAGMA table_info({table})")}
+            and runs.db.execute(f"SELECT 1 FROM {table} WHERE run_id = ?", (run_id,)).fetchone()
+        ]
+    from worker.cluster.state.keys import RUNS
+
+    held = [key.decode() for key in runs.redis.scan_iter(match=f"cf:{{{run_id}}}:*")]
+    return held + ([RUNS] if runs.redis.zscore(RUNS, run_id) is not None else [])
+
+
+def test_purge_deletes_every_trace_of_the_run_and_nothing_of_another(runs: RunStore) -> None:
+    from ir import snapshot
+
+    for run_id in ("r1", "r2"):
+        runs.create(record(run_id, "failed"), {"x": 1})
+        runs.checkpoint(run_id, 0, step("a", "b", {"x": 2, "a": {"v": 1}}, created=["a"]))
+        runs.save_branch(run_id, "s#1", "left", snapshot.encode({"done": True}))
+        add_dataset_rows(runs, run_id)
+    assert held_of(runs, "r1")
+    runs.purge("r1")
+    assert held_of(runs, "r1") == []
+    assert runs.get("r1") is None and runs.load_store("r1") == {} and runs.trail("r1") == []
+    assert [r.run_id for r in runs.recent()] == ["r2"]
+    assert runs.load_store("r2") == {"x": 2, "a": {"v": 1}} and runs.load_branches("r2", "s#1") == {
+        "left": {"done": True}
+    }
+    runs.purge("r1")  # a run it does not hold: no error
+
+
+def test_prune_deletes_ended_runs_last_updated_before_the_cutoff_never_a_running_one(runs: RunStore) -> None:
+    import time
+
+    from worker.runs.store import prune
+
+    for run_id, status in (("done", "succeeded"), ("failed", "failed"), ("going", "running")):
+        runs.create(record(run_id, status), {})
+    earliest = min(r.updated for r in runs.recent())
+    assert prune(runs, earliest) == 0  # nothing was updated before it
+    assert len(runs.recent()) == 3
+    assert prune(runs, time.time() + 60) == 2
+    assert [r.run_id for r in runs.recent()] == ["going"]
+    assert held_of(runs, "done") == [] and held_of(runs, "failed") == []

@@ -83,10 +83,10 @@ def plain_client(broker: str, signer: signing.Signer | None = None) -> Iterator[
         app.close()
 
 
-def signed_header(task_id: str, job: dict[str, Any]) -> str:
-    """The signature chordflow's app (with the cluster's key) puts on a run_chunk of `job` with this id."""
+def signed_headers(task_id: str, job: dict[str, Any]) -> dict[str, Any]:
+    """The signature and expiry chordflow's app (with the cluster's key) puts on a run_chunk of `job` with this id."""
     message = current_app().amqp.create_task_message(task_id, RUN_CHUNK, (job,), {})
-    return message.headers[signing.HEADER]
+    return {name: message.headers[name] for name in (signing.HEADER, signing.EXPIRES)}
 
 
 def run_signed(worker: ManagedProcess, job: dict[str, Any]) -> None:
@@ -110,22 +110,22 @@ def forge_with_another_key(broker: str, task_id: str, job: dict[str, Any], worke
 def forge_tampered_args(broker: str, task_id: str, job: dict[str, Any], worker: ManagedProcess, tmp_path: Path) -> str:
     """A genuine signature of a harmless chunk, first sent as signed (it runs), then over the attacker's args."""
     harmless = chunk_job(f"touch {tmp_path / 'harmless'}")
-    header = signed_header(task_id, harmless)
+    headers = signed_headers(task_id, harmless)
     with plain_client(broker) as app:
-        app.send_task(RUN_CHUNK, (harmless,), task_id=task_id, headers={signing.HEADER: header})
+        app.send_task(RUN_CHUNK, (harmless,), task_id=task_id, headers=headers)
         worker.wait_for_line(f"Task {RUN_CHUNK}[{task_id}] succeeded", TIMEOUT)
-        assert (tmp_path / "harmless").exists()  # the header is right for the message it was made for
-        app.send_task(RUN_CHUNK, (job,), task_id=task_id, headers={signing.HEADER: header})
+        assert (tmp_path / "harmless").exists()  # the headers are right for the message they were made for
+        app.send_task(RUN_CHUNK, (job,), task_id=task_id, headers=headers)
     return RUN_CHUNK
 
 
 def forge_added_callback(broker: str, task_id: str, job: dict[str, Any], worker: ManagedProcess, tmp_path: Path) -> str:
     """Genuinely signed args, plus a callback the worker would publish - signed with its key - after the task."""
     harmless = chunk_job(f"touch {tmp_path / 'harmless'}")
-    header = signed_header(task_id, harmless)
+    headers = signed_headers(task_id, harmless)
     with plain_client(broker) as app:
         evil = app.signature(RUN_CHUNK, (job,), immutable=True)
-        app.send_task(RUN_CHUNK, (harmless,), task_id=task_id, headers={signing.HEADER: header}, link=evil)
+        app.send_task(RUN_CHUNK, (harmless,), task_id=task_id, headers=headers, link=evil)
     return RUN_CHUNK
 
 
@@ -289,17 +289,19 @@ def test_different_values_never_encode_alike(one: Any, other: Any) -> None:
     assert signing.canonical(one) != signing.canonical(other)
 
 
-def test_a_signature_verifies_only_for_its_key_name_id_and_body() -> None:
+def test_a_signature_verifies_only_for_its_key_name_id_expiry_and_body() -> None:
     signer = signing.Signer(b"k" * 32)
     body = [[{"x": b"1"}], {}, {}]
-    signature = signer.sign(RUN_CHUNK, "id", body)
-    assert signer.verify(RUN_CHUNK, "id", body, signature)
-    assert not signing.Signer(b"j" * 32).verify(RUN_CHUNK, "id", body, signature)
-    assert not signer.verify("chordflow.advance", "id", body, signature)
-    assert not signer.verify(RUN_CHUNK, "id2", body, signature)
-    assert not signer.verify(RUN_CHUNK, "id", [[{"x": b"2"}], {}, {}], signature)
+    signature = signer.sign(RUN_CHUNK, "id", body, 1_900_000_000)
+    assert signer.verify(RUN_CHUNK, "id", body, 1_900_000_000, signature)
+    assert not signing.Signer(b"j" * 32).verify(RUN_CHUNK, "id", body, 1_900_000_000, signature)
+    assert not signer.verify("chordflow.advance", "id", body, 1_900_000_000, signature)
+    assert not signer.verify(RUN_CHUNK, "id2", body, 1_900_000_000, signature)
+    assert not signer.verify(RUN_CHUNK, "id", [[{"x": b"2"}], {}, {}], 1_900_000_000, signature)
+    for expires in (1_900_000_001, "1900000000", 1_900_000_000.0, None):  # a later expiry, or another type
+        assert not signer.verify(RUN_CHUNK, "id", body, expires, signature)
     for bad in (None, b"bytes", "é" * 64, signature.upper()):
-        assert not signer.verify(RUN_CHUNK, "id", body, bad)
+        assert not signer.verify(RUN_CHUNK, "id", body, 1_900_000_000, bad)
 
 
 def test_the_key_comes_from_the_environment_or_a_file(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:

@@ -25,7 +25,8 @@ from worker.batch.backend import BatchJob
 from worker.batch.remote import stored_batch_result
 from worker.cluster import chunking
 from worker.cluster.dispatch import dispatch_batch
-from worker.cluster.state.runstate import RunState
+from worker.cluster.rate_limits import RedisLimiter
+from worker.cluster.state.runstate import RunState, client
 from worker.engine.context import RunContext
 
 log = logging.getLogger(__name__)
@@ -35,7 +36,11 @@ PREFLIGHT_TIMEOUT = 1.0
 
 
 def create(run_id: str, ctx: RunContext) -> CeleryBackend:
-    return CeleryBackend(run_id, ctx)
+    """The run's batches go to the cluster, and so do its rate-limit buckets: nodes this process runs draw
+    from the ones the workers share."""
+    backend = CeleryBackend(run_id, ctx)
+    ctx.limiter = RedisLimiter(client(backend.settings.result_backend))
+    return backend
 
 
 class CeleryBackend:

@@ -16,6 +16,7 @@ import traceback
 import click
 
 from ir.errors import BackendError, NodeTypeError, RemoteError, RunCancelled, StepLimitExceeded, ValidationError
+from worker.runs.store import StoreDiskError
 
 #: ctx.meta key: print tracebacks (`--debug`, on the group or on a command).
 DEBUG_KEY = "chordflow.debug"
@@ -55,6 +56,8 @@ def error_lines(exc: BaseException, node: str | None = None) -> list[str]:
         first, *rest = message.splitlines() or [type(exc).__name__]
         return [f"error: {first}", *rest]
     if isinstance(exc, CliUsageError | NodeTypeError | WorkflowFailed | StepLimitExceeded | BackendError):
+        return [f"error: {_one_line(message)}"]
+    if isinstance(exc, StoreDiskError):  # `<CHORDFLOW_HOME>/runs.db: disk full`: the store's, not the node's
         return [f"error: {_one_line(message)}"]
     if isinstance(exc, RemoteError):
         text = f"{_one_line(message)} (raised on a worker)"

@@ -63,6 +63,7 @@ for _command in (
     running.nodes,
     workers.worker,
     runs.cancel,
+    runs.purge,
     workers.flower,
     plans.run_plan,
     runs.repair_run,

@@ -1,4 +1,5 @@
-"""Options that `run`, `submit` and `run --repair` share: the workflow's inputs and the dataset job's.
+"""Options that `run`, `submit` and `run --repair` share: the workflow's inputs and the dataset job's; and
+the RUN_ID argument of the commands that take a run (checked before any lookup).
 
 Kept apart from the commands so that both scheduler/cli/running.py and scheduler/cli/repair.py read
 inputs the same way without importing each other.
@@ -14,6 +15,19 @@ import click
 import ir
 from ir.errors import ValidationError
 from scheduler.cli.errors import CliUsageError
+from worker.runs.record import RUN_ID_RULE, valid_run_id
+
+
+def _checked_run_id(ctx: click.Context, param: click.Parameter, value: str) -> str:
+    """A RUN_ID that cannot name a run is one line, exit 2 (a long one is not printed back)."""
+    if not valid_run_id(value):
+        shown = repr(value) if len(value) <= 64 else f"({len(value)} characters)"
+        raise CliUsageError(f"invalid run id {shown}: a run id is {RUN_ID_RULE}")
+    return value
+
+
+#: The RUN_ID argument of `status`, `wait`, `results`, `cancel`, `resume`, `redrive`, `repair`.
+run_id_argument = click.argument("run_id", callback=_checked_run_id)
 
 
 def parse_inputs(pairs: tuple[str, ...], inputs_file: str | None, wf: ir.Workflow | None = None) -> dict[str, Any]:
@@ -55,6 +69,8 @@ def dataset_options(command: Callable[..., Any]) -> Callable[..., Any]:
         click.option("--tolerated-failure-count", type=int, default=None, metavar="K",
                      help="The job succeeds while at most K records fail."),
         click.option("--chunk-size", type=int, default=None, metavar="N", help="Records per chunk (default 500)."),
+        click.option("--max-record-bytes", type=int, default=None, metavar="B",
+                     help="A record longer than B bytes is a bad record (default 16777216: 16 MiB)."),
     ]  # fmt: skip
     for option in reversed(options):
         command = option(command)

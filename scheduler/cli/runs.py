@@ -1,9 +1,11 @@
 """Runs already started, found by run id in the run store (local SQLite or the cluster's Redis):
-`status`, `runs`, `wait`, `results`, `cancel`, and going on with one: `resume`, `redrive`, `repair`."""
+`status`, `runs`, `wait`, `results`, `cancel`, going on with one: `resume`, `redrive`, `repair`, and deleting
+them: `purge`, `runs --prune`."""
 
 from __future__ import annotations
 
 import contextlib
+import re
 import sys
 import time
 from collections.abc import Iterator
@@ -19,12 +21,13 @@ from ir.errors import WaitTimeout
 from scheduler.cli import repair as cli_repair
 from scheduler.cli.errors import EXIT_TIMEOUT, CliUsageError
 from scheduler.cli.follow import follow, follow_cluster_run
+from scheduler.cli.options import run_id_argument
 from scheduler.cli.output import stderr_console, stdout_console, to_json
 from worker.runs.record import FINAL
 
 
 @click.command()
-@click.argument("run_id")
+@run_id_argument
 @click.option("--timeout", type=float, default=None, help="Give up after S seconds (exit 124; the run goes on).")
 @click.option("--output", type=click.Choice(["text", "json"]), default="text", show_default=True)
 @click.pass_context
@@ -47,7 +50,7 @@ def wait(ctx: click.Context, run_id: str, timeout: float | None, output: str) ->
 
 
 @click.command()
-@click.argument("run_id")
+@run_id_argument
 @click.option("--output", type=click.Choice(["text", "json"]), default="text", show_default=True)
 @click.option("--workflow", "edited", default=None, metavar="WF.json",
               help="Go on under an edited workflow: the completed nodes it leaves unchanged are kept, the first "
@@ -90,7 +93,7 @@ def resume(ctx: click.Context, run_id: str, output: str, edited: str | None) -> 
 
 
 @click.command()
-@click.argument("run_id")
+@run_id_argument
 @click.option("--output", type=click.Choice(["text", "json"]), default="text", show_default=True)
 @click.option("--detach", is_flag=True, help="A cluster job: print the run id and return at once.")
 @click.pass_context
@@ -120,7 +123,7 @@ def redrive(ctx: click.Context, run_id: str, output: str, detach: bool) -> None:
 
 
 @click.command("repair")
-@click.argument("run_id")
+@run_id_argument
 @cli_repair.out_option
 @cli_repair.generator_option
 @click.option("--output", type=click.Choice(["text", "json"]), default="text", show_default=True)
@@ -148,7 +151,7 @@ def repair_run(ctx: click.Context, run_id: str, repair_out: str | None, repair_g
 
 
 @click.command()
-@click.argument("run_id")
+@run_id_argument
 @click.option("--store", "whole_store", is_flag=True, help="Print the run's final store instead of its outputs.")
 @click.option("--node", default=None, help="A batch node: one JSON line per item, in input order.")
 @click.option("--format", "fmt", type=click.Choice(["jsonl", "json", "csv"]), default="jsonl", show_default=True)
@@ -181,12 +184,22 @@ def results(
             value = api.outputs(run_id)
         with open(out, "w", encoding="utf-8") if out else contextlib.nullcontext(sys.stdout) as sink:
             sink.write(to_json(value) + "\n")
+        from worker.nodes.llm import usage_totals
+
+        if (totals := usage_totals(store)) is not None:  # stderr: stdout stays the JSON a script reads
+            click.echo(_llm_line(totals), err=True)
         return
     try:  # before --out is opened: an unknown node leaves no empty file behind
         rows = runs.batch_rows(run_id, node)
     except LookupError:
         raise CliUsageError(f"--node {node}: run {run_id} has no batch results for node '{node}'") from None
     _write_rows(rows, fmt, errors_only, out)
+
+
+def _llm_line(totals: dict[str, int]) -> str:
+    """The token totals of a run's `__llm_calls__`, as `status` and `results` print them."""
+    calls, inputs, outputs = totals["calls"], totals["input_tokens"], totals["output_tokens"]
+    return f"llm: {calls} calls, {inputs} input tokens, {outputs} output tokens"
 
 
 def _write_rows(
@@ -233,7 +246,7 @@ def _write_csv(rows: Iterator[dict[str, Any]], sink: Any, columns: list[str]) ->
 
 
 @click.command()
-@click.argument("run_id")
+@run_id_argument
 @click.option("--json", "as_json", is_flag=True, help="Print the status object as JSON.")
 def status(run_id: str, as_json: bool) -> None:
     """Where a run stands: status, current node, steps, batch counts, error."""
@@ -251,8 +264,12 @@ def status(run_id: str, as_json: bool) -> None:
     if "records" in info:
         r = info["records"]
         total = r["total"] if r["total"] is not None else f"{r['read']}+ (reading)"
+        if r["total"] is None and info["status"] in FINAL:  # its file was never read to the end: the error says why
+            total = f"{r['read']} read"
         eta = f", ETA {r['eta_s']:.0f}s" if r["eta_s"] is not None and info["status"] == "running" else ""
         console.print(Text(f"  records: {r['done']}/{total} done, {r['failed']} failed, {r['rate']:.1f}/s{eta}"))
+    if "llm" in info:
+        console.print(Text("  " + _llm_line(info["llm"])))
     if info["error"]:
         console.print(Text(f"  error: {info['error']}"))
 
@@ -261,10 +278,15 @@ def status(run_id: str, as_json: bool) -> None:
 @click.option("--status", "status_", type=click.Choice(["queued", "running", "succeeded", "failed", "cancelled"]))
 @click.option("--limit", type=int, default=20, show_default=True)
 @click.option("--json", "as_json", is_flag=True, help="Print a list of status objects.")
-def runs(status_: str | None, limit: int, as_json: bool) -> None:
-    """Recent runs, newest first."""
+@click.option("--prune", is_flag=True, help="Delete the ended runs (both stores) not updated for --older-than D.")
+@click.option("--older-than", metavar="D", default=None, help="With --prune: an age, like 7d, 12h, 30m or 90s.")
+def runs(status_: str | None, limit: int, as_json: bool, prune: bool, older_than: str | None) -> None:
+    """Recent runs, newest first; with --prune --older-than D, delete the old ones instead (never a running one)."""
     from scheduler import datasets, lookup
 
+    if prune or older_than is not None:
+        _prune(prune, older_than, status_)
+        return
     records = lookup.recent(status_, limit)
     if as_json:
         click.echo(to_json([r.status_dict() for r in records]))
@@ -287,8 +309,43 @@ def runs(status_: str | None, limit: int, as_json: bool) -> None:
     stdout_console().print(table)
 
 
+#: Seconds per unit of `--older-than`.
+AGE_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def _prune(prune: bool, older_than: str | None, status_: str | None) -> None:
+    """`runs --prune --older-than D`: one line per store, saying how many runs it deleted."""
+    from scheduler import api
+
+    if not prune:
+        raise CliUsageError("--older-than: only with --prune")
+    if older_than is None:
+        raise CliUsageError("--prune needs --older-than D (an age, like 7d, 12h, 30m or 90s)")
+    if status_ is not None:
+        raise CliUsageError("--status: not with --prune (it deletes every ended run older than D)")
+    found = re.fullmatch(r"(\d+)([smhd])", older_than.strip())
+    if found is None:
+        raise CliUsageError(f"--older-than {older_than!r}: expected a number and a unit, like 7d, 12h, 30m or 90s")
+    for where, count in api.prune(int(found.group(1)) * AGE_UNITS[found.group(2)]).items():
+        if count is None:
+            click.echo(f"{where}: not reachable, nothing pruned there", err=True)
+        else:
+            click.echo(f"pruned {count} run{'' if count == 1 else 's'} from {where}")
+
+
 @click.command()
-@click.argument("run_id")
+@run_id_argument
+def purge(run_id: str) -> None:
+    """Delete an ended run from the store that holds it: its record, store, checkpoints, kept outcomes, and a
+    dataset job's records and results (refused while it runs: `chordflow cancel` it first)."""
+    from scheduler import api
+
+    api.purge(run_id)
+    click.echo(f"purged {run_id}")
+
+
+@click.command()
+@run_id_argument
 def cancel(run_id: str) -> None:
     """Cancel a distributed run: chunks stop between items, queued chunks are revoked, no new step starts."""
     from scheduler import api

@@ -3,6 +3,7 @@ need to report goes through Redis (the cluster's server), never through module s
 
 from __future__ import annotations
 
+import threading
 import time
 from typing import Any
 
@@ -55,6 +56,56 @@ class GaugeNode(Node):
 
     def post(self, shared: Any, prep_res: Any, exec_res: int) -> str:
         shared["in_flight"] = exec_res
+        return "default"
+
+
+@register("test-gauge-gate")
+class GaugeGateNode(Node):
+    """test-gauge with a Redis barrier instead of a sleep: counts items in flight (`<key>:now`, the highest count
+    in `<key>:max`) and holds each until `parties` items are inside together (key param `gate`, one round per
+    `parties` arrivals), so that many provably overlap. Writes `value`, `in_flight` and `worker` (the Celery
+    hostname: item threads of a parallel chunk must see the chunk's task). A round that never fills raises."""
+
+    WAIT_S = 8  # below the client's socket timeout (10 s)
+
+    def prep(self, shared: Any) -> dict[str, Any]:
+        return dict(self.params)
+
+    def exec(self, params: dict[str, Any]) -> int:
+        redis, key, gate, parties = client(), params["key"], params["gate"], int(params["parties"])
+        try:
+            now = redis.eval(GaugeNode.SCRIPT, 2, f"{key}:now", f"{key}:max")
+            arrived = redis.incr(gate)
+            redis.expire(gate, 300)
+            opened = f"{gate}:open:{(arrived - 1) // parties}"
+            if arrived % parties == 0:
+                redis.rpush(opened, *[1] * parties)
+                redis.expire(opened, 300)
+            if redis.blpop([opened], timeout=self.WAIT_S) is None:
+                raise TimeoutError(f"gate {gate}: {parties} items never ran together")
+        finally:
+            redis.decr(f"{key}:now")
+        return int(now)
+
+    def post(self, shared: Any, prep_res: dict[str, Any], exec_res: int) -> str:
+        from celery import current_task
+
+        shared["value"] = prep_res.get("value")
+        shared["in_flight"] = exec_res
+        shared["worker"] = current_task.request.hostname if current_task else "in-process"
+        return "default"
+
+
+@register("test-limiter")
+class LimiterNode(Node):
+    """Writes which rate limiter the item sees (`limiter`: its type, `limiter_id`: its id) and its thread."""
+
+    def post(self, shared: Any, prep_res: Any, exec_res: Any) -> str:
+        from worker.engine import rate_limits
+
+        limiter = rate_limits.current()
+        shared["limiter"], shared["limiter_id"] = type(limiter).__name__, id(limiter)
+        shared["thread"] = threading.get_ident()
         return "default"
 
 

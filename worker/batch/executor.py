@@ -4,21 +4,23 @@
 the isolated copy `item_shared = dict(shared)`, the batch's retries, classification into an ItemOutcome — keeping every
 per-item value in locals, never on a node instance. `run_items` runs a contiguous slice through it and
 collects the outcomes into a columnar ChunkResult. Everything cross-cutting (progress, stops, permits)
-hangs on the loop as ItemMiddleware (worker/batch/middleware.py). The local backend and the Celery chunk task
-both call this same loop.
+hangs on the loop as ItemMiddleware (worker/batch/middleware.py). With `batch.parallel`, `run_parallel` runs
+the slice on threads instead, with the same outcome. The local backend and the Celery chunk task both call
+`run_slice`, which picks one of the two.
 """
 
 from __future__ import annotations
 
+import contextvars
 import threading
 import time
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from pocketflow import BaseNode
 
-from ir.models import NodeSpec
+from ir.models import BatchSpec, NodeSpec
 from worker import redact
 from worker.batch.aggregate import ChunkResult
 from worker.batch.cloning import clone_node
@@ -29,7 +31,16 @@ DEFAULT_THREADS = 8
 
 
 class ItemMiddleware:
-    """Hooks around each item. Override what you need; all are no-ops by default."""
+    """Hooks around each item. Override what you need; all are no-ops by default.
+
+    A parallel loop (`run_parallel`) calls the hooks from several threads at once: state they keep across
+    items must be per thread or under a lock.
+    """
+
+    #: before_item may wait for something other chunks share (a permit). A parallel loop then calls it outside
+    #: its claim lock, before the thread claims an item (with the next unclaimed index), so one thread's wait
+    #: never holds up the others.
+    waits = False
 
     def before_item(self, index: int) -> bool:
         """Return False to stop the loop before this item (abort, cancel)."""
@@ -37,6 +48,12 @@ class ItemMiddleware:
 
     def after_item(self, outcome: ItemOutcome) -> None:
         pass
+
+    def enter_thread(self) -> None:
+        """A thread of a parallel loop starts (give it what the caller's thread has that threads do not inherit)."""
+
+    def leave_thread(self) -> None:
+        """A thread of a parallel loop takes no more items: release what it holds for itself (its permit)."""
 
     def close(self) -> None:
         """Called once when the loop ends, however it ends (flush buffers, release permits)."""
@@ -138,49 +155,124 @@ def _may_start(checks: list[Any], index: int) -> bool:
     return True
 
 
+def threads_for(batch: BatchSpec, count: int) -> int:
+    """Threads a slice of `count` items runs on: 1 unless `batch.parallel`; else `max_concurrent` (default
+    DEFAULT_THREADS), never more than the items."""
+    if not batch.parallel:
+        return 1
+    return max(1, min(batch.max_concurrent or DEFAULT_THREADS, count))
+
+
+def run_slice(
+    executor: ItemExecutor, items: Sequence[Any], start: int, middleware: Sequence[ItemMiddleware]
+) -> ChunkResult:
+    """The loop every backend runs a slice of a batch with (in-process and a worker's chunk alike):
+    `run_items`, or with `batch.parallel` `run_parallel`; one contiguous ChunkResult either way."""
+    batch = executor.spec.batch
+    assert batch is not None
+    threads = threads_for(batch, len(items))
+    if threads < 2:
+        return run_items(executor, items, start, middleware)
+    return run_parallel(executor, items, start, middleware, threads)
+
+
 def run_in_process(
     executor: ItemExecutor, items: Sequence[Any], start: int, middleware: Sequence[ItemMiddleware]
 ) -> list[ChunkResult]:
-    """Sequential: one chunk. With `batch.parallel`: `max_concurrent` threads, each with its own clone of
-    the executor, take small contiguous blocks of items; the blocks are merged like distributed chunks."""
-    batch = executor.spec.batch
-    assert batch is not None
-    if not batch.parallel or len(items) < 2:
-        return [run_items(executor, items, start, middleware)]
-    threads = min(batch.max_concurrent or DEFAULT_THREADS, len(items))
-    size = max(1, min(64, len(items) // (threads * 8)))
-    offsets = _LockedIterator(range(0, len(items), size))
-    views = [_NoClose(m) for m in middleware]  # close() runs once, after every thread
+    """A local batch's slice (worker/batch/backend.py): `run_slice`, as the one chunk it makes."""
+    return [run_slice(executor, items, start, middleware)]
 
-    def work(clone: ItemExecutor) -> list[ChunkResult]:
-        chunks = []
-        for offset in offsets:
-            block = items[offset : offset + size]
-            chunks.append(run_items(clone, block, start + offset, views))
-            if len(chunks[-1].results) < len(block):  # a hook stopped it: stop taking blocks
-                break
-        return chunks
+
+def run_parallel(
+    executor: ItemExecutor, items: Sequence[Any], start: int, middleware: Sequence[ItemMiddleware], threads: int
+) -> ChunkResult:
+    """`items` on `threads` threads, each with its own clone of the executor (pocketflow keeps retry state on
+    node instances) and its own copy of the caller's contextvars: ThreadPoolExecutor does not carry them, and
+    the run context (event sink, rate limiter, cancel flag) lives in one (worker/engine/context.py).
+
+    Threads claim items one at a time in index order, and the stop hooks run under the claim lock, so the items
+    that ran are always a prefix of `items`, as in a sequential loop: one contiguous ChunkResult, which is what a
+    worker's chunk must return. Results land in their slot; failures and accumulator entries are put back in
+    index order at the end.
+    """
+    claims = _Claims(start, len(items), [m.before_item for m in middleware if not m.waits])
+    waits = [m.before_item for m in middleware if m.waits]
+    after = [m.after_item for m in middleware]
+    results: list[Any] = [None] * len(items)
+
+    def work(clone: ItemExecutor) -> tuple[list[ItemOutcome], list[tuple[int, dict[str, list]]]]:
+        failures: list[ItemOutcome] = []
+        appended: list[tuple[int, dict[str, list]]] = []
+        entered: list[ItemMiddleware] = []
+        try:
+            for m in middleware:
+                m.enter_thread()
+                entered.append(m)
+            while claims.left():
+                if not _may_start(waits, claims.upcoming()):
+                    claims.stop()  # a wait ended by a stop (cancel, abort): the others stop too
+                    break
+                offset = claims.claim()
+                if offset is None:
+                    break
+                outcome = clone.run(start + offset, items[offset])
+                results[offset] = outcome.result
+                if outcome.error is not None:
+                    failures.append(outcome)
+                if outcome.appended:
+                    appended.append((offset, outcome.appended))
+                for hook in after:
+                    hook(outcome)
+        except BaseException:
+            claims.stop()
+            raise
+        finally:
+            for m in reversed(entered):
+                m.leave_thread()
+        return failures, appended
 
     try:
         with ThreadPoolExecutor(max_workers=threads, thread_name_prefix=f"batch-{executor.node_id}") as pool:
-            futures = [pool.submit(work, executor.clone()) for _ in range(threads)]
-            return [chunk for future in futures for chunk in future.result()]
+            futures = [pool.submit(contextvars.copy_context().run, work, executor.clone()) for _ in range(threads)]
+            parts = [future.result() for future in futures]
     finally:
         for m in middleware:
             m.close()
+    del results[claims.taken :]
+    failures = sorted((f for part, _ in parts for f in part), key=lambda f: f.index)
+    appended: dict[str, list] = {}
+    for _, entries in sorted((e for _, part in parts for e in part), key=lambda e: e[0]):
+        for key, values in entries.items():
+            appended.setdefault(key, []).extend(values)
+    return ChunkResult(start, results, failures, appended)
 
 
-class _LockedIterator(Iterator[int]):
-    def __init__(self, iterable: Iterable[int]):
-        self._it = iter(iterable)
-        self._lock = threading.Lock()
+class _Claims:
+    """Hands out a slice's offsets in order. The stop hooks (`checks`) run under its lock before each claim,
+    so once one says stop no later item starts: the claimed offsets are always 0..taken-1."""
 
-    def __next__(self) -> int:
-        with self._lock:
-            return next(self._it)
+    def __init__(self, start: int, count: int, checks: list[Any]):
+        self.start, self.count, self.checks = start, count, checks
+        self.taken = 0
+        self.stopped = False
+        self.lock = threading.Lock()
 
+    def left(self) -> bool:
+        return not self.stopped and self.taken < self.count
 
-class _NoClose(ItemMiddleware):
-    def __init__(self, inner: ItemMiddleware):
-        self.before_item = inner.before_item
-        self.after_item = inner.after_item
+    def upcoming(self) -> int:
+        return self.start + self.taken
+
+    def claim(self) -> int | None:
+        with self.lock:
+            if self.stopped or self.taken >= self.count:
+                return None
+            if not _may_start(self.checks, self.start + self.taken):
+                self.stopped = True
+                return None
+            self.taken += 1
+            return self.taken - 1
+
+    def stop(self) -> None:
+        with self.lock:
+            self.stopped = True

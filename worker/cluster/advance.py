@@ -18,12 +18,12 @@ from typing import Any
 
 from ir import snapshot
 from ir.branches import Section
-from ir.errors import RunCancelled
+from ir.errors import Fenced, RunCancelled
 from worker import redact
 from worker.batch.aggregate import BatchResult, merge
 from worker.batch.backend import BatchJob
 from worker.batch.remote import rebuild, stored_batch_result
-from worker.cluster import logs
+from worker.cluster import logs, signing
 from worker.cluster.app import current_app, task
 from worker.cluster.dispatch import dispatch_batch
 from worker.cluster.state.keys import run_key
@@ -69,6 +69,11 @@ class Lease:
         self.stop.set()
         if self.redis.get(self.name) == self.token.encode():
             self.redis.delete(self.name)
+
+    def check(self) -> None:
+        """Fenced unless this lease is still ours (one GET, once per step)."""
+        if self.redis.get(self.name) != self.token.encode():
+            raise Fenced(f"{self.name}: the lease was taken over by another worker; stopping")
 
 
 class ClusterBatches:
@@ -118,6 +123,7 @@ def advance(self: Any, run_id: str, step: int) -> str:
             runs.set_status(run_id, "cancelled", "run cancelled")
             _ended(runs, run_id, record.status, "cancelled", record.node)
             return "cancelled"
+        signing.check_run(self.app.signer, run_id, record)  # an altered workflow fails the run: nothing of it runs
         flow = _flow(record.workflow)
         store = runs.load_store(run_id)
         ctx.backend = ClusterBatches(run_id, ctx, runs, state)
@@ -135,6 +141,9 @@ def advance(self: Any, run_id: str, step: int) -> str:
         return RECORD_STATUS[status]
     except Suspended:
         return "dispatched"
+    except Fenced as exc:  # paused past the lease: the advance that took over owns the run now
+        log.warning("%s", exc)
+        return "fenced"
     except RunCancelled:
         runs.set_status(run_id, "cancelled", "run cancelled", ctx.last_node)
         _ended(runs, run_id, "running", "cancelled", ctx.last_node)
@@ -208,6 +217,14 @@ def advance_branch(self: Any, run_id: str, key: str, branch: str, step: int) -> 
     state = _branch_state(runs, run_id, key, branch)
     if record is None or record.status in FINAL or state is None or state.step < step:
         return "fenced"
+    try:
+        signing.check_run(self.app.signer, run_id, record)  # the one read of the record this task uses
+    except signing.WorkflowAltered as exc:
+        runs.set_exception(run_id, exc)
+        error = f"{type(exc).__name__}: {exc}"
+        runs.set_status(run_id, "failed", error)
+        _ended(runs, run_id, record.status, "failed", None, error)
+        return "refused"
     if state.status != "running":  # it ended, and this is a redelivery: join again (a duplicate joins once)
         _join(runs, run_id, key, branch, len(_section(record.workflow, key).branches))
         return "joined"
@@ -232,7 +249,12 @@ def advance_branch(self: Any, run_id: str, key: str, branch: str, step: int) -> 
         # A branch stops when the run is cancelled or (fail_fast) another branch of its section failed.
         ctx = RunContext(sink=sink, cancelled=StopFlag(lambda: rstate.should_stop(key)))
         ctx.backend = ClusterBatches(run_id, ctx, runs, rstate, branch=(key, branch))
-        journal = BranchSteps(state, lambda kept: runs.save_branch(run_id, key, branch, _encoded(kept)))
+
+        def save(kept: BranchState) -> None:
+            lease.check()  # a branch paused past its lease was taken over: it writes nothing more
+            runs.save_branch(run_id, key, branch, _encoded(kept))
+
+        journal = BranchSteps(state, save)
         try:
             with context.using(ctx):
                 cursor = drive(
@@ -241,6 +263,9 @@ def advance_branch(self: Any, run_id: str, key: str, branch: str, step: int) -> 
             state.status, state.node = "done", cursor.node
         except Suspended:
             return "dispatched"
+        except Fenced as exc:
+            log.warning("%s", exc)
+            return "fenced"
         except RunCancelled:
             state.status = "cancelled"
         except Exception as exc:
@@ -251,7 +276,11 @@ def advance_branch(self: Any, run_id: str, key: str, branch: str, step: int) -> 
                 sink({"type": "error", "node": ctx.last_node, "error": state.error})
             if section.fail_fast:
                 rstate.abort(key)
-        runs.save_branch(run_id, key, branch, _encoded(state))
+        try:
+            save(state)
+        except Fenced as exc:
+            log.warning("%s", exc)
+            return "fenced"
         rstate.publish_branch_event({"type": "branch_complete", "branch": branch, "ok": state.status == "done"})
         _join(runs, run_id, key, branch, len(section.branches))
         return state.status

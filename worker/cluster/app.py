@@ -1,9 +1,9 @@
 """The Celery app: `celery -A worker.app worker` (or `chordflow worker`) runs chordflow chunks.
 
 Configured from the environment (worker.settings). Reliability choices: late acks and
-reject-on-worker-lost so a killed worker's chunk is delivered again; a visibility timeout above
-the longest chunk; prefetch 1 (chunks are long); msgpack/json only, never pickle; ordered chords;
-task events on for Flower.
+reject-on-worker-lost so a killed worker's chunk is delivered again; a short visibility timeout (a dead
+worker's deliveries come back within it) that live workers' renewals keep off their own (chunk_lease.py);
+prefetch 1 (chunks are long); msgpack/json only, never pickle; ordered chords; task events on for Flower.
 
 One app per settings value (`create_app`, `current_app`): the module's `app` is built from the
 environment at import; a process whose environment changes later gets a new app, never a reconfigured
@@ -31,14 +31,17 @@ from celery.backends.redis import RedisBackend
 from celery.local import Proxy
 
 from worker import settings
-from worker.cluster import logs, signing
+from worker.cluster import chunk_lease, logs, signing
+from worker.cluster.rate_limits import RedisLimiter
 from worker.cluster.state import heartbeat, runstate
+from worker.engine import rate_limits
 from worker.nodes import registry
 
 log = logging.getLogger(__name__)
 
 
 def config(s: settings.Settings) -> dict:
+    bound = chunk_lease.dead_delivery_seconds(s.visibility_timeout)
     return {
         "broker_url": s.broker_url,
         "result_backend": s.result_backend,
@@ -49,12 +52,18 @@ def config(s: settings.Settings) -> dict:
         "task_acks_late": True,
         "task_reject_on_worker_lost": True,
         "worker_prefetch_multiplier": 1,
+        # Deliveries (worker/cluster/chunk_lease.py): each worker renews every message it holds every few seconds,
+        # so the visibility timeout is a short dead-delivery bound, at most 30 s: a dead worker's chunks, advances
+        # and dataset chunks come back within it, a live worker's are never delivered twice. Swept messages get a
+        # fresh delivery tag (the transport there), so a paused worker that wakes up is fenced.
+        **chunk_lease.broker_options(s.broker_url),
         "broker_transport_options": {
-            "visibility_timeout": s.visibility_timeout,
-            # Sweep for lost (unacked, past the timeout) chunks every few seconds, scanning each time;
-            # kombu's default sweep is ~100 s apart, which would delay recovery far past the timeout.
-            "unacked_restore_interval": max(1, min(10, s.visibility_timeout // 4)),
+            "visibility_timeout": bound,
+            # Sweep for deliveries past the bound every few seconds, scanning each time (kombu's default sweep is
+            # ~100 s apart), and never wait long on the mutex of a sweeper that died mid-sweep (kombu's: 300 s).
+            "unacked_restore_interval": chunk_lease.sweep_interval(bound),
             "unacked_restore_throttle": 1,
+            "unacked_mutex_expire": chunk_lease.SWEEP_MUTEX_SECONDS,
             # A broker that vanishes without closing the socket must not hang a publish forever.
             "socket_timeout": 15,
             "socket_connect_timeout": 5,
@@ -258,6 +267,13 @@ def _load_plugins(**_: object) -> None:
     registry.load_plugins()
 
 
+@signals.worker_process_init.connect
+@signals.worker_init.connect
+def _share_rate_limits(**_: object) -> None:
+    """Rate-limit buckets of every node a worker runs are the cluster's, in Redis (worker/cluster/rate_limits.py)."""
+    rate_limits.use(RedisLimiter(runstate.client()))
+
+
 _heartbeats: dict[str, heartbeat.Heartbeat] = {}
 
 
@@ -278,3 +294,27 @@ def _register_worker(sender: Any, **_: object) -> None:
 def _unregister_worker(**_: object) -> None:
     while _heartbeats:
         _heartbeats.popitem()[1].stop()
+
+
+_renewers: dict[str, chunk_lease.DeliveryRenewer] = {}
+
+
+@signals.worker_ready.connect
+def _renew_deliveries(sender: Any, **_: object) -> None:
+    """While this worker lives, no message it holds (running, prefetched, waiting for its ETA) is delivered again:
+    a thread of the main process, where the consumer holds them, renews them all (worker/cluster/chunk_lease.py)."""
+    app = sender.app
+    if sender.hostname in _renewers or not isinstance(app, ChordflowCelery):
+        return
+    if not chunk_lease.has_visibility_timeout(app):
+        return
+    bound = app.conf.broker_transport_options.get("visibility_timeout") or chunk_lease.DEAD_DELIVERY_SECONDS
+    renewer = chunk_lease.DeliveryRenewer(sender, chunk_lease.renew_interval(bound))
+    _renewers[sender.hostname] = renewer
+    renewer.start()
+
+
+@signals.worker_shutdown.connect
+def _stop_renewing(**_: object) -> None:
+    while _renewers:
+        _renewers.popitem()[1].stop()

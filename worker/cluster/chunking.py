@@ -1,8 +1,8 @@
 """How a batch is cut into chunks.
 
-Auto rule: `chunks_per_process` (default 4) chunks per worker process in the cluster, so work
-balances when items are uneven, capped at `max_chunk_size` items (default 5000) so a chunk stays
-well under the visibility timeout and a lost chunk costs little. `batch.chunk_size` overrides it.
+Auto rule: `chunks_per_process` (default 4) chunks per worker process in the cluster, so work balances
+when items are uneven, capped at `max_chunk_size` items (default 5000) so a lost chunk costs little; a
+parallel batch's chunk holds at least as many items as its threads. `batch.chunk_size` overrides it.
 The cluster's process count comes from the worker registry (worker/cluster/state/heartbeat.py), never a broadcast.
 """
 
@@ -24,10 +24,14 @@ _cache: dict[str, tuple[float, int]] = {}  # state Redis URL -> (read at, proces
 _lock = threading.Lock()
 
 
-def chunk_size(count: int, requested: int | None, processes: int, per_process: int, cap: int) -> int:
+def chunk_size(
+    count: int, requested: int | None, processes: int, per_process: int, cap: int, threads: int = 1
+) -> int:
+    """`requested`, else the auto rule; a parallel batch's chunk holds at least as many items as the threads
+    it runs on (`threads`), so a worker's chunk can keep all of them busy."""
     if requested:
         return requested
-    return max(1, min(cap, math.ceil(count / max(1, processes * per_process))))
+    return max(1, threads, min(cap, math.ceil(count / max(1, processes * per_process))))
 
 
 def slices(count: int, size: int, offset: int = 0) -> list[tuple[int, int]]:

@@ -9,7 +9,9 @@ Every key is under the run's hash tag (`cf:{<run>}:ds...`) and expires with the 
 Safe to run twice: a chunk is run only while it is pending, and finishing it is counted once. A worker
 killed after finishing a chunk but before sending the chunks it claimed has its task delivered again;
 that delivery finds the chunk counted and sends the claimed chunks again (a duplicate of a chunk that is
-already running is run twice and counted once).
+already running is run twice and counted once). Each task that begins a chunk takes its claim (`ds:claim`);
+a finish whose claim was taken by a later delivery — a worker paused past the dead-delivery bound wakes up
+after its chunk was delivered again (worker/cluster/chunk_lease.py) — is refused with one WARNING line.
 """
 
 from __future__ import annotations
@@ -17,13 +19,16 @@ from __future__ import annotations
 import functools
 import logging
 import time
+import uuid
 from collections.abc import Sequence
 from typing import Any
+
+from celery.exceptions import Ignore
 
 from ir import snapshot
 from worker import settings
 from worker.batch.aggregate import ChunkResult
-from worker.cluster import chunking, logs
+from worker.cluster import chunk_lease, chunking, logs, signing
 from worker.cluster.app import current_app, task
 from worker.cluster.middleware import chunk_middleware
 from worker.cluster.state.keys import run_key
@@ -47,7 +52,7 @@ class ClusterDataset:
         self.redis = client()
         self.ttl = settings.load().run_ttl
         names = ("ds", "ds:todo", "ds:pending", "ds:out", "ds:cov", "ds:fails", "ds:rec", "cancel")
-        self.keys = [run_key(run_id, name) for name in (*names, f"abort:{RECORDS}", "ds:next", "ds:reader")]
+        self.keys = [run_key(run_id, name) for name in (*names, f"abort:{RECORDS}", "ds:next", "ds:reader", "ds:claim")]
         self.started = run_key(run_id, "ds:started")  # chunks a task has begun (see `orphans`)
         self._step = script(self.redis, "dataset_step")
         self._size, self._read = 0, None  # chunk_length's, once the whole file is read
@@ -71,12 +76,16 @@ class ClusterDataset:
         so) once its lease has run out and the chunks it stored have run."""
         return self._run("add", n, pack_records(records, bad), read, reader_seconds())
 
-    def finish(self, n: int, chunk: ChunkResult, length: int, dataset: Dataset) -> tuple[str, list[int]]:
+    def finish(
+        self, n: int, chunk: ChunkResult, length: int, dataset: Dataset, claim: str = ""
+    ) -> tuple[str, list[int]]:
+        """Store chunk n's outcomes and count them, once. `claim` (from `mark_started`): refused (`stale`) unless
+        it is still the chunk's claim — another delivery of the chunk started after this one."""
         complete = len(chunk.results) == length and not chunk.failures
         blob = snapshot.encode(chunk.to_wire(), label=f"records chunk {n} results")
         percent, count = dataset.tolerated_failure_percent, dataset.tolerated_failure_count
         args = [n, blob, len(chunk.results), len(chunk.failures), int(complete)]
-        return self._run("finish", *args, "" if percent is None else percent, "" if count is None else count)
+        return self._run("finish", *args, "" if percent is None else percent, "" if count is None else count, claim)
 
     def read_done(self, total: int) -> tuple[str, list[int]]:
         return self._run("read_done", total)
@@ -103,12 +112,43 @@ class ClusterDataset:
         pipe.execute()
         return records
 
+    def drop_records(self) -> None:
+        """Once the job ended: it keeps its counts and outcomes (`status`, `results`) and the records a redrive runs
+        again (a chunk whose records all succeeded dropped them as it finished); its reading state goes (queue,
+        chunks in flight, claims, the reader's lease, the abort flag). A job whose file was never read to its end
+        cannot be redriven: its records go too."""
+        pipe = self.redis.pipeline(transaction=False)
+        pipe.delete(*(self.keys[i] for i in (1, 2, 8, 9, 10, 11)), self.started)
+        if not self.redis.hexists(self.keys[0], "total"):
+            pipe.delete(self.keys[6])
+        pipe.execute()
+
     # -- reading ------------------------------------------------------------------------------------
     def is_pending(self, n: int) -> bool:
         return bool(self.redis.sismember(self.keys[2], n))
 
-    def mark_started(self, n: int) -> None:
-        self.redis.pipeline().sadd(self.started, n).expire(self.started, self.ttl).execute()
+    def mark_started(self, n: int) -> str:
+        """A task begins chunk n: returns its claim, the chunk's until another delivery of it begins (see `finish`)."""
+        claim = uuid.uuid4().hex
+        pipe = self.redis.pipeline()
+        pipe.sadd(self.started, n).expire(self.started, self.ttl)
+        pipe.hset(self.keys[11], n, claim).expire(self.keys[11], self.ttl)
+        pipe.execute()
+        return claim
+
+    def stalled(self, seconds: float | None = None) -> bool:
+        """No record outcome reached the run's progress stream for more than `seconds` (Redis's clock both; default:
+        the dead-delivery bound, past which a dead worker's chunk is on its way back: worker/cluster/chunk_lease.py)."""
+        if seconds is None:
+            seconds = chunk_lease.dead_delivery_seconds(settings.load().visibility_timeout)
+        pipe = self.redis.pipeline(transaction=False)
+        pipe.time()
+        pipe.xrevrange(run_key(self.run_id, "events"), count=1)
+        (now_s, now_us), last = pipe.execute()
+        if not last:
+            return False
+        last_ms = int((last[0][0].decode() if isinstance(last[0][0], bytes) else last[0][0]).split("-")[0])
+        return now_s + now_us / 1e6 - last_ms / 1000 > seconds
 
     def orphans(self) -> list[int]:
         """Once, after the reader died: chunks it claimed (pending) that no task has started — it may have
@@ -186,12 +226,11 @@ def finish_run(run_id: str, runs: ClusterRuns | None = None) -> str:
     record = runs.get(run_id)
     if record is None or record.status in FINAL or record.dataset is None:
         return "fenced"
-    dataset = Dataset.from_json(record.dataset)
-    counts = ClusterDataset(run_id).counts()
+    dataset, ds = Dataset.from_json(record.dataset), ClusterDataset(run_id)
+    counts = ds.counts()
     status, error = verdict(dataset, counts, RunState(run_id).cancelled())
-    runs.set_status(run_id, status, error)
-    # The per-record progress (about 8 bytes a record) has served its followers; the end marker stays.
-    runs.redis.xtrim(run_key(run_id, "events"), maxlen=1)
+    ds.drop_records()  # first: whoever sees the job ended sees it trimmed (its verdict is made of what stays)
+    runs.set_status(run_id, status, error)  # trims the run's keys (ClusterRuns.trim), the per-record progress too
     done, failed = counts["done"], counts["failed"]
     logs.transition(run_id, record.status, status, node=RECORDS, items=done, failed=failed, error=error)
     return status
@@ -204,6 +243,18 @@ def go_on(run_id: str, state: str, claimed: list[int]) -> None:
         finish_run(run_id)
 
 
+def refuse(runs: ClusterRuns, run_id: str, status: str, exc: signing.WorkflowAltered) -> str:
+    """A job whose record was altered stops (chunks in flight run no more records) and ends failed: one WARNING
+    line, the transition's, from the first chunk that saw it (the others find the job ended)."""
+    RunState(run_id).abort(RECORDS)
+    if status not in FINAL:
+        runs.set_exception(run_id, exc)
+        error = f"{type(exc).__name__}: {exc}"
+        runs.set_status(run_id, "failed", error)
+        logs.transition(run_id, status, "failed", node=RECORDS, error=error)
+    return "refused"
+
+
 @task(name="chordflow.dataset_chunk", bind=True, acks_late=True, ignore_result=True)
 def dataset_chunk(self: Any, run_id: str, n: int) -> str:
     """Run chunk n of dataset job `run_id` (its records without a successful outcome), store its outcomes,
@@ -212,11 +263,16 @@ def dataset_chunk(self: Any, run_id: str, n: int) -> str:
     if not ds.is_pending(n):  # delivered again after it was counted: send what it claimed, if still due
         go_on(run_id, ds.check()[0], [m for m in ds.claimed_by(n) if ds.is_pending(m)])
         return "duplicate"
-    ds.mark_started(n)
+    chunk_lease.fence_start(self, "records chunk")  # a stale delivery never takes the claim (chunk_lease.py)
+    claim = ds.mark_started(n)
     runs = ClusterRuns()
     record = runs.get(run_id)
     if record is None or record.dataset is None:
         return "fenced"
+    try:
+        signing.check_run(self.app.signer, run_id, record)  # the workflow and dataset a key holder recorded
+    except signing.WorkflowAltered as exc:
+        return refuse(runs, run_id, record.status, exc)
     if record.status == "queued":
         runs.set_status(run_id, "running")
         logs.transition(run_id, "queued", "running", node=RECORDS)
@@ -238,5 +294,9 @@ def dataset_chunk(self: Any, run_id: str, n: int) -> str:
     elif done is not None:
         chunk = done
     logs.chunk(run_id, RECORDS, f"{RECORDS}:{n}", n * size, ran, failed, time.monotonic() - began)
-    go_on(run_id, *ds.finish(n, chunk, len(records), dataset))
+    step, claimed = ds.finish(n, chunk, len(records), dataset, claim)
+    if step == "stale":  # this worker was paused (or cut off) past the bound: another delivery holds the chunk
+        log.warning("run %s: records chunk %d was delivered again meanwhile: this outcome is dropped", run_id, n)
+        raise Ignore()  # not a success: the chunk's task is the new delivery's to end
+    go_on(run_id, step, claimed)
     return "finished"

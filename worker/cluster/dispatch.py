@@ -18,6 +18,7 @@ from celery import chord
 from ir import snapshot
 from worker import settings
 from worker.batch.backend import BatchJob
+from worker.batch.executor import threads_for
 from worker.cluster import chunking
 from worker.cluster.app import current_app
 from worker.cluster.state.runstate import RunState
@@ -42,7 +43,8 @@ def dispatch_batch(
     gaps = job.missing()
     todo = sum(end - start for start, end in gaps)
     processes = chunking.registered_processes(s.result_backend) or chunking.FALLBACK_PROCESSES
-    size = chunking.chunk_size(todo, job.batch.chunk_size, processes, s.chunks_per_process, s.max_chunk_size)
+    threads = threads_for(job.batch, todo)
+    size = chunking.chunk_size(todo, job.batch.chunk_size, processes, s.chunks_per_process, s.max_chunk_size, threads)
     spans = [span for start, end in gaps for span in chunking.slices(end - start, size, offset=start)]
     # Encode every slice before anything is enqueued: a value that cannot travel fails early.
     payloads = [snapshot.encode(items[a:b], label=f"batch '{node_id}' items[{a}:{b}]") for a, b in spans]

@@ -169,6 +169,10 @@ def say_json(msg: str, f: Any = sys.__stderr__) -> None:
         os.write(f.fileno(), (json.dumps(line, ensure_ascii=False) + "\n").encode())
 
 
+#: Libraries whose INFO lines are per request: a worker shows only their warnings.
+QUIET_LIBRARIES = ("httpx", "httpcore")
+
+
 def configure(logger: logging.Logger | None = None, **_: Any) -> None:
     """Every handler of `logger`, of the root logger and of Celery's task and multiprocessing loggers masks
     secrets (worker/redact.py) and, with CHORDFLOW_LOG_FORMAT=json, writes JSON lines.
@@ -177,6 +181,9 @@ def configure(logger: logging.Logger | None = None, **_: Any) -> None:
     once the worker's loggers have their handlers (forked pool processes inherit them)."""
     global _early
     redact.install_log_filter(logger)
+    # httpx logs every request at INFO: thousands of lines per chunk of `http` items, none an operator needs.
+    for chatty in QUIET_LIBRARIES:
+        logging.getLogger(chatty).setLevel(max(logging.WARNING, logging.getLogger(chatty).level))
     if _early is not None:  # the worker's handlers exist now: warnings go to them, as every other line
         warnings_log = logging.getLogger("py.warnings")
         warnings_log.removeHandler(_early)

@@ -6,12 +6,20 @@ abort flag, progress, failure count and permits each time. A failure threshold w
 ProgressPublisher adds each chunk's failure count to the batch's in Redis in its batched writes, and the
 Lua script sets the batch's abort flag once the sum passes the threshold; StopCheck, which polls that flag
 anyway, then stops every chunk (a chunk whose own failures pass it stops at once).
+
+A parallel batch's chunk runs its items on threads (worker/batch/executor.py run_parallel) with ONE stack of
+these hooks: counters and buffers are under a lock, permits are held per thread, and TaskContext gives each
+thread the Celery task the chunk runs in.
 """
 
 from __future__ import annotations
 
+import threading
 import time
 import uuid
+from typing import Any
+
+from celery._state import _task_stack  # Celery's current-task stack: no public way to push onto it
 
 from worker.batch.executor import ItemMiddleware
 from worker.batch.middleware import tolerated_failures
@@ -28,8 +36,10 @@ def chunk_middleware(
     chunk: int = 0,
     max_concurrent: int | None = None,
     tolerance: Tolerance | None = None,
+    task: Any = None,
 ) -> list[ItemMiddleware]:
-    """The hooks around a chunk's items on a worker, stops first (`chunk`: the start of this chunk)."""
+    """The hooks around a chunk's items on a worker, stops first (`chunk`: the start of this chunk; `task`: the
+    Celery task running it, which item threads of a parallel chunk are given)."""
     tolerated = None
     if tolerance is not None and tolerance.set:  # only a percentage needs the batch's total: one read per chunk
         tolerated = tolerated_failures(tolerance, state.batch_total(batch) if tolerance.percent is not None else 0)
@@ -37,6 +47,8 @@ def chunk_middleware(
     if max_concurrent:
         hooks.append(ConcurrencyPermit(state, batch, max_concurrent))
     hooks.append(ProgressPublisher(state, batch, chunk, tolerated))
+    if task is not None:
+        hooks.append(TaskContext(task))
     return hooks
 
 
@@ -51,8 +63,9 @@ class StopCheck(ItemMiddleware):
         self.state, self.batch, self.fail_fast, self.interval = state, batch, fail_fast, interval
         self.tolerated = tolerated
         self.failed = 0
-        self.stopped = False
+        self.stopped = False  # a plain flag: set once, read by every thread of the chunk
         self.next_check = 0.0
+        self.lock = threading.Lock()
 
     def before_item(self, index: int) -> bool:
         if self.stopped:
@@ -66,10 +79,12 @@ class StopCheck(ItemMiddleware):
     def after_item(self, outcome: ItemOutcome) -> None:
         if outcome.error is None:
             return
-        self.failed += 1
-        if self.fail_fast or (self.tolerated is not None and self.failed > self.tolerated):
+        with self.lock:  # threads of a parallel chunk fail at once: count each, set the flag once
+            self.failed += 1
+            if self.stopped or not (self.fail_fast or (self.tolerated is not None and self.failed > self.tolerated)):
+                return
             self.stopped = True
-            self.state.abort(self.batch)
+        self.state.abort(self.batch)
 
 
 class ProgressPublisher(ItemMiddleware):
@@ -93,16 +108,23 @@ class ProgressPublisher(ItemMiddleware):
         self.failed = 0
         self.buffer: list[tuple[int, bool]] = []
         self.next_flush = time.monotonic() + interval
+        # One write at a time, under the lock: the failure count a write carries is never older than an earlier one's.
+        self.lock = threading.Lock()
 
     def after_item(self, outcome: ItemOutcome) -> None:
         ok = outcome.error is None
-        self.buffer.append((outcome.index, ok))
-        if not ok:
-            self.failed += 1
-        if len(self.buffer) >= self.max_buffer or time.monotonic() >= self.next_flush:
-            self.flush()
+        with self.lock:
+            self.buffer.append((outcome.index, ok))
+            if not ok:
+                self.failed += 1
+            if len(self.buffer) >= self.max_buffer or time.monotonic() >= self.next_flush:
+                self._flush()
 
     def flush(self) -> None:
+        with self.lock:
+            self._flush()
+
+    def _flush(self) -> None:
         if self.buffer:
             failures = None if self.tolerated is None else (self.chunk, self.failed, self.tolerated)
             self.state.publish(self.batch, self.buffer, failures)
@@ -114,33 +136,63 @@ class ProgressPublisher(ItemMiddleware):
 
 
 class ConcurrencyPermit(ItemMiddleware):
-    """`batch.max_concurrent` across the cluster: a chunk runs items only while it holds a permit.
+    """`batch.max_concurrent` across the cluster: an item runs only while its thread holds a permit.
 
-    A chunk runs its items one at a time, so permits held == items in flight. The permit is a lease
-    (renewed while running) so a killed worker's permit frees itself.
+    Each thread running items (one in a sequential chunk, up to max_concurrent in a parallel one) takes its own
+    permit (a token) before its first item and keeps it until it takes no more items (`leave_thread`) or the
+    chunk ends, so items in flight <= permits held <= max_concurrent, whatever the chunks and threads. A
+    permit is a lease (renewed between items, every lease/3) so a killed worker's permits free themselves.
     """
+
+    waits = True  # a thread may wait here for another chunk's permit: never under the parallel loop's lock
 
     def __init__(self, state: RunState, batch: str, limit: int, lease: float = 30.0, poll: float = 0.05):
         self.state, self.batch, self.limit, self.lease, self.poll = state, batch, limit, lease, poll
-        self.token = uuid.uuid4().hex
-        self.renew_at = 0.0
-        self.held = False
+        self.held: dict[int, tuple[str, float]] = {}  # thread id -> (its token, when to renew it)
+        self.lock = threading.Lock()
 
     def before_item(self, index: int) -> bool:
-        now = time.monotonic()
-        if self.held and now < self.renew_at:
+        me = threading.get_ident()
+        with self.lock:
+            held = self.held.get(me)
+        if held is not None and time.monotonic() < held[1]:
             return True
+        token = held[0] if held is not None else uuid.uuid4().hex
         delay = self.poll
-        while not self.state.acquire_permit(self.batch, self.token, self.limit, self.lease):
+        while not self.state.acquire_permit(self.batch, token, self.limit, self.lease):
             if self.state.should_stop(self.batch):
                 return False
-            time.sleep(delay)  # waiting for another chunk to finish; nothing to subscribe to
+            time.sleep(delay)  # waiting for another chunk or thread to let go of one; nothing to subscribe to
             delay = min(delay * 2, 1.0)
-        self.held = True
-        self.renew_at = time.monotonic() + self.lease / 3
+        with self.lock:
+            self.held[me] = (token, time.monotonic() + self.lease / 3)
         return True
 
+    def leave_thread(self) -> None:
+        with self.lock:
+            held = self.held.pop(threading.get_ident(), None)
+        if held is not None:
+            self.state.release_permit(self.batch, held[0])
+
     def close(self) -> None:
-        if self.held:
-            self.state.release_permit(self.batch, self.token)
-            self.held = False
+        with self.lock:
+            tokens = [token for token, _ in self.held.values()]
+            self.held.clear()
+        for token in tokens:
+            self.state.release_permit(self.batch, token)
+
+
+class TaskContext(ItemMiddleware):
+    """Item threads of a parallel chunk run as the chunk's Celery task: `celery.current_task` and its request
+    (hostname, task id in log lines) are thread-local in Celery, so each thread is given the caller's."""
+
+    def __init__(self, task: Any):
+        self.task, self.request = task, task.request
+
+    def enter_thread(self) -> None:
+        _task_stack.push(self.task)
+        self.task.request_stack.push(self.request)
+
+    def leave_thread(self) -> None:
+        self.task.request_stack.pop()
+        _task_stack.pop()

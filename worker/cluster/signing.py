@@ -5,10 +5,17 @@ a command). So every task message a chordflow app publishes - from a client or f
 body, the next `advance`, a retry) - carries an HMAC-SHA256 in the `chordflow_signature` header, and a
 worker drops a message whose signature does not verify before any of it is used.
 
-- What is signed: the task name, the task id and the whole body - args, kwargs, and the callbacks,
-  errbacks, chain and chord body that the worker would publish (and sign) after running the task. Signing
-  only args and kwargs would let a replayed message carry a new chord body that the worker then signs.
+- What is signed: the task name, the task id, the message's expiry and the whole body - args, kwargs, and the
+  callbacks, errbacks, chain and chord body that the worker would publish (and sign) after running the task.
+  Signing only args and kwargs would let a replayed message carry a new chord body that the worker then signs.
   The canonical encoding (`canonical`) survives the msgpack round trip: tuples become lists, bytes stay bytes.
+- Replays: a message expires (`chordflow_expires`, signed) one run TTL after it was sent, and a task that ran to
+  the end leaves `cf:done:<task id>` in the state Redis for a run TTL (`SignedTask.after_return`): a delivery of
+  it again is acknowledged and not run (`SignedTask.before_start`). A delivery whose task never got there (its
+  worker was killed mid-task) has no such mark and runs again.
+- Runs: what a worker runs of a run comes from its record in Redis, not from a message. So the record keeps
+  a signature of the run's workflow and dataset job (`Signer.sign_run`, when the run is recorded or given an
+  edited workflow) and workers refuse a run whose record does not match it (`check_run`).
 - Publish: `SigningAMQP.as_task_v2`, where the app builds every task message. It belongs to the app, not
   to the process (a `before_task_publish` receiver would sign for every Celery app in the process, with
   whatever key the environment holds).
@@ -26,14 +33,20 @@ import hashlib
 import hmac
 import logging
 import struct
+import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from celery import Celery, Task
+from celery import Celery, Task, states
 from celery.app.amqp import AMQP
+from celery.exceptions import Ignore
 from celery.worker.strategy import default as default_strategy
 
 from ir.errors import BackendError, one_line
+from worker import settings
+from worker.cluster.state.keys import done_key
+from worker.cluster.state.runstate import client
+from worker.runs.record import RunRecord
 from worker.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -42,8 +55,16 @@ log = logging.getLogger(__name__)
 HEADER = "chordflow_signature"
 #: Shorter keys could be guessed offline from any message read off the broker.
 MIN_KEY_BYTES = 16
+#: The message header that carries its expiry (Unix seconds, an int), signed with the rest.
+EXPIRES = "chordflow_expires"
 #: Part of every signed text: a new encoding gets a new tag, so old signatures never verify under it.
-VERSION = "chordflow-signature-1"
+VERSION = "chordflow-signature-2"
+#: The tag of a run's signature: a text of its own, so a run's signature never verifies as a message's.
+RUN_VERSION = "chordflow-run-1"
+#: Why a message was dropped, when its signature does not verify.
+UNSIGNED = (
+    "the message has no valid signature (not sent with this cluster's CHORDFLOW_SECRET_KEY, or altered on the way)"
+)
 HOW_TO_SET = (
     "set CHORDFLOW_SECRET_KEY (or CHORDFLOW_SECRET_KEY_FILE, the path of a file holding it) to the cluster's shared "
     "key on every worker and client; make one with: python -c 'import secrets; print(secrets.token_hex(32))'"
@@ -52,6 +73,10 @@ HOW_TO_SET = (
 
 class SigningKeyError(BackendError):
     """No usable signing key: none is set (and CHORDFLOW_INSECURE is not), or the one set cannot be used."""
+
+
+class WorkflowAltered(BackendError):
+    """A run whose workflow or dataset job in Redis is not what a key holder recorded: no worker runs it."""
 
 
 def load_key(s: Settings) -> bytes | None:
@@ -129,7 +154,8 @@ def _sized(data: bytes | bytearray | memoryview, tag: bytes, write: Callable[[by
 
 
 class Signer:
-    """HMAC-SHA256 of (name, id, body) under one key. The key is never shown (no repr of it)."""
+    """HMAC-SHA256 of (name, id, expiry, body) under one key; of (run id, workflow, dataset) for a run record.
+    The key is never shown (no repr of it)."""
 
     def __init__(self, key: bytes):
         self._key = key
@@ -137,19 +163,44 @@ class Signer:
     def __repr__(self) -> str:
         return "Signer(<key>)"
 
-    def sign(self, name: str, task_id: str, body: Any) -> str:
+    def sign(self, name: str, task_id: str, body: Any, expires: int) -> str:
+        return self._mac([VERSION, name, task_id, expires, body])
+
+    def verify(self, name: Any, task_id: Any, body: Any, expires: Any, signature: Any) -> bool:
+        if not (isinstance(name, str) and isinstance(task_id, str) and type(expires) is int):
+            return False
+        return _matches(lambda: self.sign(name, task_id, body, expires), signature)
+
+    def sign_run(self, run_id: str, workflow: Any, dataset: Any) -> str:
+        """The signature a run record keeps: its workflow and its dataset job (None: a plain run), as the record
+        holds them once read back (worker/cluster/state/runs.py signs what it wrote, decoded again)."""
+        return self._mac([RUN_VERSION, run_id, workflow, dataset])
+
+    def _mac(self, parts: list[Any]) -> str:
         mac = hmac.new(self._key, digestmod=hashlib.sha256)
-        _feed([VERSION, name, task_id, body], mac.update)
+        _feed(parts, mac.update)
         return mac.hexdigest()
 
-    def verify(self, name: Any, task_id: Any, body: Any, signature: Any) -> bool:
-        if not (isinstance(name, str) and isinstance(task_id, str) and isinstance(signature, str)):
-            return False
-        try:
-            expected = self.sign(name, task_id, body)
-        except (TypeError, UnicodeEncodeError, RecursionError):  # what no signer could have signed
-            return False
-        return hmac.compare_digest(expected.encode(), signature.encode("utf-8", "replace"))
+
+def _matches(expected: Callable[[], str], signature: Any) -> bool:
+    """Whether `signature` is the one `expected()` computes; False for what no signer could have signed."""
+    if not isinstance(signature, str):
+        return False
+    try:
+        mac = expected()
+    except (TypeError, UnicodeEncodeError, RecursionError):
+        return False
+    return hmac.compare_digest(mac.encode(), signature.encode("utf-8", "replace"))
+
+
+def check_run(signer: Signer | None, run_id: str, record: RunRecord) -> None:
+    """Raise WorkflowAltered unless run `run_id`'s workflow and dataset job are what a key holder recorded for
+    this run: Redis holds data, and whoever can write it must not choose what a worker runs. The caller fails the
+    run (its one WARNING line says why). An insecure worker (no signer) checks nothing."""
+    if signer is None:
+        return
+    if not _matches(lambda: signer.sign_run(run_id, record.workflow, record.dataset), record.signature):
+        raise WorkflowAltered(f"run {run_id}: its workflow in Redis does not match its signature (altered?); refused")
 
 
 def signer_for(s: Settings) -> Signer | None:
@@ -165,14 +216,22 @@ def publishing_signer(app: Celery) -> Signer | None:
     return signer
 
 
+def run_ttl(app: Celery) -> int:
+    """CHORDFLOW_RUN_TTL of the app's settings (of the environment for a plain app): how long a message stays
+    valid, and how long a finished task's mark is kept."""
+    return (getattr(app, "chordflow_settings", None) or settings.load()).run_ttl
+
+
 class SigningAMQP(AMQP):
-    """Celery's message builder, plus the signature header on every task message the app sends."""
+    """Celery's message builder, plus the expiry and signature headers on every task message the app sends."""
 
     def as_task_v2(self, task_id: str, name: str, *args: Any, **kwargs: Any) -> Any:
         message = super().as_task_v2(task_id, name, *args, **kwargs)
         signer = publishing_signer(self.app)
         if signer is not None:
-            message.headers[HEADER] = signer.sign(name, task_id, message.body)
+            expires = int(time.time()) + run_ttl(self.app)
+            message.headers[EXPIRES] = expires
+            message.headers[HEADER] = signer.sign(name, task_id, message.body, expires)
         return message
 
 
@@ -203,15 +262,15 @@ def verifying_strategy(task: Task, app: Celery, consumer: Any, **kwargs: Any) ->
 
     def verify_then_handle(message: Any, body: Any, ack: Any, reject: Any, callbacks: Any, **rest: Any) -> Any:
         headers = message.headers or {}
-        if body is None and _verified(signer, headers, message):
+        if body is not None or not _verified(signer, headers, message):
+            why = UNSIGNED
+        elif headers[EXPIRES] < time.time():
+            when = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(headers[EXPIRES]))
+            why = f"the message expired at {when} (older than CHORDFLOW_RUN_TTL: a replayed message?)"
+        else:
             return handle(message, body, ack, reject, callbacks, **rest)
         name, task_id = (one_line(str(headers.get(k) or "?"))[:200] for k in ("task", "id"))
-        log.warning(
-            "dropped task %s[%s]: the message has no valid signature (not sent with this cluster's "
-            "CHORDFLOW_SECRET_KEY, or altered on the way)",
-            name,
-            task_id,
-        )
+        log.warning("dropped task %s[%s]: %s", name, task_id, why)
         ack(log, consumer.connection_errors)
         return None
 
@@ -223,15 +282,40 @@ def _verified(signer: Signer, headers: Mapping[str, Any], message: Any) -> bool:
     error in the worker's consumer (which would take the worker down)."""
     try:
         payload = message.payload  # decoded with the app's accepted content types only (never pickle)
-        return signer.verify(headers.get("task"), headers.get("id"), payload, headers.get(HEADER))
+        return signer.verify(headers.get("task"), headers.get("id"), payload, headers.get(EXPIRES), headers.get(HEADER))
     except Exception:
         return False
 
 
 class SignedTask(Task):
-    """The base of every task on a chordflow app (built-ins too): its messages reach it only if signed."""
+    """The base of every task on a chordflow app (built-ins too): its messages reach it only if signed, and a
+    task that ran to the end does not run again for another delivery of its message (a replay, or a redelivery
+    whose acknowledgement was lost)."""
 
     Strategy = "worker.cluster.signing:verifying_strategy"
+
+    def before_start(self, task_id: str, args: Any, kwargs: Any) -> None:
+        """Ignore (acknowledged, nothing stored or counted: a chord member counts once) a task marked done."""
+        if _marks_done(self) and client().exists(done_key(task_id)):
+            log.warning(
+                "skipped task %s[%s]: it ran to the end already (a replayed message, or one delivered again after "
+                "its acknowledgement was lost)",
+                self.name,
+                task_id,
+            )
+            raise Ignore()
+
+    def after_return(self, status: str, retval: Any, task_id: str, args: Any, kwargs: Any, einfo: Any) -> None:
+        """Mark the task done once its result is stored and its chord counted (one SET per task): a worker killed
+        before this point has its message delivered again, and that delivery runs."""
+        if status == states.SUCCESS and _marks_done(self):
+            client().set(done_key(task_id), 1, ex=run_ttl(self.app))
+
+
+def _marks_done(task: Task) -> bool:
+    """Replays are refused on signed workers, for tasks delivered from the broker (not called directly or eagerly)."""
+    request = task.request
+    return getattr(task.app, "signer", None) is not None and not (request.called_directly or request.is_eager)
 
 
 def worker_may_start(app: Celery) -> None:

@@ -16,7 +16,7 @@ from ir import snapshot
 from ir.models import NodeSpec
 from worker import redact, settings
 from worker.batch.aggregate import ChunkResult, merge
-from worker.batch.executor import ItemExecutor, run_items
+from worker.batch.executor import ItemExecutor, run_slice
 from worker.batch.middleware import tolerance_of
 from worker.cluster import chunk_lease, logs
 from worker.cluster.app import current_app, task
@@ -68,8 +68,9 @@ def _snapshot_cache() -> SnapshotCache:
 def run_chunk(self: Any, job: dict[str, Any]) -> bytes:
     """Run items[start:start+len] of one batch node; return their outcomes (codec bytes).
 
-    Held under a lease while it runs: a chunk longer than the visibility timeout is not delivered again
-    while this worker lives (worker/cluster/chunk_lease.py)."""
+    Its worker renews its delivery while it lives, so a long chunk is not delivered again; fenced on the way out:
+    a delivery taken over meanwhile (this worker paused past the bound) raises Ignore and reports nothing, so the
+    chord counts the chunk once, from the delivery that holds it (worker/cluster/chunk_lease.py)."""
     began = time.monotonic()
     with chunk_lease.held(self):
         state = RunState(job["run"])
@@ -83,9 +84,9 @@ def run_chunk(self: Any, job: dict[str, Any]) -> bytes:
         items = snapshot.decode(job["items"])
         hooks = chunk_middleware(
             state, batch, spec.fail_fast, chunk=job["start"], max_concurrent=spec.max_concurrent,
-            tolerance=tolerance_of(spec),
+            tolerance=tolerance_of(spec), task=self,
         )  # fmt: skip
-        chunk = run_items(executor, items, job["start"], hooks)
+        chunk = run_slice(executor, items, job["start"], hooks)  # on threads with batch.parallel
         seconds = time.monotonic() - began
         logs.chunk(job["run"], executor.node_id, batch, job["start"], len(chunk.results), len(chunk.failures), seconds)
         return snapshot.encode(chunk.to_wire(), label=f"batch '{executor.node_id}' results")

@@ -29,7 +29,7 @@ class LocalDataset:
         self.run_id = run_id
         self.runs = runs or LocalRuns.default()
         self.db, self.lock = self.runs.db, self.runs.lock
-        with self.lock:
+        with self.runs.writing():  # every write: a full disk is raised naming the file (worker/runs/sqlite.py)
             self.db.executescript(SCHEMA)
 
     def _one(self, query: str, *args: Any) -> Any:
@@ -37,11 +37,11 @@ class LocalDataset:
             return self.db.execute(query, (self.run_id, *args)).fetchone()
 
     def start(self, size: int) -> None:
-        with self.lock:
+        with self.runs.writing():
             self.db.execute("INSERT OR REPLACE INTO datasets (run_id, size) VALUES (?, ?)", (self.run_id, size))
 
     def add(self, n: int, records: Sequence[Any], bad: dict[int, str], read: int) -> None:
-        with self.lock:
+        with self.runs.writing():
             self.db.execute("BEGIN")
             self.db.execute(
                 "INSERT OR REPLACE INTO dataset_chunks (run_id, n, records, length) VALUES (?,?,?,?)",
@@ -52,7 +52,7 @@ class LocalDataset:
 
     def finish(self, n: int, chunk: ChunkResult, length: int) -> None:
         complete = len(chunk.results) == length and not chunk.failures
-        with self.lock:
+        with self.runs.writing():
             self.db.execute(
                 "UPDATE dataset_chunks SET outcome = ?, covered = ?, failed = ?,"
                 " records = CASE WHEN ? THEN NULL ELSE records END WHERE run_id = ? AND n = ?",
@@ -60,11 +60,11 @@ class LocalDataset:
             )
 
     def read_done(self, total: int) -> None:
-        with self.lock:
+        with self.runs.writing():
             self.db.execute("UPDATE datasets SET total = ?, read = ? WHERE run_id = ?", (total, total, self.run_id))
 
     def stop(self, why: str | None) -> None:
-        with self.lock:
+        with self.runs.writing():
             self.db.execute("UPDATE datasets SET stopped = ? WHERE run_id = ?", (why, self.run_id))
 
     # -- reading ------------------------------------------------------------------------------------

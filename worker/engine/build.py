@@ -21,7 +21,9 @@ def actual_node(spec: NodeSpec) -> BaseNode:
 
 def item_chain(spec: NodeSpec) -> NamespacedNode:
     """NamespacedNode > TemplateNode > actual node: what runs for one item (or a plain node)."""
-    return NamespacedNode(TemplateNode(actual_node(spec), CompiledParams(spec.params, spec.id)), spec.id)
+    return NamespacedNode(
+        TemplateNode(actual_node(spec), CompiledParams(spec.params, spec.id), spec.rate_limit), spec.id
+    )
 
 
 def batch_node(spec: NodeSpec) -> PflowBatchNode:

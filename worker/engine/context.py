@@ -28,6 +28,8 @@ class RunContext:
     # Runs a parallel section's branches (worker/engine/sections.py ThreadedSections, or a cluster run's forking one);
     # None: threads of this process with in-process batches.
     sections: Any = None
+    # Where rate-limit buckets live (worker/engine/rate_limits.py Limiter); None: this process's.
+    limiter: Any = None
 
     def __post_init__(self) -> None:
         if self.backend is None:

@@ -12,10 +12,11 @@ from typing import Any
 
 from pocketflow import BaseNode
 
+from ir.models import RateLimitSpec
 from ir.templates import CompiledParams
 from worker import redact
 from worker.batch.cloning import clone_node
-from worker.engine import context
+from worker.engine import context, rate_limits
 from worker.node_error import NodeError
 from worker.store import NamespacedStore
 
@@ -35,19 +36,21 @@ class _Wrapper(BaseNode):
 
 
 class TemplateNode(_Wrapper):
-    """Resolves the IR params' `${...}` templates against the store, then runs the node with them."""
+    """Resolves the IR params' `${...}` templates against the store, then runs the node with them: each
+    attempt admitted by the node's rate limit, and throttled calls waited out (worker/engine/rate_limits.py)."""
 
-    def __init__(self, inner: BaseNode, params: CompiledParams):
+    def __init__(self, inner: BaseNode, params: CompiledParams, limit: RateLimitSpec | None = None):
         super().__init__(inner)
         self.compiled = params
         self.dynamic = params.has_templates
+        self.limit = limit
         if not self.dynamic:
             inner.params = params.resolve({})
 
     def _run(self, shared: Any) -> Any:
         if self.dynamic:
             self.inner.params = self.compiled.resolve(shared)
-        return self.inner._run(shared)
+        return rate_limits.call(self.inner, shared, self.limit)
 
 
 class NamespacedNode(_Wrapper):

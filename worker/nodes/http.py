@@ -1,30 +1,90 @@
-"""`http`: one HTTP request with the stdlib's urllib (no extra dependency on workers).
+"""`http`: one HTTP request through this process's pooled httpx client (keep-alive, shared by every item).
 
 A response is data: any status is written to the store, and a non-2xx one also sets `error` and
 returns the `error` action. Not getting a response (refused, reset, timed out) raises, so the node's
 retries apply; the URL in that message has its credentials and secret query values masked
 (worker/redact.py). Only http:// and https:// URLs are allowed: a templated URL must not read local files.
+
+Backpressure: a 429, or a 503 with Retry-After, raises `Throttled` (never a response the node writes): the
+engine waits what the server asked and calls again without counting an attempt (worker/engine/rate_limits.py).
 """
 
 from __future__ import annotations
 
+import email.utils
 import json
+import math
+import os
 import re
-import urllib.error
+import threading
+import time
 import urllib.parse
-import urllib.request
-from typing import Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from pocketflow import Node
 
+from ir.errors import Throttled
 from worker import redact
+from worker.engine.rate_limits import DEFAULT_MAX_WAIT
 from worker.nodes.params import param
 from worker.nodes.registry import register
+
+if TYPE_CHECKING:
+    import httpx
 
 JSON_TYPE_RE = re.compile(r"^application/(.+\+)?json$")
 METHOD_RE = re.compile(r"^[A-Z]+$")
 URL_WHAT, METHOD_WHAT = "an http:// or https:// URL", "an HTTP method like GET or POST"
 TIMEOUT_WHAT = "a positive number of seconds"
+#: Sized for a worker's concurrency: every thread of a parallel batch keeps its connection alive.
+MAX_CONNECTIONS = 100
+#: Seconds an idle pooled connection is kept before it is closed.
+KEEPALIVE_SECONDS = 30.0
+
+_client: httpx.Client | None = None
+_client_pid = 0
+_client_lock = threading.Lock()
+
+
+def _forget_client() -> None:
+    """In a forked child: the parent's client (its sockets, its pool's locks) is never touched again."""
+    global _client, _client_lock
+    _client, _client_lock = None, threading.Lock()
+
+
+os.register_at_fork(after_in_child=_forget_client)
+
+
+def client() -> httpx.Client:
+    """This process's pooled client, made on first use (httpx is imported then: the CLI starts faster).
+
+    A forked child (a prefork worker) makes its own: sockets shared with the parent would mix two
+    processes' requests on one connection."""
+    global _client, _client_pid
+    pid = os.getpid()
+    if _client is None or _client_pid != pid:
+        with _client_lock:
+            if _client is None or _client_pid != pid:
+                import httpx
+
+                limits = httpx.Limits(
+                    max_connections=MAX_CONNECTIONS,
+                    max_keepalive_connections=MAX_CONNECTIONS,
+                    keepalive_expiry=KEEPALIVE_SECONDS,
+                )
+                _client, _client_pid = httpx.Client(limits=limits, follow_redirects=True), pid
+    return _client
+
+
+class Call(NamedTuple):
+    """One validated request (what prep hands to exec)."""
+
+    method: str
+    url: str
+    headers: dict[str, str]
+    content: bytes | None
+    timeout: float
+    max_wait: float
 
 
 def _web_url(url: str) -> bool:
@@ -43,11 +103,15 @@ def _scalar(node_param: str, value: Any) -> str:
     raise ValueError(f"http: param '{node_param}' values must be strings or numbers, got {type(value).__name__}")
 
 
-def build_request(params: dict[str, Any]) -> tuple[urllib.request.Request, float]:
-    """Validate the params and turn them into a urllib Request plus the timeout."""
+def build_request(params: dict[str, Any]) -> Call:
+    """Validate the params and turn them into one Call."""
     url = param("http", params, "url", str, required=True, empty_is_missing=True, what=URL_WHAT, check=_web_url)
     method = param("http", params, "method", str, default="GET", empty_is_missing=True, what=METHOD_WHAT, check=_method)
     timeout = param("http", params, "timeout", (int, float), default=30, what=TIMEOUT_WHAT, check=lambda t: t > 0)
+    max_wait = param(
+        "http", params, "max_throttle_wait", (int, float), default=DEFAULT_MAX_WAIT, what=TIMEOUT_WHAT,
+        check=lambda t: t > 0,
+    )  # fmt: skip
     query = [
         (str(k), _scalar("params", v))
         for k, value in param("http", params, "params", dict, default={}).items()
@@ -68,22 +132,51 @@ def build_request(params: dict[str, Any]) -> tuple[urllib.request.Request, float
             headers["Content-Type"] = "application/json"
     elif params.get("body") is not None:
         data = param("http", params, "body", str).encode("utf-8")
-    return urllib.request.Request(url, data=data, headers=headers, method=method.upper()), timeout
+        if not any(k.lower() == "content-type" for k in headers):  # what urllib sent: kept for servers relying on it
+            headers["Content-Type"] = "application/x-www-form-urlencoded"
+    return Call(method.upper(), url, headers, data, float(timeout), float(max_wait))
 
 
-def read_response(response: Any, status: int, reason: str) -> dict[str, Any]:
-    """status, headers (lower-case names; repeats joined by ', '), and `json` or `body`."""
-    raw = response.read()
+def parse_retry_after(value: Any, now: float | None = None) -> float | None:
+    """Seconds a Retry-After value asks for: delta-seconds (a fraction too) or an HTTP-date (a past one is 0).
+    None when absent or unparsable: the engine then backs off on its own."""
+    if value is None or isinstance(value, bool):
+        return None
+    if isinstance(value, int | float):
+        return float(value) if value >= 0 else None
+    text = str(value).strip()
+    try:
+        seconds = float(text)
+    except ValueError:
+        try:
+            when = email.utils.parsedate_to_datetime(text)
+        except (TypeError, ValueError, IndexError):
+            return None
+        if when.tzinfo is None:  # RFC 9110 dates are GMT
+            return None
+        return max(0.0, when.timestamp() - (time.time() if now is None else now))
+    return seconds if math.isfinite(seconds) and seconds >= 0 else None
+
+
+def _content_type(headers: httpx.Headers) -> str:
+    """The media type, lower-case; text/plain when missing or malformed (as the stdlib's email parser says)."""
+    media = headers.get("content-type", "").split(";", 1)[0].strip().lower()
+    return media if media.count("/") == 1 else "text/plain"
+
+
+def read_response(response: httpx.Response) -> dict[str, Any]:
+    """status, reason, headers (lower-case names; repeats joined by ', '), and `json` or `body`."""
     headers: dict[str, str] = {}
-    for name, value in response.headers.items():
+    for name, value in response.headers.multi_items():
         key = name.lower()
         headers[key] = f"{headers[key]}, {value}" if key in headers else value
+    raw = response.content
     try:
-        text = raw.decode(response.headers.get_content_charset() or "utf-8", errors="replace")
+        text = raw.decode(response.charset_encoding or "utf-8", errors="replace")
     except LookupError:
         text = raw.decode("utf-8", errors="replace")
-    result: dict[str, Any] = {"status": status, "reason": reason, "headers": headers}
-    if JSON_TYPE_RE.match(response.headers.get_content_type()) and text.strip():
+    result: dict[str, Any] = {"status": response.status_code, "reason": response.reason_phrase, "headers": headers}
+    if JSON_TYPE_RE.match(_content_type(response.headers)) and text.strip():
         try:
             result["json"] = json.loads(text)
             return result
@@ -93,9 +186,28 @@ def read_response(response: Any, status: int, reason: str) -> dict[str, Any]:
     return result
 
 
+def send(call: Call) -> httpx.Response:
+    """The response to `call` (its body read, the connection back in the pool); raises TimeoutError,
+    ConnectionError (no response: retryable) or ValueError (a request that cannot be sent)."""
+    import httpx
+
+    where = f"http: {call.method} {redact.mask_url(call.url)}"  # never the token in a query
+    try:
+        return client().request(
+            call.method, call.url, headers=call.headers, content=call.content, timeout=httpx.Timeout(call.timeout)
+        )
+    except httpx.TimeoutException as exc:
+        raise TimeoutError(f"{where} timed out after {call.timeout:g}s") from exc
+    except (httpx.InvalidURL, httpx.UnsupportedProtocol, httpx.LocalProtocolError) as exc:
+        raise ValueError(f"{where} cannot be sent: {redact.mask(str(exc))}") from exc
+    except httpx.HTTPError as exc:  # refused, reset, closed early, too many redirects
+        raise ConnectionError(f"{where} failed: {redact.mask(str(exc))}") from exc
+
+
 @register("http")
 class HttpNode(Node):
-    """Sends a request; non-2xx is the `error` action, no response at all raises (retryable)."""
+    """Sends a request; non-2xx is the `error` action, no response at all raises (retryable), and a 429 (or a
+    503 with Retry-After) raises Throttled so the engine waits and asks again."""
 
     PARAMS = {
         "url": "(required) http:// or https:// URL",
@@ -103,28 +215,26 @@ class HttpNode(Node):
         "headers": "dict of request headers",
         "params": "dict of query-string parameters (a list value repeats the key)",
         "json": "any value, sent as a JSON body with Content-Type application/json",
-        "body": "string body, sent as UTF-8 (exclusive with json)",
+        "body": "string body, sent as UTF-8 (exclusive with json; Content-Type "
+        "application/x-www-form-urlencoded unless a header gives one)",
         "timeout": "seconds to wait for the server (default 30); exceeding it raises TimeoutError",
+        "max_throttle_wait": "seconds (number > 0, default 300) this call may spend in all waiting out 429s and "
+        "503s with Retry-After before its item fails",
     }
 
-    def prep(self, shared: Any) -> tuple[urllib.request.Request, float]:
+    def prep(self, shared: Any) -> Call:
         return build_request(self.params)
 
-    def exec(self, prep_res: tuple[urllib.request.Request, float]) -> dict[str, Any]:
-        request, timeout = prep_res
-        where = f"http: {request.get_method()} {redact.mask_url(request.full_url)}"  # never the token in a query
-        try:
-            with urllib.request.urlopen(request, timeout=timeout) as response:
-                return read_response(response, response.status, response.reason)
-        except urllib.error.HTTPError as exc:  # a real response with a non-2xx status
-            with exc:
-                return read_response(exc, exc.code, exc.reason)
-        except urllib.error.URLError as exc:
-            if isinstance(exc.reason, TimeoutError):
-                raise TimeoutError(f"{where} timed out after {timeout}s") from exc
-            raise ConnectionError(f"{where} failed: {exc.reason}") from exc
-        except TimeoutError as exc:
-            raise TimeoutError(f"{where} timed out after {timeout}s") from exc
+    def exec(self, prep_res: Call) -> dict[str, Any]:
+        response = send(prep_res)
+        retry_after = response.headers.get("retry-after")
+        if response.status_code == 429 or (response.status_code == 503 and retry_after is not None):
+            raise Throttled(
+                f"HTTP {response.status_code} from {redact.mask_url(prep_res.url)}",
+                retry_after=parse_retry_after(retry_after),
+                max_wait=prep_res.max_wait,
+            )
+        return read_response(response)
 
     def post(self, shared: Any, prep_res: Any, exec_res: dict[str, Any]) -> str:
         reason = exec_res.pop("reason")

@@ -3,9 +3,12 @@ it; the RunResult a finished run gives its caller; the one mapping between the t
 
 from __future__ import annotations
 
+import re
 import uuid
 from dataclasses import dataclass, field
 from typing import Any
+
+from ir.errors import Fenced
 
 #: Statuses a run record goes through; the last three are final.
 STATUSES = ("queued", "running", "succeeded", "failed", "cancelled")
@@ -28,8 +31,18 @@ class RunResult:
     duration_s: float = 0.0
 
 
+#: What a run id may be: `new_run_id`'s 12 hex digits, or one given to `scheduler.run(run_id=...)`.
+RUN_ID_RE = re.compile(r"[A-Za-z0-9._-]{1,128}")
+RUN_ID_RULE = "letters, digits, '.', '_' and '-', at most 128 characters"
+
+
 def new_run_id() -> str:
     return uuid.uuid4().hex[:12]
+
+
+def valid_run_id(run_id: object) -> bool:
+    """Whether `run_id` can name a run (checked before any lookup by the CLI and the dashboard)."""
+    return isinstance(run_id, str) and RUN_ID_RE.fullmatch(run_id) is not None
 
 
 def resumable(workflow: Any = None) -> tuple[str, ...]:
@@ -51,6 +64,7 @@ class RunRecord:
     source: str | None = None  # the workflow file it came from, if any
     batches: dict[str, dict[str, int]] = field(default_factory=dict)  # node -> {total, done, failed}
     dataset: dict[str, Any] | None = None  # a dataset job (worker/datasets/job.py Dataset), else None
+    signature: str | None = None  # a cluster run's: of its workflow and dataset (worker/cluster/signing.py)
 
     @property
     def name(self) -> str:
@@ -97,8 +111,11 @@ class StepJournal:
         self.runs, self.run_id, self.batch_nodes = runs, run_id, batch_nodes
 
     def checkpoint(self, step: int, result: Any) -> None:
+        """Record the step; Fenced when the run is no longer at it (another process went on from its checkpoint):
+        nothing after this node may run here."""
         counts = None
         aggregate = result.changed.get(result.node) if result.node in self.batch_nodes else None
         if isinstance(aggregate, dict) and "count" in aggregate:
             counts = {"total": aggregate["count"], "done": aggregate["count"], "failed": aggregate["error_count"]}
-        self.runs.checkpoint(self.run_id, step, result, counts)
+        if not self.runs.checkpoint(self.run_id, step, result, counts):
+            raise Fenced(f"run {self.run_id}: step {step} ({result.node}) was taken over by another worker; stopping")

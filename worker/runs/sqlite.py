@@ -11,6 +11,7 @@ with an edited workflow can take the run back to before its first changed node (
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import sqlite3
 import threading
@@ -26,7 +27,7 @@ from worker.batch.aggregate import ChunkResult
 from worker.batch.rows import Row, rows_of_aggregate, rows_of_chunks
 from worker.engine.steps import Step
 from worker.runs.record import RunRecord, TrailStep, trail_action
-from worker.runs.store import Unrecoverable
+from worker.runs.store import StoreDiskError, StoreFull, Unrecoverable
 
 COLUMNS = "run_id, workflow, backend, status, node, step, error, created, updated, source, batches, dataset"
 SCHEMA = """
@@ -70,15 +71,16 @@ class LocalRuns:
         self.path = path
         self.lock = threading.Lock()
         self.db = sqlite3.connect(path, check_same_thread=False, isolation_level=None, timeout=30)
-        self.db.execute("PRAGMA journal_mode=WAL")
-        self.db.execute("PRAGMA synchronous=NORMAL")
-        self.db.executescript(SCHEMA)
-        if "dataset" not in {row[1] for row in self.db.execute("PRAGMA table_info(runs)")}:  # a file from before
-            self.db.execute("ALTER TABLE runs ADD COLUMN dataset TEXT")
-        trail = {row[1] for row in self.db.execute("PRAGMA table_info(trail)")}
-        for column in ("action", "config", "reads", "keys"):  # a file from before step hashes
-            if column not in trail:
-                self.db.execute(f"ALTER TABLE trail ADD COLUMN {column} TEXT")
+        with self.writing():
+            self.db.execute("PRAGMA journal_mode=WAL")
+            self.db.execute("PRAGMA synchronous=NORMAL")
+            self.db.executescript(SCHEMA)
+            if "dataset" not in {row[1] for row in self.db.execute("PRAGMA table_info(runs)")}:  # a file from before
+                self.db.execute("ALTER TABLE runs ADD COLUMN dataset TEXT")
+            trail = {row[1] for row in self.db.execute("PRAGMA table_info(trail)")}
+            for column in ("action", "config", "reads", "keys"):  # a file from before step hashes
+                if column not in trail:
+                    self.db.execute(f"ALTER TABLE trail ADD COLUMN {column} TEXT")
 
     @classmethod
     def default(cls) -> LocalRuns:
@@ -92,11 +94,27 @@ class LocalRuns:
     def where(self) -> str:
         return str(self.path)
 
+    @contextlib.contextmanager
+    def writing(self) -> Iterator[sqlite3.Connection]:
+        """Hold the store for a write (every write path goes through here): a transaction left open by an
+        error is rolled back, and a full or failing disk is raised as StoreFull / StoreDiskError naming the
+        file (`<CHORDFLOW_HOME>/runs.db: disk full`) instead of SQLite's words, which name none."""
+        with self.lock:
+            try:
+                yield self.db
+            except BaseException as exc:
+                if self.db.in_transaction:
+                    with contextlib.suppress(sqlite3.Error):
+                        self.db.execute("ROLLBACK")
+                if isinstance(exc, sqlite3.OperationalError) and (disk := _disk_error(exc, self.path)) is not None:
+                    raise disk from exc
+                raise
+
     # -- records ------------------------------------------------------------------------------------
     def create(self, record: RunRecord, store: Mapping[str, Any], encoded: Mapping[str, bytes] | None = None) -> None:
         now = time.time()
         record.created = record.updated = now
-        with self.lock:
+        with self.writing():
             self.db.execute("BEGIN")
             self.db.execute(
                 f"INSERT INTO runs ({COLUMNS}) VALUES (?,?,?,?,?,?,?,?,?,?,?,?)",
@@ -132,7 +150,7 @@ class LocalRuns:
         return None
 
     def set_status(self, run_id: str, status: str, error: str | None = None, node: str | None = None) -> None:
-        with self.lock:
+        with self.writing():
             self.db.execute(
                 "UPDATE runs SET status = ?, error = ?, node = COALESCE(?, node), updated = ? WHERE run_id = ?",
                 (status, error, node, time.time(), run_id),
@@ -140,10 +158,21 @@ class LocalRuns:
             if status == "succeeded":  # only a resume reads the branches kept mid-section
                 self.db.execute("DELETE FROM branches WHERE run_id = ?", (run_id,))
 
+    def purge(self, run_id: str) -> None:
+        """Every row of the run, in one transaction: each table with a `run_id` column, so also the tables other
+        modules keep in this file (a dataset job's, worker/datasets/sqlite.py) without naming them here."""
+        with self.writing():
+            tables = [name for (name,) in self.db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")]
+            self.db.execute("BEGIN")
+            for table in tables:
+                if "run_id" in {row[1] for row in self.db.execute(f'PRAGMA table_info("{table}")')}:
+                    self.db.execute(f'DELETE FROM "{table}" WHERE run_id = ?', (run_id,))
+            self.db.execute("COMMIT")
+
     # -- checkpoints --------------------------------------------------------------------------------
     def checkpoint(self, run_id: str, step: int, result: Step, batch: dict[str, int] | None = None) -> bool:
         """Record one finished step; False (nothing written) when the run is no longer at `step`."""
-        with self.lock:
+        with self.writing():
             self.db.execute("BEGIN")
             moved = self.db.execute(
                 "UPDATE runs SET step = ?, node = ?, status = 'running', updated = ? WHERE run_id = ? AND step = ?",
@@ -208,7 +237,7 @@ class LocalRuns:
 
     # -- branches of a parallel section that has not reached its fan-in (worker/engine/sections.py) -------------
     def save_branch(self, run_id: str, section: str, branch: str, value: bytes) -> None:
-        with self.lock:
+        with self.writing():
             self.db.execute("INSERT OR REPLACE INTO branches VALUES (?,?,?,?)", (run_id, section, branch, value))
 
     def load_branches(self, run_id: str, section: str) -> dict[str, Any]:
@@ -243,28 +272,24 @@ class LocalRuns:
             }
 
     def cut(self, run_id: str, step: int, before: dict[str, Any]) -> None:
-        with self.lock:
+        with self.writing():  # rolled back on any error
             self.db.execute("BEGIN")
-            try:
-                for key, old in before.items():
-                    if old is None:  # absent before that step
-                        self.db.execute("DELETE FROM store WHERE run_id = ? AND key = ?", (run_id, key))
-                    else:
-                        self.db.execute("INSERT OR REPLACE INTO store VALUES (?,?,?,?)", (run_id, key, *old))
-                for table in ("undo", "trail"):
-                    self.db.execute(f"DELETE FROM {table} WHERE run_id = ? AND step >= ?", (run_id, step))
-                for table, column in (("chunks", "batch"), ("branches", "section")):  # keyed `<node>#<step>`
-                    where = f"run_id = ? AND {_STEP_OF.format(column=column)} >= ?"
-                    self.db.execute(f"DELETE FROM {table} WHERE {where}", (run_id, step))
-                self.db.execute("UPDATE runs SET step = ?, updated = ? WHERE run_id = ?", (step, time.time(), run_id))
-            except BaseException:
-                self.db.execute("ROLLBACK")
-                raise
+            for key, old in before.items():
+                if old is None:  # absent before that step
+                    self.db.execute("DELETE FROM store WHERE run_id = ? AND key = ?", (run_id, key))
+                else:
+                    self.db.execute("INSERT OR REPLACE INTO store VALUES (?,?,?,?)", (run_id, key, *old))
+            for table in ("undo", "trail"):
+                self.db.execute(f"DELETE FROM {table} WHERE run_id = ? AND step >= ?", (run_id, step))
+            for table, column in (("chunks", "batch"), ("branches", "section")):  # keyed `<node>#<step>`
+                where = f"run_id = ? AND {_STEP_OF.format(column=column)} >= ?"
+                self.db.execute(f"DELETE FROM {table} WHERE {where}", (run_id, step))
+            self.db.execute("UPDATE runs SET step = ?, updated = ? WHERE run_id = ?", (step, time.time(), run_id))
             self.db.execute("COMMIT")
 
     def set_workflow(self, run_id: str, workflow: dict[str, Any], source: str | None, node: str | None) -> None:
         """Give a run an edited workflow and the node it goes on with (None: the flow has ended)."""
-        with self.lock:
+        with self.writing():
             self.db.execute(
                 "UPDATE runs SET workflow = ?, source = COALESCE(?, source), node = ?, updated = ? WHERE run_id = ?",
                 (json.dumps(workflow), source, node, time.time(), run_id),
@@ -273,7 +298,7 @@ class LocalRuns:
     # -- batches cut short --------------------------------------------------------------------------
     def save_chunks(self, run_id: str, batch: str, chunks: list[ChunkResult]) -> None:
         rows = [(run_id, batch, c.start, snapshot.encode(c.to_wire())) for c in chunks if c.results]
-        with self.lock:
+        with self.writing():
             self.db.executemany("INSERT OR REPLACE INTO chunks VALUES (?,?,?,?)", rows)
 
     def saved_chunks(self, run_id: str, batch: str) -> list[ChunkResult]:
@@ -300,6 +325,16 @@ class LocalRuns:
             last = max((b for (b,) in batches), key=lambda b: int(b.rsplit("#", 1)[1]))
             return rows_of_chunks(self.saved_chunks(run_id, last))
         raise LookupError(f"run {run_id} has no batch results for node '{node}'")
+
+
+def _disk_error(exc: sqlite3.OperationalError, path: Path) -> StoreDiskError | None:
+    """SQLITE_FULL / SQLITE_IOERR as an OSError naming the file; None for any other error."""
+    code = getattr(exc, "sqlite_errorcode", 0) & 0xFF  # the primary result code
+    if code == sqlite3.SQLITE_FULL or "database or disk is full" in str(exc):
+        return StoreFull(errno.ENOSPC, "disk full", str(path))
+    if code == sqlite3.SQLITE_IOERR or "disk I/O error" in str(exc):
+        return StoreDiskError(errno.EIO, "disk I/O error", str(path))
+    return None
 
 
 def _record(row: tuple[Any, ...]) -> RunRecord:

@@ -2,23 +2,36 @@
 
 Two stores implement it: the embedded one (worker/runs/sqlite.py, local runs) and Redis
 (worker/cluster/state/runs.py, runs the workers drive). Callers never ask which one they hold; what
-differs between them is a property of the protocol (`durable`). Logic shared by both — rewinding a run —
-is written once here over the primitives each store provides, as kombu writes its QoS once over five.
+differs between them is a property of the protocol (`durable`). Logic shared by both — rewinding a run,
+pruning old runs — is written once here over the primitives each store provides, as kombu writes its QoS once
+over five.
 """
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Iterator, Mapping
 from typing import Any, Protocol
 
 from worker.batch.aggregate import ChunkResult
 from worker.batch.rows import Row
 from worker.engine.steps import Step
-from worker.runs.record import RunRecord, TrailStep
+from worker.runs.record import FINAL, RunRecord, TrailStep
 
 
 class Unrecoverable(LookupError):
     """A run cannot go on from its checkpoint (a value could not be stored, or its undo log is missing)."""
+
+
+class StoreDiskError(OSError):
+    """The embedded store's file could not be written: `<file>: disk I/O error` (errno, strerror, filename)."""
+
+    def __str__(self) -> str:
+        return f"{self.filename}: {self.strerror}"
+
+
+class StoreFull(StoreDiskError):
+    """The disk holding the embedded store is full: `<file>: disk full`."""
 
 
 class RunStore(Protocol):
@@ -44,6 +57,11 @@ class RunStore(Protocol):
     def recent(self, status: str | None = None, limit: int = 20) -> list[RunRecord]: ...
 
     def set_status(self, run_id: str, status: str, error: str | None = None, node: str | None = None) -> None: ...
+
+    def purge(self, run_id: str) -> None:
+        """Delete everything the store holds of a run, its record too (`chordflow purge`; the caller checks that
+        the run has ended). Nothing is left that names it; a run it does not hold is no error."""
+        ...
 
     def exception(self, run_id: str) -> tuple[str, str, str] | None:
         """(module, type, message) of the exception a failed run raised, for `wait` to raise again."""
@@ -101,3 +119,12 @@ def rewind(runs: RunStore, run_id: str, step: int) -> None:
             "run the workflow again"
         )
     runs.cut(run_id, step, runs.undo_from(run_id, step))
+
+
+def prune(runs: RunStore, before: float) -> int:
+    """Purge every ended run last updated before `before` (epoch seconds); returns how many. A run still queued or
+    running is never touched, however old."""
+    old = [r.run_id for r in runs.recent(limit=sys.maxsize) if r.status in FINAL and r.updated < before]
+    for run_id in old:
+        runs.purge(run_id)
+    return len(old)

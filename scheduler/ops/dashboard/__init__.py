@@ -8,7 +8,7 @@ May import `scheduler`'s api (durable, datasets), `worker` and `ir`; never `sche
 
 from scheduler.ops.dashboard.actions import ACTIONS, cancel, redrive, resume
 from scheduler.ops.dashboard.app import create_app, serve
-from scheduler.ops.dashboard.auth import ACTION_HEADER, USERS_VARIABLE, BasicAuth, UsersError, users_from
+from scheduler.ops.dashboard.auth import ACTION_HEADER, USERS_VARIABLE, BasicAuth, FrameGuard, UsersError, users_from
 from scheduler.ops.dashboard.live import LiveProgress
 from scheduler.ops.dashboard.page import HTML
 from scheduler.ops.dashboard.views import REFRESH_SECONDS, Views
@@ -20,6 +20,7 @@ __all__ = [
     "REFRESH_SECONDS",
     "USERS_VARIABLE",
     "BasicAuth",
+    "FrameGuard",
     "LiveProgress",
     "UsersError",
     "Views",

@@ -1,12 +1,19 @@
 """The dashboard's web app: a small Starlette app (served by uvicorn) with the page, its JSON routes and
-their server-sent event streams, each sending the whole JSON every `refresh` seconds."""
+their server-sent event streams, each sending the whole JSON every `refresh` seconds.
+
+A route taking a run id checks it (worker/runs/record.py valid_run_id) before any lookup: a bad one is a 400
+that does not echo it. Errors are answered without the server's file paths (the CLI's messages name them,
+for the local user): an unknown run is `run <id>: unknown run`, any other path is cut to its file name.
+"""
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
+import re
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 from starlette.applications import Starlette
@@ -17,21 +24,60 @@ from starlette.routing import Route
 from starlette.types import ASGIApp
 
 from ir.errors import BackendError, ValidationError
+from scheduler.lookup import UnknownRun
 from scheduler.ops.dashboard.actions import ACTIONS
-from scheduler.ops.dashboard.auth import ACTION_HEADER, BasicAuth
+from scheduler.ops.dashboard.auth import ACTION_HEADER, BasicAuth, FrameGuard
 from scheduler.ops.dashboard.page import HTML
 from scheduler.ops.dashboard.views import FAILED_PAGE, MAX_FAILED_PAGE, REFRESH_SECONDS, Views
+from worker.runs.record import valid_run_id
+
+#: An absolute file path in an error message (`/srv/home/runs.db`, `~/.chordflow/x`, `'/a b/c'` quoted), not
+#: a URL's path.
+_PATH = re.compile(r"'~?/[^'\n]*'|(?<![\w.:/~-])~?(?:/[^\s'\"/(),;:]+)+/?")
+
+
+def _without_paths(text: str) -> str:
+    """Each absolute path in `text` cut to its file name (`runs.db: disk full`)."""
+
+    def name(match: re.Match[str]) -> str:
+        path = match[0]
+        quote = "'" if path.startswith("'") else ""
+        return quote + path.strip("'").rstrip("/").rsplit("/", 1)[-1] + quote
+
+    return _PATH.sub(name, text)
 
 
 def _json(value: Any, status: int = 200) -> Response:
     return Response(json.dumps(value, default=str), status, media_type="application/json")
 
 
-def _failure(exc: Exception) -> Response:
-    """409 for what the run's state refuses (a ValidationError's message), 503 when a store is unreachable."""
+def _public(exc: Exception) -> tuple[int, str]:
+    """(status, message) of an error, without the server's paths: 404 for an unknown run, 409 for what the
+    run's state refuses (a ValidationError's message), 503 when a store is unreachable (or its disk full)."""
+    if isinstance(exc, UnknownRun):
+        return 404, f"run {exc.run_id}: unknown run"  # the id was checked (valid_run_id) before the lookup
     if isinstance(exc, ValidationError | BackendError):
-        return _json({"error": str(exc)}, 409 if isinstance(exc, ValidationError) else 503)
-    return _json({"error": f"{type(exc).__name__}: {exc}"}, 503)
+        status, text = 409 if isinstance(exc, ValidationError) else 503, str(exc)
+    else:
+        status, text = 503, f"{type(exc).__name__}: {exc}"
+    return status, _without_paths(text)
+
+
+def _failure(exc: Exception) -> Response:
+    status, message = _public(exc)
+    return _json({"error": message}, status)
+
+
+def _takes_run_id(endpoint: Callable[[Request], Awaitable[Response]]) -> Callable[[Request], Awaitable[Response]]:
+    """A route with a `{run_id}`: an id that cannot name a run is a 400 before any lookup, not echoed."""
+
+    @functools.wraps(endpoint)
+    async def checked(request: Request) -> Response:
+        if not valid_run_id(request.path_params["run_id"]):
+            return _json({"error": "invalid run id"}, 400)
+        return await endpoint(request)
+
+    return checked
 
 
 async def _blocking(work: Callable[[], Any]) -> Response:
@@ -69,7 +115,9 @@ def create_app(users: dict[str, str] | None, views: Views | None = None, refresh
     async def action(request: Request) -> Response:
         if request.headers.get(ACTION_HEADER) != "1":
             return _json({"error": f"a POST needs the header {ACTION_HEADER}: 1"}, 403)
-        act, run_id = ACTIONS[request.path_params["action"]], request.path_params["run_id"]
+        act, run_id = ACTIONS.get(request.path_params["action"]), request.path_params["run_id"]
+        if act is None:
+            return _json({"error": f"unknown action (one of: {', '.join(ACTIONS)})"}, 404)
         return await _blocking(lambda: {"message": act(run_id)})
 
     def events(build: Callable[[], Any]) -> Response:
@@ -92,13 +140,13 @@ def create_app(users: dict[str, str] | None, views: Views | None = None, refresh
             Route("/", page),
             Route("/api/runs", runs),
             Route("/api/runs/events", runs_events),
-            Route("/api/runs/{run_id}", run),
-            Route("/api/runs/{run_id}/events", run_events),
-            Route("/api/runs/{run_id}/failed", failed_items),
-            Route("/api/runs/{run_id}/{action:str}", action, methods=["POST"]),
+            Route("/api/runs/{run_id}", _takes_run_id(run)),
+            Route("/api/runs/{run_id}/events", _takes_run_id(run_events)),
+            Route("/api/runs/{run_id}/failed", _takes_run_id(failed_items)),
+            Route("/api/runs/{run_id}/{action:str}", _takes_run_id(action), methods=["POST"]),
         ]
     )
-    return app if users is None else BasicAuth(app, users)
+    return FrameGuard(app if users is None else BasicAuth(app, users))
 
 
 async def _events(build: Callable[[], Any], refresh: float) -> AsyncIterator[str]:
@@ -109,7 +157,7 @@ async def _events(build: Callable[[], Any], refresh: float) -> AsyncIterator[str
         try:
             data = await run_in_threadpool(build)
         except (ValidationError, BackendError, ConnectionError, OSError) as exc:
-            data = {"error": str(exc), "at": time.time()}
+            data = {"error": _public(exc)[1], "at": time.time()}
         yield f"data: {json.dumps(data, default=str)}\n\n"
         await asyncio.sleep(refresh)
 

@@ -2,7 +2,8 @@
 
 Basic auth (USERS_VARIABLE, as `chordflow flower` needs FLOWER_BASIC_AUTH) is required unless the server
 was started `--unauthenticated`; the action header keeps a page of another site from pressing the buttons
-(cancel, resume, redrive), since it cannot set the header without CORS, which the app never grants.
+(cancel, resume, redrive), since it cannot set the header without CORS, which the app never grants; and
+FrameGuard keeps another site from framing the page to have a user click them (clickjacking).
 """
 
 from __future__ import annotations
@@ -12,12 +13,15 @@ import binascii
 import hmac
 
 from starlette.responses import PlainTextResponse
-from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 #: Where `chordflow dashboard` reads its users: `user:password[,user2:password2]`.
 USERS_VARIABLE = "CHORDFLOW_DASHBOARD_BASIC_AUTH"
 #: The header every POST must carry (a form or an image of another site cannot set it).
 ACTION_HEADER = "x-chordflow-action"
+#: On every answer: no page may frame the dashboard. The CSP says only that, so the page's inline script and
+#: style still run (scheduler/ops/dashboard/page.py).
+FRAME_HEADERS = ((b"x-frame-options", b"DENY"), (b"content-security-policy", b"frame-ancestors 'none'"))
 
 
 class UsersError(ValueError):
@@ -34,6 +38,27 @@ def users_from(value: str | None, unauthenticated: bool) -> dict[str, str] | Non
     if not all(len(pair) == 2 and pair[0] and pair[1] for pair in pairs):
         raise UsersError(f"{USERS_VARIABLE} must be user:password[,user2:password2]")
     return dict(pairs)  # type: ignore[arg-type]
+
+
+class FrameGuard:
+    """ASGI middleware, outermost: FRAME_HEADERS on every response (pages, JSON, event streams, errors, 401s)."""
+
+    def __init__(self, app: ASGIApp):
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+
+        async def guarded(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                names = {name for name, _ in FRAME_HEADERS}
+                kept = [(k, v) for k, v in message.get("headers", []) if k.lower() not in names]
+                message = {**message, "headers": [*kept, *FRAME_HEADERS]}
+            await send(message)
+
+        await self.app(scope, receive, guarded)
 
 
 class BasicAuth:

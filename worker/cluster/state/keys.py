@@ -1,10 +1,13 @@
 """The Redis keyspace, named once: every key chordflow keeps in its state store.
 
 Every key of a run carries the hash tag `{<run_id>}`, so a Lua script touches one slot and the state can
-move to Redis Cluster with runs sharded by id. A run's keys expire with it (CHORDFLOW_RUN_TTL).
+move to Redis Cluster with runs sharded by id. A run's keys expire with it (CHORDFLOW_RUN_TTL); a run that ends
+keeps only what `status`, `results` and a resume read (worker/cluster/state/runs.py `ClusterRuns.trim`, a dataset
+job's `ClusterDataset.drop_records`), and `chordflow purge` deletes every key under its hash tag.
 
 Keys of a run, `cf:{<run_id>}:<name>`; `<batch>` is `<node id>#<step>`:
-  run                 hash    the run record (worker/runs/record.py RunRecord) and a failed run's exception
+  run                 hash    the run record (worker/runs/record.py RunRecord), a failed run's exception and
+                              `workflow_sig`, its workflow's signature (worker/cluster/signing.py)
   store               hash    top-level store key -> snapshot-codec bytes
   trail, steps        list    the nodes completed, in order; each step's [action, config hash, reads hash]
   undo                hash    `<step>:<key>` -> what the key held before that step (`v<bytes>`, or `-`: absent)
@@ -27,6 +30,8 @@ Keys of a run, `cf:{<run_id>}:<name>`; `<batch>` is `<node id>#<step>`:
 Outside any run:
   cf:runs             zset    run id -> created time (`chordflow runs`)
   cf:{workers}:<host> string  a live worker's pool size, kept alive by its heartbeat
+  cf:{limit:<key>}    hash    a rate-limit bucket (worker/cluster/rate_limits.py): tat, tok, iv, iv_at
+  cf:done:<task id>   string  a task that ran to the end on a signed cluster: another delivery of it is skipped
 """
 
 from __future__ import annotations
@@ -35,6 +40,8 @@ from __future__ import annotations
 RUNS = "cf:runs"
 #: Prefix of the worker registry's keys; the rest is the worker's hostname (`w1@host`).
 WORKERS = "cf:{workers}:"
+#: Prefix of the marks of tasks that ran to the end (worker/cluster/signing.py SignedTask); the rest is the task id.
+DONE = "cf:done:"
 
 
 def run_prefix(run_id: str) -> str:
@@ -49,3 +56,13 @@ def run_key(run_id: str, name: str) -> str:
 
 def worker_key(hostname: str) -> str:
     return WORKERS + hostname
+
+
+def limit_key(key: str) -> str:
+    """A rate-limit bucket: one per `rate_limit.key`, shared by every run (its own hash tag, its own slot)."""
+    return f"cf:{{limit:{key}}}"
+
+
+def done_key(task_id: str) -> str:
+    """A task's done mark: no hash tag, so the marks of many tasks spread over a Redis Cluster's slots."""
+    return DONE + task_id

@@ -5,6 +5,8 @@ touches one slot and the state can move to Redis Cluster sharded by run id. The 
 top-level key -> snapshot-codec bytes; a checkpoint (worker/cluster/state/lua/checkpoint.lua) writes only the keys a
 node changed, fenced on the step number, with the step's action and hashes (`steps`) and what the keys
 it overwrote held before (`undo`, for `rewind`). `cf:runs` (created time per run id) lists recent runs.
+With a signer (a client holding the cluster's key), a record's workflow and dataset job are signed as they are
+written (`workflow_sig`); workers refuse a run whose record does not match (worker/cluster/signing.py check_run).
 """
 
 from __future__ import annotations
@@ -22,11 +24,13 @@ from ir import snapshot
 from worker import settings
 from worker.batch.aggregate import ChunkResult
 from worker.batch.rows import Row, rows_of_aggregate, rows_of_chunks
-from worker.cluster.state.keys import RUNS, run_key
-from worker.cluster.state.runstate import RunState, client, script
+from worker.cluster.state.keys import RUNS, run_key, run_prefix
+from worker.cluster.state.runstate import client, script
 from worker.engine.steps import Step
 from worker.runs.record import FINAL, RunRecord, TrailStep, trail_action
 
+#: Keys deleted per DEL when a run is trimmed or purged.
+DELETE_BATCH = 500
 #: The step of a per-batch key's name after the run's prefix (`result:b#3`, `snap:b#3:<sha>`, `chunks:b#3`).
 BATCH_STEP = re.compile(r"#(\d+)(?::|$)")
 
@@ -38,10 +42,20 @@ class ClusterRuns:
     durable = True
     where = "Redis"
 
-    def __init__(self, redis_client: redis.Redis | None = None, ttl: int | None = None):
+    def __init__(self, redis_client: redis.Redis | None = None, ttl: int | None = None, signer: Any = None):
+        """`signer`: signs each workflow this store records (a worker/cluster/signing.py Signer); None: unsigned."""
         self.redis = redis_client or client()
         self.ttl = ttl or settings.load().run_ttl
+        self.signer = signer
         self._checkpoint = script(self.redis, "checkpoint")
+
+    def _signed(self, run_id: str, fields: dict[str, Any]) -> dict[str, Any]:
+        """`fields` plus the signature of the workflow and dataset they write, as a worker will decode them: what
+        this process was given, never what Redis holds (signing that would bless whatever was written there)."""
+        if self.signer is not None:
+            dataset = json.loads(fields["dataset"]) if fields.get("dataset") else None
+            fields["workflow_sig"] = self.signer.sign_run(run_id, json.loads(fields["workflow"]), dataset)
+        return fields
 
     # -- records ------------------------------------------------------------------------------------
     def create(self, record: RunRecord, store: Mapping[str, Any], encoded: Mapping[str, bytes] | None = None) -> None:
@@ -50,7 +64,7 @@ class ClusterRuns:
         record.created = record.updated = now
         fields = {
             "run_id": record.run_id, "workflow": json.dumps(record.workflow), "backend": record.backend,
-            "status": record.status, "node": record.node or "", "step": record.step, "error": "",
+            "status": record.status, "node": record.node or "", "step": record.step, "error": record.error or "",
             "created": now, "updated": now, "source": record.source or "", "batches": "{}",
             "dataset": json.dumps(record.dataset) if record.dataset else "",
         }  # fmt: skip
@@ -59,7 +73,7 @@ class ClusterRuns:
         if values:
             pipe.hset(run_key(record.run_id, "store"), mapping=values)
             pipe.expire(run_key(record.run_id, "store"), self.ttl)
-        pipe.hset(run_key(record.run_id, "run"), mapping=fields)
+        pipe.hset(run_key(record.run_id, "run"), mapping=self._signed(record.run_id, fields))
         pipe.expire(run_key(record.run_id, "run"), self.ttl)
         pipe.zadd(RUNS, {record.run_id: now})
         pipe.execute()
@@ -88,14 +102,52 @@ class ClusterRuns:
             self.redis.hdel(run_key(run_id, "run"), "exception")
         if node is not None:
             fields["node"] = node
-        pipe = self.redis.pipeline()
+        pipe = self.redis.pipeline()  # MULTI: whoever sees the run ended sees it trimmed
         pipe.hset(run_key(run_id, "run"), mapping=fields)
         if status in FINAL:  # wake whoever follows the run's stream (`wait`) now, not at its next poll
             pipe.xadd(run_key(run_id, "events"), {"batch": "", "end": status})
             pipe.expire(run_key(run_id, "events"), self.ttl)
+            self.trim(run_id, status, pipe)
         pipe.execute()
-        if status in FINAL:
-            RunState(run_id, self.redis).drop_snapshots()
+
+    def trim(self, run_id: str, status: str, pipe: redis.client.Pipeline | None = None) -> None:
+        """A run that ended keeps what `status`, `results` and a resume read (its record, store, trail, steps, undo
+        log, kept chunks, totals, its stop flags for chunks still queued) and the end marker of its stream; the
+        rest goes now, not at its TTL: snapshots, merged results and dispatch marks (a resume clears them anyway),
+        failure counts, per-item progress, and once it succeeded the branches kept for a resume mid-section.
+        `pipe`: the deletes join it (set_status's transaction), else they are sent at once."""
+        names = ["snap:", "result:", "dispatched:", "failed:"]
+        if status == "succeeded":  # only a resume reads them (a failed run's, mid-section)
+            names += ["branches:", "joined:"]
+        gone = tuple(run_key(run_id, name).encode() for name in names)
+        stale = [k for k in self._keys(run_id) if k.startswith(gone)]
+        own = pipe is None
+        pipe = self.redis.pipeline(transaction=False) if pipe is None else pipe
+        for i in range(0, len(stale), DELETE_BATCH):
+            pipe.delete(*stale[i : i + DELETE_BATCH])
+        pipe.xtrim(run_key(run_id, "events"), maxlen=1, approximate=False)  # the end marker `wait` wakes on stays
+        if own:
+            pipe.execute()
+
+    def purge(self, run_id: str) -> None:
+        """Every key under the run's hash tag (found with SCAN) and its entry in `cf:runs` (`chordflow purge`)."""
+        names = list(self._keys(run_id))
+        pipe = self.redis.pipeline(transaction=False)
+        for i in range(0, len(names), DELETE_BATCH):
+            pipe.delete(*names[i : i + DELETE_BATCH])
+        pipe.zrem(RUNS, run_id)
+        pipe.execute()
+
+    def abandon(self, record: RunRecord, status: str, error: str) -> None:
+        """A submit that stopped part-way (Redis out of memory, a bad records file, Ctrl-C): everything it wrote
+        goes first (deleting frees memory even when Redis refuses writes), then the record alone is written
+        again, saying why (`status` shows it; there is nothing to resume or read)."""
+        self.purge(record.run_id)
+        record.status, record.error = status, error
+        self.create(record, {})
+
+    def _keys(self, run_id: str) -> Iterator[bytes]:
+        return self.redis.scan_iter(match=_glob(run_prefix(run_id)) + "*", count=1000)
 
     def set_exception(self, run_id: str, exc: BaseException) -> None:
         """What `wait` raises again for a run that failed with an exception (module, type, message)."""
@@ -180,11 +232,12 @@ class ClusterRuns:
         return {"keys": stale, "totals": totals}
 
     def set_workflow(self, run_id: str, workflow: dict[str, Any], source: str | None, node: str | None) -> None:
-        """Give a run an edited workflow and the node it goes on with (None: the flow has ended)."""
+        """Give a run an edited workflow and the node it goes on with (None: the flow has ended). Signed as a plain
+        run's: a dataset job is redriven, never given a workflow (its record would not verify)."""
         fields = {"workflow": json.dumps(workflow), "node": node or "", "updated": time.time()}
         if source:
             fields["source"] = source
-        self.redis.hset(run_key(run_id, "run"), mapping=fields)
+        self.redis.hset(run_key(run_id, "run"), mapping=self._signed(run_id, fields))
 
     # -- branches of a parallel section (worker/cluster/advance.py ClusterSections) ---------------------------
     def save_branch(self, run_id: str, section: str, branch: str, value: bytes) -> None:
@@ -273,5 +326,10 @@ def _record(raw: dict[bytes, bytes]) -> RunRecord:
     return RunRecord(
         f["run_id"], json.loads(f["workflow"]), f["backend"], f["status"], f["node"] or None, int(f["step"]),
         f["error"] or None, float(f["created"]), float(f["updated"]), f["source"] or None, json.loads(f["batches"]),
-        json.loads(f["dataset"]) if f.get("dataset") else None,
+        json.loads(f["dataset"]) if f.get("dataset") else None, f.get("workflow_sig") or None,
     )  # fmt: skip
+
+
+def _glob(text: str) -> str:
+    """`text` as a SCAN pattern matching itself only (a run id given to the Python API may hold `*`, `?`, `[`)."""
+    return re.sub(r"([*?\[\]\\])", r"\\\1", text)

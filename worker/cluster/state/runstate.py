@@ -48,13 +48,21 @@ def outage_retry() -> dict[str, Any]:
     }
 
 
+#: Connections one process keeps to the state Redis: item threads of parallel chunks (permits, progress)
+#: share them and wait up to POOL_WAIT seconds for a free one, instead of failing when all are in use.
+POOL_CONNECTIONS = 256
+POOL_WAIT = 30
+
+
 def client(url: str | None = None) -> redis.Redis:
     """One Redis client per URL per process (the result backend's server holds run state)."""
     url = url or settings.load().result_backend
     if url not in _clients:
-        _clients[url] = redis.Redis.from_url(
-            url, socket_timeout=10, socket_connect_timeout=5, health_check_interval=30, **outage_retry()
-        )
+        pool = redis.BlockingConnectionPool.from_url(
+            url, max_connections=POOL_CONNECTIONS, timeout=POOL_WAIT, socket_timeout=10, socket_connect_timeout=5,
+            health_check_interval=30, **outage_retry(),
+        )  # fmt: skip
+        _clients[url] = redis.Redis(connection_pool=pool)
     return _clients[url]
 
 

@@ -6,18 +6,21 @@
 --       3 pending (set: dispatched, not finished), 4 out (hash n -> outcome bytes), 5 cov (hash n -> records
 --       with an outcome), 6 fails (hash n -> failed records), 7 rec (hash n -> records bytes), 8 cancel flag,
 --       9 abort flag of the job's chunks, 10 next (hash n -> chunks claimed when n finished, "1,2"),
---       11 reader (exists while the client reading the file is alive: renewed by every add, gone at read_done)
+--       11 reader (exists while the client reading the file is alive: renewed by every add, gone at read_done),
+--       12 claim (hash n -> the claim of the task that began chunk n last: each delivery's own token)
 -- ARGV: 1 mode, 2 window, 3 ttl, then per mode:
 --   add       4 n, 5 records bytes, 6 records read so far, 7 seconds the reader lives without another add
 --   finish    4 n, 5 outcome bytes, 6 covered, 7 failed, 8 drop the records (1: all ran and succeeded),
---             9 tolerated percent or '', 10 tolerated count or ''
+--             9 tolerated percent or '', 10 tolerated count or '', 11 the finishing task's claim or ''
 --   read_done 4 total records
--- Returns {state, claimed chunk numbers...}; state: 'end', 'go', or 'dup' (a finish already counted).
+-- Returns {state, claimed chunk numbers...}; state: 'end', 'go', 'dup' (a finish already counted), or 'stale'
+-- (a finish whose claim is no longer the chunk's: a later delivery of the chunk began, and only its finish counts).
 local mode, window, ttl = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
 
 local function keep()
   for i = 1, 7 do redis.call('EXPIRE', KEYS[i], ttl) end
   redis.call('EXPIRE', KEYS[10], ttl)
+  redis.call('EXPIRE', KEYS[12], ttl)
 end
 
 if mode == 'add' then
@@ -27,6 +30,9 @@ if mode == 'add' then
   redis.call('SET', KEYS[11], 1, 'EX', tonumber(ARGV[7]))
   keep()
 elseif mode == 'finish' then
+  if ARGV[11] and ARGV[11] ~= '' and redis.call('HGET', KEYS[12], ARGV[4]) ~= ARGV[11] then
+    return {'stale'}
+  end
   if redis.call('SREM', KEYS[3], ARGV[4]) == 0 then
     return {'dup'}
   end

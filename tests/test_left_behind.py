@@ -1,0 +1,327 @@
+"""Nothing left behind (issue 20, item 5): a run that ends keeps only what `status`, `results` and a resume
+read; a submit that fails part-way takes back what it wrote and records why; `chordflow purge` and
+`chordflow runs --prune` delete runs from either store.
+
+Real parts only: redis-servers this module starts (one with `--maxmemory`), the suite's cluster with its real
+workers, `chordflow` as a subprocess. Memory is what Redis itself reports (`INFO memory`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import sqlite3
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+
+import scheduler
+from scheduler.localcluster import RedisServer, free_port
+from tests.support.cluster import PLUGINS
+from tests.test_datasets import per_record_workflow, write_records
+from tests.test_durable import until
+from worker.cluster.state.keys import RUNS, run_key, run_prefix
+from worker.cluster.state.runs import ClusterRuns
+from worker.runs.record import RunRecord
+
+ROOT = Path(__file__).parents[1]
+#: What `--maxmemory` allows the state Redis of the out-of-memory tests.
+MAXMEMORY = 20 * 1024 * 1024
+
+
+def chordflow(*args: Any, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "scheduler.cli", *map(str, args)],
+        cwd=ROOT, env={**(env or os.environ), "COLUMNS": "200"}, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+
+
+def keys_of(client: redis.Redis, run_id: str) -> list[str]:
+    """The run's keys, without their prefix (`run`, `ds:rec`...)."""
+    prefix = run_prefix(run_id)
+    return sorted(k.decode()[len(prefix) :] for k in client.scan_iter(match=prefix + "*", count=1000))
+
+
+def upper_workflow(path: Path) -> Path:
+    path.write_text(
+        json.dumps(
+            {
+                "inputs": {"record": {}},
+                "nodes": [{"id": "up", "type": "test-upper", "params": {"text": "${record.id}"}}],
+                "outputs": {"v": {"source": "${up.value}"}},
+            }
+        )
+    )
+    return path
+
+
+# -- a submit that fails part-way ------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def small_redis(tmp_path: Path) -> Iterator[dict[str, Any]]:
+    """A state Redis of MAXMEMORY (noeviction: writes past it are refused) and a broker Redis of its own, so the
+    chunk messages a submit sends are not counted against the state's memory; the env pointing a client at them."""
+    (tmp_path / "state").mkdir()
+    (tmp_path / "broker").mkdir()
+    state = RedisServer(tmp_path / "state", ["--maxmemory", str(MAXMEMORY), "--maxmemory-policy", "noeviction"])
+    broker = RedisServer(tmp_path / "broker")
+    env = {
+        **os.environ, "CHORDFLOW_RESULT_BACKEND": state.url, "CHORDFLOW_BROKER_URL": broker.url,
+        "CHORDFLOW_SECRET_KEY": secrets.token_hex(32), "CHORDFLOW_PLUGINS": PLUGINS,
+    }  # fmt: skip
+    env.pop("CHORDFLOW_SECRET_KEY_FILE", None)
+    try:
+        yield {"client": redis.Redis.from_url(state.url), "env": env}
+    finally:
+        state.kill()
+        broker.kill()
+
+
+def used_memory(client: redis.Redis, *, clean: bool = False) -> int:
+    """`used_memory` of INFO once no other client is connected (a client's buffers count). `clean`: Redis's own
+    bookkeeping first reset, which grows with use and is no run's data: the latency histogram it keeps per command
+    used (CONFIG RESETSTAT; about 0.6 MB after a submit) and the Lua VM (SCRIPT FLUSH)."""
+    until(lambda: len(client.client_list()) == 1, 30, "the other clients to disconnect")
+    if clean:
+        client.config_resetstat()
+        client.script_flush()
+    return int(client.info("memory")["used_memory"])
+
+
+def test_a_dataset_submit_that_hits_redis_maxmemory_takes_back_what_it_wrote_and_records_why(
+    small_redis: dict[str, Any], tmp_path: Path
+) -> None:
+    client, env = small_redis["client"], small_redis["env"]
+    items = tmp_path / "items.jsonl"
+    with items.open("w") as f:  # 30 MB of records: more than the 20 MB Redis may hold
+        for i in range(30_000):
+            f.write(json.dumps({"id": f"r{i}", "text": "x" * 1000}) + "\n")
+    before, before_clean = used_memory(client), used_memory(client, clean=True)
+    submitted = chordflow("submit", upper_workflow(tmp_path / "wf.json"), "--items", items, env=env)
+    assert submitted.returncode == 1
+    (line,) = submitted.stderr.splitlines()
+    assert line.startswith("error: OutOfMemoryError: command not allowed when used memory > 'maxmemory'")
+    assert client.info("memory")["used_memory_peak"] > MAXMEMORY  # it did fill Redis up
+    after, after_clean = used_memory(client), used_memory(client, clean=True)
+    print(f"used_memory: before {before}, after {after} (+{after - before}); reset +{after_clean - before_clean}")
+    assert after - before < 1024 * 1024  # Redis's per-command histograms and the Lua VM: about 0.6 MB
+    assert after_clean - before_clean < 16 * 1024  # the run's record (1.5 KB) and its index entry
+
+    (run_id,) = [k.decode() for k in client.zrange(RUNS, 0, -1)]
+    assert keys_of(client, run_id) == ["run"]
+    status = json.loads(chordflow("status", run_id, "--json", env=env).stdout)
+    assert status["status"] == "failed"
+    assert status["error"].startswith(
+        "reading the records stopped: OutOfMemoryError: command not allowed when used memory > 'maxmemory'"
+    )
+    text = chordflow("status", run_id, env=env).stdout
+    assert "(reading)" not in text and "records: 0/0 read done" in text
+    purged = chordflow("purge", run_id, env=env)
+    assert purged.stdout == f"purged {run_id}\n", purged.stderr
+    assert list(client.scan_iter(count=1000)) == []
+
+
+def test_a_submit_whose_inputs_overflow_redis_takes_back_what_it_wrote_and_records_why(
+    small_redis: dict[str, Any], tmp_path: Path
+) -> None:
+    client, env = small_redis["client"], small_redis["env"]
+    wf = tmp_path / "wf.json"
+    wf.write_text(json.dumps({"inputs": {"big": {}}, "nodes": [{"id": "e", "type": "echo", "params": {"v": 1}}]}))
+    inputs = tmp_path / "inputs.json"
+    inputs.write_text(json.dumps({"big": ["y" * 1000] * 30_000}))  # 30 MB, stored as it is read
+    before = used_memory(client, clean=True)
+    submitted = chordflow("submit", wf, "--inputs-file", inputs, env=env)
+    assert submitted.returncode == 1
+    assert "OutOfMemoryError" in submitted.stderr and len(submitted.stderr.splitlines()) == 1
+    assert client.info("memory")["used_memory_peak"] > MAXMEMORY
+    after = used_memory(client, clean=True)
+    print(f"used_memory: before {before}, after {after} (+{after - before})")
+    assert after - before < 16 * 1024
+    (run_id,) = [k.decode() for k in client.zrange(RUNS, 0, -1)]
+    assert keys_of(client, run_id) == ["run"]
+    status = json.loads(chordflow("status", run_id, "--json", env=env).stdout)
+    assert status["status"] == "failed" and status["error"].startswith("not recorded: OutOfMemoryError: ")
+
+
+# -- a run that ends -------------------------------------------------------------------------------------------
+
+
+def test_a_cluster_run_that_ended_keeps_only_what_status_results_and_resume_read(
+    celery_cluster: Any, tmp_path: Path
+) -> None:
+    wf = {
+        "nodes": [
+            {
+                "id": "b", "type": "test-upper", "params": {"text": "${item}"},
+                "batch": {"items": "${items}", "chunk_size": 5},
+            }
+        ]
+    }  # fmt: skip
+    big = "z" * 40_000  # the batch's snapshot is stored by reference (over 16 KiB)
+    run_id = scheduler.submit(wf, {"items": [f"i{n}" for n in range(20)], "pad": big})
+    assert scheduler.wait(run_id, timeout=120).status == "success"
+    client = ClusterRuns().redis
+    left = keys_of(client, run_id)
+    assert [k for k in left if k.startswith(("snap:", "result:", "dispatched:", "failed:"))] == []
+    assert {"run", "store", "trail", "steps", "totals", "events"} <= set(left) and "chunks:b#0" in left
+    assert client.xlen(run_key(run_id, "events")) == 1  # the end marker; the per-item progress went
+    rows = [json.loads(line) for line in chordflow("results", run_id, "--node", "b").stdout.splitlines()]
+    assert [r["result"]["value"] for r in rows] == [f"I{n}" for n in range(20)]
+    assert json.loads(chordflow("status", run_id, "--json").stdout)["status"] == "succeeded"
+
+
+def test_a_failed_dataset_job_drops_its_reading_state_and_keeps_the_records_redrive_runs(
+    celery_cluster: Any, tmp_path: Path
+) -> None:
+    log, missing = tmp_path / "log.txt", tmp_path / "flag"
+    wf = tmp_path / "wf.json"
+    wf.write_text(json.dumps(per_record_workflow(log)))
+    items = write_records(tmp_path / "items.jsonl", 20, missing, failing=(6,))
+    done = chordflow("run", wf, "--items", items, "--chunk-size", 5, "--backend", "celery", "--output", "json")
+    assert done.returncode == 1, done.stderr
+    run_id = json.loads(done.stdout)["run_id"]
+    client = ClusterRuns().redis
+    left = keys_of(client, run_id)
+    reading = ("ds:todo", "ds:pending", "ds:next", "ds:claim", "ds:started", "ds:reader", "abort:records")
+    assert [k for k in left if k in reading] == []
+    assert {"ds", "ds:out", "ds:cov", "ds:fails"} <= set(left)
+    assert client.hkeys(run_key(run_id, "ds:rec")) == [b"1"]  # the chunk of the failed record, for a redrive
+    assert len(chordflow("results", run_id).stdout.splitlines()) == 20
+    missing.write_text("now it exists")
+    assert chordflow("redrive", run_id).returncode == 0
+    assert "ds:rec" not in keys_of(client, run_id)  # every record succeeded: none is kept
+
+
+# -- purge -----------------------------------------------------------------------------------------------------
+
+
+def local_rows(run_id: str) -> dict[str, int]:
+    """Rows naming the run in every table of the embedded store (CHORDFLOW_HOME/runs.db)."""
+    db = sqlite3.connect(Path(os.environ["CHORDFLOW_HOME"]) / "runs.db")
+    try:
+        tables = [name for (name,) in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")]
+        counts = {}
+        for table in tables:
+            if "run_id" in {row[1] for row in db.execute(f"PRAGMA table_info({table})")}:
+                counts[table] = db.execute(f"SELECT COUNT(*) FROM {table} WHERE run_id = ?", (run_id,)).fetchone()[0]
+        return {table: n for table, n in counts.items() if n}
+    finally:
+        db.close()
+
+
+def test_purge_deletes_a_local_run_and_a_local_dataset_job_from_every_table(tmp_path: Path) -> None:
+    wf = upper_workflow(tmp_path / "wf.json")
+    items = tmp_path / "items.jsonl"
+    items.write_text("".join(json.dumps({"id": f"r{i}"}) + "\n" for i in range(7)))
+    job = json.loads(chordflow("run", wf, "--items", items, "--chunk-size", 3, "--output", "json").stdout)["run_id"]
+    plain = json.loads(
+        chordflow("run", wf, "--input", 'record={"id": "x"}', "--output", "json").stdout
+    )["run_id"]  # fmt: skip
+    assert set(local_rows(job)) == {"runs", "dataset_chunks", "datasets"} and "trail" in local_rows(plain)
+    for run_id in (job, plain):
+        purged = chordflow("purge", run_id)
+        assert (purged.returncode, purged.stdout, purged.stderr) == (0, f"purged {run_id}\n", "")
+        assert local_rows(run_id) == {}
+        gone = chordflow("status", run_id)
+        assert gone.returncode == 2 and gone.stderr.startswith(f"error: unknown run '{run_id}' (not in ")
+    again = chordflow("purge", job)
+    assert again.returncode == 2 and again.stderr.startswith(f"error: unknown run '{job}'")
+
+
+def test_purge_refuses_a_running_cluster_run_then_deletes_every_key_once_it_ended(
+    celery_cluster: Any, tmp_path: Path
+) -> None:
+    log, gate = tmp_path / "log.txt", tmp_path / "gate"
+    wf = tmp_path / "wf.json"
+    wf.write_text(
+        json.dumps({"nodes": [{"id": "w", "type": "test-side-effect", "params": {"log": str(log), "gate": str(gate)}}]})
+    )
+    run_id = chordflow("submit", wf).stdout.split()[0]
+    until(lambda: json.loads(chordflow("status", run_id, "--json").stdout)["status"] == "running", 60, "it to run")
+    refused = chordflow("purge", run_id)
+    assert refused.returncode == 2
+    assert refused.stderr == f"error: run {run_id} is running: stop it first with `chordflow cancel {run_id}`\n"
+    gate.write_text("open")
+    assert chordflow("wait", run_id).returncode == 0
+    client = ClusterRuns().redis
+    assert keys_of(client, run_id)
+    assert chordflow("purge", run_id).stdout == f"purged {run_id}\n"
+    assert keys_of(client, run_id) == [] and client.zscore(RUNS, run_id) is None
+
+
+# -- runs --prune ----------------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def own_stores(tmp_path: Path) -> Iterator[dict[str, Any]]:
+    """A CHORDFLOW_HOME and a Redis of this test's own: pruning touches nothing of the suite's runs."""
+    (tmp_path / "redis").mkdir()
+    server = RedisServer(tmp_path / "redis")
+    env = {**os.environ, "CHORDFLOW_HOME": str(tmp_path / "home"), "CHORDFLOW_PLUGINS": PLUGINS}
+    env |= {"CHORDFLOW_RESULT_BACKEND": server.url, "CHORDFLOW_BROKER_URL": server.url}
+    try:
+        yield {"env": env, "client": redis.Redis.from_url(server.url), "home": tmp_path / "home"}
+    finally:
+        server.kill()
+
+
+def test_runs_prune_deletes_ended_runs_older_than_d_in_both_stores_never_running_ones(
+    own_stores: dict[str, Any], tmp_path: Path
+) -> None:
+    env, client, home = own_stores["env"], own_stores["client"], own_stores["home"]
+    wf = upper_workflow(tmp_path / "wf.json")
+    local = [
+        json.loads(chordflow("run", wf, "--input", f'record={{"id": "{n}"}}', "--output", "json", env=env).stdout)
+        for n in range(2)
+    ]
+    old, new = local[0]["run_id"], local[1]["run_id"]
+    long_ago = time.time() - 8 * 86400
+    with sqlite3.connect(home / "runs.db") as db:  # as if it had last been updated 8 days ago
+        db.execute("UPDATE runs SET updated = ? WHERE run_id = ?", (long_ago, old))
+        db.execute(
+            "INSERT INTO runs (run_id, workflow, backend, status, step, created, updated) "
+            "VALUES ('stuck', '{}', 'local', 'running', 0, ?, ?)",
+            (long_ago, long_ago),
+        )
+    cluster = ClusterRuns(client, ttl=3600)
+    for run_id, status in (("c-old", "failed"), ("c-going", "running"), ("c-new", "succeeded")):
+        cluster.create(RunRecord(run_id, {"nodes": []}, "celery", status), {"x": 1})
+        if run_id != "c-new":
+            client.hset(run_key(run_id, "run"), "updated", long_ago)
+
+    pruned = chordflow("runs", "--prune", "--older-than", "7d", env=env)
+    assert pruned.returncode == 0, pruned.stderr
+    assert pruned.stdout.splitlines() == [f"pruned 1 run from {home / 'runs.db'}", "pruned 1 run from Redis"]
+    listed = {r["run_id"] for r in json.loads(chordflow("runs", "--json", env=env).stdout)}
+    assert listed == {new, "stuck", "c-going", "c-new"}
+    assert keys_of(client, "c-old") == []
+    again = chordflow("runs", "--prune", "--older-than", "12h", env=env)
+    assert again.stdout.splitlines() == [f"pruned 0 runs from {home / 'runs.db'}", "pruned 0 runs from Redis"]
+
+    unreachable = {**env, "CHORDFLOW_RESULT_BACKEND": f"redis://127.0.0.1:{free_port()}/0"}
+    unreachable["CHORDFLOW_BROKER_URL"] = unreachable["CHORDFLOW_RESULT_BACKEND"]
+    alone = chordflow("runs", "--prune", "--older-than", "30m", env=unreachable)
+    assert alone.returncode == 0
+    assert alone.stdout == f"pruned 0 runs from {home / 'runs.db'}\n"
+    assert alone.stderr == "Redis: not reachable, nothing pruned there\n"
+
+
+@pytest.mark.parametrize(
+    ("args", "error"),
+    [
+        (["--older-than", "7w"], "--older-than '7w': expected a number and a unit, like 7d, 12h, 30m or 90s"),
+        (["--older-than", "d"], "--older-than 'd': expected a number and a unit, like 7d, 12h, 30m or 90s"),
+        ([], "--prune needs --older-than D (an age, like 7d, 12h, 30m or 90s)"),
+    ],
+)
+def test_a_bad_prune_age_is_one_usage_line(args: list[str], error: str) -> None:
+    done = chordflow("runs", "--prune", *args)
+    assert (done.returncode, done.stderr, done.stdout) == (2, f"error: {error}\n", "")

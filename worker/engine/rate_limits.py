@@ -1,0 +1,211 @@
+"""Rate limits and backpressure: how one call of a node is admitted, and what happens when a service says
+"too many requests".
+
+A node's `rate_limit` (ir/models.py RateLimitSpec) names a bucket; every call of every node naming the same
+key draws from it. The bucket is a GCRA (generic cell rate algorithm): it keeps one time, the theoretical
+arrival time (TAT) of the next call; a call is admitted when TAT - now <= the burst's tolerance, and moves TAT
+one emission interval (1/rate) on. `tokens_per_minute` is a second GCRA of the same bucket, charged after
+the call with the tokens it reports (a node's `tokens_used(exec_res)`), so calls are admitted while the
+account owes less than a minute of tokens. Two declarations of one key share the lowest rate while both are
+in use (a declaration lasts DECLARED_SECONDS after its last call).
+
+Where the bucket lives is a Limiter: `LocalLimiter` here, in this process (local runs); on a cluster, one
+in Redis that every worker shares (worker/cluster/rate_limits.py), installed with `use()` when a worker
+process starts or by the run context of a client-driven cluster run.
+
+Backpressure: a node's exec raises `Throttled` (HTTP 429, 503 with Retry-After). `call` then waits what the
+service asked (else an exponential backoff with jitter), tells the bucket to hold back that long — so every
+caller slows down, not only this one — and calls again without counting an attempt against `max_retries`.
+Past the call's bounded wait (`Throttled.max_wait`, default DEFAULT_MAX_WAIT) the item fails with
+ThrottledTooLong: a throttled call never counts as a success.
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+from collections.abc import Callable
+from typing import Any, Protocol
+
+from pocketflow import BaseNode, Node
+
+from ir.errors import Throttled, ThrottledTooLong
+from ir.models import RateLimitSpec
+from worker.engine import context
+
+#: Seconds a throttled call may wait in all (across its 429s) before its item fails.
+DEFAULT_MAX_WAIT = 300.0
+#: Backoff without Retry-After: BACKOFF_BASE * 2**n seconds (full jitter), at most BACKOFF_CAP.
+BACKOFF_BASE = 0.5
+BACKOFF_CAP = 30.0
+#: A key's declared rate counts for the lowest-rate rule this long after its last call.
+DECLARED_SECONDS = 60.0
+#: The tokens a bucket may owe before it admits no more calls: one minute's worth.
+TOKEN_WINDOW = 60.0
+#: Calls are paced at this share of the declared rate. Arrivals jitter (threads, processes, the network): a
+#: service counting exactly at its limit answers 429 to the calls that bunch up, and each 429 holds the whole
+#: bucket back for its Retry-After. A little headroom costs 5% of the rate and keeps 429s rare.
+HEADROOM = 0.95
+
+
+def interval_of(limit: RateLimitSpec) -> float:
+    """Seconds between two calls of the bucket (0.0: the limit counts tokens only)."""
+    return 1.0 / (limit.per_second * HEADROOM) if limit.per_second else 0.0
+
+
+class Limiter(Protocol):
+    """Where buckets live. `admit` returns 0.0 when the call may go now, else the seconds to wait before
+    asking again; `hold` makes every caller of the bucket wait `seconds`; `charge` bills tokens a call used."""
+
+    def admit(self, limit: RateLimitSpec) -> float: ...
+
+    def hold(self, limit: RateLimitSpec, seconds: float) -> None: ...
+
+    def charge(self, limit: RateLimitSpec, tokens: int) -> None: ...
+
+
+class LocalLimiter:
+    """Buckets in this process (thread-safe): what local runs share."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic):
+        self.clock = clock
+        self.lock = threading.Lock()
+        self.buckets: dict[str, dict[str, float]] = {}
+
+    def _bucket(self, limit: RateLimitSpec, now: float) -> dict[str, float]:
+        bucket = self.buckets.setdefault(limit.key, {"tat": now, "tok": now, "iv": 0.0, "iv_at": 0.0})
+        interval = interval_of(limit)
+        if interval >= bucket["iv"] or now - bucket["iv_at"] > DECLARED_SECONDS:
+            bucket["iv"], bucket["iv_at"] = interval, now
+        return bucket
+
+    def admit(self, limit: RateLimitSpec) -> float:
+        with self.lock:
+            now = self.clock()
+            bucket = self._bucket(limit, now)
+            if limit.tokens_per_minute and bucket["tok"] - now > TOKEN_WINDOW:
+                return bucket["tok"] - now - TOKEN_WINDOW
+            interval = bucket["iv"]
+            if not interval:
+                return 0.0
+            tat = max(bucket["tat"], now)
+            wait = tat - now - interval * (limit.burst - 1)
+            if wait > 1e-9:  # float sums of intervals: a nanosecond is no wait
+                return wait
+            bucket["tat"] = tat + interval
+            return 0.0
+
+    def hold(self, limit: RateLimitSpec, seconds: float) -> None:
+        with self.lock:
+            now = self.clock()
+            bucket = self._bucket(limit, now)
+            interval = bucket["iv"]
+            bucket["tat"] = max(bucket["tat"], now + seconds + interval * (limit.burst - 1))
+            if limit.tokens_per_minute:
+                bucket["tok"] = max(bucket["tok"], now + seconds + TOKEN_WINDOW)
+
+    def charge(self, limit: RateLimitSpec, tokens: int) -> None:
+        if not limit.tokens_per_minute or tokens <= 0:
+            return
+        with self.lock:
+            now = self.clock()
+            bucket = self._bucket(limit, now)
+            bucket["tok"] = max(bucket["tok"], now) + tokens * 60.0 / limit.tokens_per_minute
+
+
+_default: Limiter = LocalLimiter()
+
+
+def use(limiter: Limiter) -> None:
+    """Make `limiter` this process's (a cluster worker installs the Redis one when it starts)."""
+    global _default
+    _default = limiter
+
+
+def current() -> Limiter:
+    """The run context's limiter, else this process's."""
+    return context.current().limiter or _default
+
+
+_turnstiles: dict[tuple[int, str], threading.Lock] = {}
+_turnstiles_lock = threading.Lock()
+
+
+def _turnstile(limiter: Limiter, key: str) -> threading.Lock:
+    with _turnstiles_lock:
+        return _turnstiles.setdefault((id(limiter), key), threading.Lock())
+
+
+def admit(limit: RateLimitSpec, limiter: Limiter) -> None:
+    """Wait until the bucket admits one call.
+
+    The threads of a process that wait on one bucket queue at a turnstile, so only the first asks the bucket:
+    64 item threads polling Redis together would cost 64 round trips per admitted call (and the CPU to make
+    them), where one does."""
+    with _turnstile(limiter, limit.key):
+        while (wait := limiter.admit(limit)) > 0:
+            time.sleep(min(wait, 1.0))  # asked again at least every second: a hold may move, a rate may rise
+
+
+def backoff(attempt: int) -> float:
+    """Full-jitter exponential backoff: a random wait in [0, min(cap, base * 2**attempt)]."""
+    return random.uniform(0, min(BACKOFF_CAP, BACKOFF_BASE * 2**attempt))
+
+
+def _plain(node: BaseNode) -> bool:
+    """Whether `node` runs PocketFlow's own prep -> _exec (retries) -> post, so `call` may run those steps
+    itself; a node class that overrides `_run` or `_exec` is run as it is, admitted once."""
+    cls = type(node)
+    return cls._run is BaseNode._run and cls._exec in (BaseNode._exec, Node._exec)
+
+
+def call(node: BaseNode, shared: Any, limit: RateLimitSpec | None) -> Any:
+    """Run `node` on `shared` (its `_run`), admitting each attempt through its bucket and waiting out Throttled."""
+    limiter = current() if limit is not None else None
+    if not _plain(node):
+        if limiter is not None:
+            admit(limit, limiter)  # type: ignore[arg-type]
+        return node._run(shared)
+    prep_res = node.prep(shared)
+    exec_res = _attempts(node, prep_res, limit, limiter)
+    return node.post(shared, prep_res, exec_res)
+
+
+def _attempts(node: BaseNode, prep_res: Any, limit: RateLimitSpec | None, limiter: Limiter | None) -> Any:
+    """PocketFlow's retry loop (`max_retries` attempts, `wait` between, `exec_fallback` after the last), with
+    an admission before each attempt and throttled attempts waited out rather than counted."""
+    retries, pause = getattr(node, "max_retries", 1), getattr(node, "wait", 0)
+    attempt, throttles, waited = 0, 0, 0.0
+    while True:
+        node.cur_retry = attempt
+        if limiter is not None:
+            admit(limit, limiter)  # type: ignore[arg-type]
+        try:
+            exec_res = node.exec(prep_res)
+        except Throttled as exc:
+            delay = exc.retry_after if exc.retry_after is not None else backoff(throttles)
+            most = exc.max_wait if exc.max_wait is not None else DEFAULT_MAX_WAIT
+            if waited + delay > most:
+                raise ThrottledTooLong(
+                    f"{exc} (throttled for {waited:.1f}s in all, giving up after {most:g}s)"
+                ) from exc
+            throttles, waited = throttles + 1, waited + delay
+            if limiter is not None:
+                limiter.hold(limit, delay)  # type: ignore[arg-type]
+            time.sleep(delay)
+            continue
+        except Exception as exc:
+            if attempt >= retries - 1:
+                if isinstance(node, Node):
+                    return node.exec_fallback(prep_res, exc)
+                raise
+            if pause > 0:
+                time.sleep(pause)
+            attempt += 1
+            continue
+        if limiter is not None and limit.tokens_per_minute:  # type: ignore[union-attr]
+            used = getattr(node, "tokens_used", None)
+            if used is not None:
+                limiter.charge(limit, int(used(exec_res) or 0))  # type: ignore[arg-type]
+        return exec_res
