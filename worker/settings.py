@@ -44,7 +44,9 @@ class Settings(BaseSettings):
         "CHORDFLOW_RESULT_BACKEND", "", "where run state and results live (Redis); unset: the broker",
         validate_default=True,
     )  # fmt: skip
-    visibility_timeout: int = _var("CHORDFLOW_VISIBILITY_TIMEOUT", 3600, "seconds; must exceed the longest chunk")
+    visibility_timeout: int = _var(
+        "CHORDFLOW_VISIBILITY_TIMEOUT", 3600, "seconds before a dead worker's delivery comes back, at most 30"
+    )
     snapshot_inline_bytes: int = _var(
         "CHORDFLOW_SNAPSHOT_INLINE_BYTES", 16 * 1024, "snapshots up to this size travel inside each chunk message"
     )

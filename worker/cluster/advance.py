@@ -16,6 +16,8 @@ import threading
 import uuid
 from typing import Any
 
+from celery.exceptions import Ignore
+
 from ir import snapshot
 from ir.branches import Section
 from ir.errors import Fenced, RunCancelled
@@ -143,7 +145,7 @@ def advance(self: Any, run_id: str, step: int) -> str:
         return "dispatched"
     except Fenced as exc:  # paused past the lease: the advance that took over owns the run now
         log.warning("%s", exc)
-        return "fenced"
+        raise Ignore() from None  # no result, no done mark: the delivery that took over is this task id's
     except RunCancelled:
         runs.set_status(run_id, "cancelled", "run cancelled", ctx.last_node)
         _ended(runs, run_id, "running", "cancelled", ctx.last_node)
@@ -265,7 +267,7 @@ def advance_branch(self: Any, run_id: str, key: str, branch: str, step: int) -> 
             return "dispatched"
         except Fenced as exc:
             log.warning("%s", exc)
-            return "fenced"
+            raise Ignore() from None
         except RunCancelled:
             state.status = "cancelled"
         except Exception as exc:
@@ -280,7 +282,7 @@ def advance_branch(self: Any, run_id: str, key: str, branch: str, step: int) -> 
             save(state)
         except Fenced as exc:
             log.warning("%s", exc)
-            return "fenced"
+            raise Ignore() from None
         rstate.publish_branch_event({"type": "branch_complete", "branch": branch, "ok": state.status == "done"})
         _join(runs, run_id, key, branch, len(section.branches))
         return state.status

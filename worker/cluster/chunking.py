@@ -24,9 +24,7 @@ _cache: dict[str, tuple[float, int]] = {}  # state Redis URL -> (read at, proces
 _lock = threading.Lock()
 
 
-def chunk_size(
-    count: int, requested: int | None, processes: int, per_process: int, cap: int, threads: int = 1
-) -> int:
+def chunk_size(count: int, requested: int | None, processes: int, per_process: int, cap: int, threads: int = 1) -> int:
     """`requested`, else the auto rule; a parallel batch's chunk holds at least as many items as the threads
     it runs on (`threads`), so a worker's chunk can keep all of them busy."""
     if requested:
