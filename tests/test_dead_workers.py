@@ -18,7 +18,7 @@ import contextlib
 import signal
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +31,7 @@ from scheduler.localcluster import Cluster, ManagedProcess
 from scheduler.lookup import find_run
 from tests.support import counting_nodes  # noqa: F401  (the test node type, in this process too)
 from tests.support.cluster import PLUGINS
+from tests.test_long_chunks import until
 from worker.cluster import chunk_lease
 from worker.cluster.datasets import ClusterDataset
 from worker.cluster.state.runs import ClusterRuns
@@ -63,15 +64,6 @@ def default_cluster(workdir: Path, workers: dict[str, dict[str, Any]] | None = N
 def cluster(tmp_path: Path) -> Iterator[Cluster]:
     with default_cluster(tmp_path) as made:
         yield made
-
-
-def until(condition: Callable[[], Any], timeout: float, what: str) -> Any:
-    """Poll `condition` (Redis) until it is truthy; fail naming `what` after `timeout` seconds."""
-    deadline = time.monotonic() + timeout
-    while not (value := condition()):
-        assert time.monotonic() < deadline, f"timed out after {timeout}s waiting for {what}"
-        time.sleep(0.05)
-    return value
 
 
 class Counts:

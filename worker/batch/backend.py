@@ -17,7 +17,7 @@ from pocketflow import BaseNode
 from ir.errors import RunCancelled
 from ir.models import BatchSpec, NodeSpec
 from worker.batch.aggregate import BatchResult, ChunkResult, merge
-from worker.batch.executor import ItemExecutor, run_in_process
+from worker.batch.executor import ItemExecutor, run_slice
 from worker.batch.middleware import item_middleware, tolerance_of
 
 
@@ -93,7 +93,7 @@ class LocalBackend:
         )  # fmt: skip
         chunks = list(job.done)
         for start, end in job.missing():
-            chunks.extend(run_in_process(executor, job.items[start:end], start, hooks))
+            chunks.append(run_slice(executor, job.items[start:end], start, hooks))
             if self.cancelled.is_set():
                 break
         if self.cancelled.is_set():

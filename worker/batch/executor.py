@@ -176,13 +176,6 @@ def run_slice(
     return run_parallel(executor, items, start, middleware, threads)
 
 
-def run_in_process(
-    executor: ItemExecutor, items: Sequence[Any], start: int, middleware: Sequence[ItemMiddleware]
-) -> list[ChunkResult]:
-    """A local batch's slice (worker/batch/backend.py): `run_slice`, as the one chunk it makes."""
-    return [run_slice(executor, items, start, middleware)]
-
-
 def run_parallel(
     executor: ItemExecutor, items: Sequence[Any], start: int, middleware: Sequence[ItemMiddleware], threads: int
 ) -> ChunkResult:
