@@ -221,9 +221,9 @@ def test_end_to_end_connection_refused_raises_after_retries(refused_url: str) ->
 
 
 class KeepAlive(BaseHTTPRequestHandler):
-    """HTTP/1.1, so connections stay open between requests. /n/<i> answers {"n": i}. /limit/<key> answers
-    `status` (429 unless given) to the first `times` requests of <key> (-1: every one), with Retry-After
-    `retry_after` when given, then 200 {"key", "served"}."""
+    """HTTP/1.1, so connections stay open between requests. /n/<i> answers {"n": i} (after `sleep` s).
+    /limit/<key> answers `status` (429 unless given) to the first `times` requests of <key> (-1: every one),
+    with Retry-After `retry_after` when given, then 200 {"key", "served"}."""
 
     protocol_version = "HTTP/1.1"
     served: dict[str, int] = {}
@@ -247,6 +247,7 @@ class KeepAlive(BaseHTTPRequestHandler):
         query = dict(urllib.parse.parse_qsl(url.query))
         _, kind, key = url.path.split("/", 2)
         if kind == "n":
+            time.sleep(float(query.get("sleep", "0")))
             self.reply(200, {"n": int(key)})
             return
         with self.lock:
@@ -282,6 +283,25 @@ def test_a_parallel_batch_reuses_pooled_connections(keepalive: http_server.Loopb
     assert out["success_count"] == 50
     assert [r["json"]["n"] for r in out["results"]] == list(range(50))
     assert 1 <= keepalive.accepted <= 8  # 50 requests on at most one connection per thread
+
+
+def test_calls_past_the_connection_cap_wait_for_a_pooled_connection(
+    keepalive: http_server.LoopbackServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """16 threads of 50 ms calls share CHORDFLOW_HTTP_CONNECTIONS=2 connections, and every call succeeds."""
+    from worker.nodes import http
+
+    monkeypatch.setenv("CHORDFLOW_HTTP_CONNECTIONS", "2")
+    http._forget_client()  # this process's client is made again, with the cap
+    try:
+        batch = {"items": "${urls}", "parallel": True, "max_concurrent": 16, "error_handling": "continue"}
+        urls = [f"{keepalive.url}/n/{i}?sleep=0.05" for i in range(48)]
+        out = scheduler.run(one_get(batch=batch), {"urls": urls}, backend="local").shared["get"]
+    finally:
+        http._forget_client()  # the next test's client has the default cap again
+    assert out["success_count"] == 48
+    assert [r["json"]["n"] for r in out["results"]] == list(range(48))
+    assert keepalive.accepted == 2
 
 
 def test_429_with_retry_after_is_waited_out_without_using_an_attempt(keepalive: http_server.LoopbackServer) -> None:

@@ -78,6 +78,9 @@ class Settings(BaseSettings):
         "CHORDFLOW_MAX_STEPS", None, "node executions in a run without its own max_steps; unset: 10,000"
     )
     log_format: Literal["text", "json"] = _var("CHORDFLOW_LOG_FORMAT", "text", "a worker's log lines: text or json")
+    http_connections: int = _var(
+        "CHORDFLOW_HTTP_CONNECTIONS", 8, "connections the http node keeps open per process; more calls wait for one"
+    )
     llm_model: str | None = _var("CHORDFLOW_LLM_MODEL", None, "the `llm` node's model; 'fake' answers offline")
     repair_generator: str | None = _var("CHORDFLOW_REPAIR_GENERATOR", None, "the repair generator; unset: auto")
     repair_model: str | None = _var("CHORDFLOW_REPAIR_MODEL", None, "the llm repair generator's model; unset: LLM")
@@ -92,7 +95,8 @@ class Settings(BaseSettings):
 
     @field_validator(
         "visibility_timeout", "snapshot_inline_bytes", "chunks_per_process", "max_chunk_size", "run_ttl",
-        "worker_heartbeat", "snapshot_cache_bytes", "pool_timeout", "max_steps", mode="before",
+        "worker_heartbeat", "snapshot_cache_bytes", "pool_timeout", "max_steps", "http_connections",
+        mode="before",
     )  # fmt: skip
     @classmethod
     def _integer(cls, value: Any, info: ValidationInfo) -> Any:
@@ -106,7 +110,7 @@ class Settings(BaseSettings):
             name = cls.variable(str(info.field_name))
             raise ValueError(f"environment variable {name} must be an integer, got {value!r}") from None
 
-    @field_validator("worker_heartbeat", "pool_timeout")
+    @field_validator("worker_heartbeat", "pool_timeout", "http_connections")
     @classmethod
     def _at_least_one(cls, value: float) -> float:
         return max(1, value)
@@ -141,8 +145,8 @@ class Settings(BaseSettings):
 Settings.__dataclass_fields__ = dataclasses.make_dataclass("Settings", list(Settings.model_fields)).__dataclass_fields__
 
 #: Fields whose bad value fails only the code that reads them (`get`); `load()` leaves them at their default.
-CHECKED_ON_USE = frozenset({"plugins", "home", "max_steps", "log_format", "llm_model", "repair_generator",
-                            "repair_model", "dashboard_basic_auth"})  # fmt: skip
+CHECKED_ON_USE = frozenset({"plugins", "home", "max_steps", "log_format", "http_connections", "llm_model",
+                            "repair_generator", "repair_model", "dashboard_basic_auth"})  # fmt: skip
 #: CHORDFLOW_* variables read by chordflow's own tests and Makefile, not by chordflow: known, so no warning.
 TEST_VARIABLES = frozenset({"CHORDFLOW_FUZZ_EXAMPLES"})
 VARIABLES = tuple(Settings.variable(name) for name in Settings.model_fields)

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 from pocketflow import Node
 
 from ir.errors import Throttled
-from worker import redact
+from worker import redact, settings
 from worker.engine.rate_limits import DEFAULT_MAX_WAIT
 from worker.nodes.params import param
 from worker.nodes.registry import register
@@ -36,8 +36,6 @@ JSON_TYPE_RE = re.compile(r"^application/(.+\+)?json$")
 METHOD_RE = re.compile(r"^[A-Z]+$")
 URL_WHAT, METHOD_WHAT = "an http:// or https:// URL", "an HTTP method like GET or POST"
 TIMEOUT_WHAT = "a positive number of seconds"
-#: Sized for a worker's concurrency: every thread of a parallel batch keeps its connection alive.
-MAX_CONNECTIONS = 100
 #: Seconds an idle pooled connection is kept before it is closed.
 KEEPALIVE_SECONDS = 30.0
 
@@ -67,9 +65,12 @@ def client() -> httpx.Client:
             if _client is None or _client_pid != pid:
                 import httpx
 
+                # A few kept-alive connections serve many threads: a rate-limited API needs rate x latency
+                # requests in flight, not one per thread; a call past the cap waits for a free connection.
+                connections = settings.get("http_connections")
                 limits = httpx.Limits(
-                    max_connections=MAX_CONNECTIONS,
-                    max_keepalive_connections=MAX_CONNECTIONS,
+                    max_connections=connections,
+                    max_keepalive_connections=connections,
                     keepalive_expiry=KEEPALIVE_SECONDS,
                 )
                 _client, _client_pid = httpx.Client(limits=limits, follow_redirects=True), pid
@@ -193,9 +194,9 @@ def send(call: Call) -> httpx.Response:
 
     where = f"http: {call.method} {redact.mask_url(call.url)}"  # never the token in a query
     try:
-        return client().request(
-            call.method, call.url, headers=call.headers, content=call.content, timeout=httpx.Timeout(call.timeout)
-        )
+        # Waiting for a pooled connection is not the call timing out: only the request's own time counts.
+        timeout = httpx.Timeout(call.timeout, pool=None)
+        return client().request(call.method, call.url, headers=call.headers, content=call.content, timeout=timeout)
     except httpx.TimeoutException as exc:
         raise TimeoutError(f"{where} timed out after {call.timeout:g}s") from exc
     except (httpx.InvalidURL, httpx.UnsupportedProtocol, httpx.LocalProtocolError) as exc:
