@@ -140,3 +140,8 @@ class ThrottledTooLong(ChordflowError, RuntimeError):
 class Fenced(ChordflowError, RuntimeError):
     """This process's claim on a run (or a branch) was taken over while it ran — it was paused past its lease,
     and another worker went on from the checkpoint: it stops at its next write and does nothing more."""
+
+
+class Outage(ChordflowError, RuntimeError):
+    """chordflow's own state (Redis, the broker) stayed out of reach past the outage budget: not the node's
+    failure. Items and error routes let it through, and the task gives its work back to be delivered again."""

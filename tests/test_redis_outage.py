@@ -1,7 +1,7 @@
 """Redis outages, with a real redis-server stopped and started again under real workers.
 
 With persistence (AOF) a restart is an outage to ride out: workers reconnect (forever, with backoff),
-every Redis command retries for up to a minute (worker.cluster.state.runstate.outage_retry), and the run ends as if
+every Redis command retries for up to a minute (worker/cluster/outage.py), and the run ends as if
 nothing happened, each item's outcome once. Without persistence the run's state is gone: whoever follows
 the run says so in one line, within a minute, instead of waiting forever.
 """

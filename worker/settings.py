@@ -59,6 +59,9 @@ class Settings(BaseSettings):
     worker_heartbeat: int = _var(
         "CHORDFLOW_WORKER_HEARTBEAT", 10, "seconds between a worker's registry refreshes (its entry lives 3 beats)"
     )
+    outage_seconds: int = _var(
+        "CHORDFLOW_OUTAGE_SECONDS", 60, "seconds a Redis command retries a lost connection; then the task is given back"
+    )
     snapshot_cache_bytes: int = _var(
         "CHORDFLOW_SNAPSHOT_CACHE_BYTES", 256 * 2**20, "a worker process keeps decoded snapshots up to this size"
     )
@@ -95,7 +98,7 @@ class Settings(BaseSettings):
 
     @field_validator(
         "visibility_timeout", "snapshot_inline_bytes", "chunks_per_process", "max_chunk_size", "run_ttl",
-        "worker_heartbeat", "snapshot_cache_bytes", "pool_timeout", "max_steps", "http_connections",
+        "worker_heartbeat", "snapshot_cache_bytes", "pool_timeout", "max_steps", "http_connections", "outage_seconds",
         mode="before",
     )  # fmt: skip
     @classmethod
@@ -110,7 +113,7 @@ class Settings(BaseSettings):
             name = cls.variable(str(info.field_name))
             raise ValueError(f"environment variable {name} must be an integer, got {value!r}") from None
 
-    @field_validator("worker_heartbeat", "pool_timeout", "http_connections")
+    @field_validator("worker_heartbeat", "pool_timeout", "http_connections", "outage_seconds")
     @classmethod
     def _at_least_one(cls, value: float) -> float:
         return max(1, value)

@@ -8,8 +8,10 @@ from __future__ import annotations
 import time
 from typing import Any
 
+import redis
 from pocketflow import Node
 
+from ir.errors import Outage
 from worker.cluster.state.runstate import client
 from worker.nodes import register
 
@@ -29,19 +31,26 @@ def worker_name() -> str:
 class CountNode(Node):
     """Item `label` under params `key`: `RPUSH <key>:runs "<worker> <label>"` as it starts; then, while the key
     `<key>:hold:<worker>:<label>` exists, waits (a test holds one worker at one item); then `seconds` of work; then
-    the side effect, counted: `HINCRBY <key>:effects <label> 1`. Writes `label`."""
+    the side effect, counted: `HINCRBY <key>:effects <label> 1`. Writes `label`. Its Redis is the cluster's own, so
+    losing it past the outage budget is an Outage (the chunk is given back), as for chordflow's own calls."""
 
     def prep(self, shared: Any) -> dict[str, Any]:
         return dict(self.params)
 
     def exec(self, params: dict[str, Any]) -> str:
-        redis, key, label, worker = client(), params["key"], str(params["label"]), worker_name()
-        redis.rpush(f"{key}:runs", f"{worker} {label}")
+        try:
+            return self.count(params)
+        except (redis.ConnectionError, redis.TimeoutError) as exc:  # the cluster's own Redis: not this item's error
+            raise Outage(f"test-count: Redis out of reach: {exc}") from exc
+
+    def count(self, params: dict[str, Any]) -> str:
+        state, key, label, worker = client(), params["key"], str(params["label"]), worker_name()
+        state.rpush(f"{key}:runs", f"{worker} {label}")
         deadline = time.monotonic() + HOLD_LIMIT
-        while redis.exists(f"{key}:hold:{worker}:{label}") and time.monotonic() < deadline:
+        while state.exists(f"{key}:hold:{worker}:{label}") and time.monotonic() < deadline:
             time.sleep(0.05)
         time.sleep(float(params.get("seconds", 0)))
-        redis.hincrby(f"{key}:effects", label, 1)
+        state.hincrby(f"{key}:effects", label, 1)
         return label
 
     def post(self, shared: Any, prep_res: Any, exec_res: str) -> str:

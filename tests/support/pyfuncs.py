@@ -33,3 +33,10 @@ class Greeter:
     @staticmethod
     def greet(name: str, punctuation: str = "!") -> str:
         return f"hello {name}{punctuation}"
+
+
+def lose_redis(**_: Any) -> None:
+    """What a node sees when chordflow's own Redis stays out of reach past the outage budget."""
+    from ir.errors import Outage
+
+    raise Outage("Redis out of reach")

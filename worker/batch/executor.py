@@ -20,6 +20,7 @@ from typing import Any
 
 from pocketflow import BaseNode
 
+from ir.errors import Outage
 from ir.models import BatchSpec, NodeSpec
 from worker import redact
 from worker.batch.aggregate import ChunkResult
@@ -95,6 +96,8 @@ class ItemExecutor:
             try:
                 action = self.chain._run(item_shared)
                 break
+            except Outage:
+                raise  # chordflow's state out of reach is not this item's failure: the chunk is given back
             except Exception as exc:
                 if attempt + 1 >= self.attempts:
                     outcome = ItemOutcome.raised(index, item, exc, redact.node_secrets(self.chain, item_shared))

@@ -25,7 +25,7 @@ from worker import redact
 from worker.batch.aggregate import BatchResult, merge
 from worker.batch.backend import BatchJob
 from worker.batch.remote import rebuild, stored_batch_result
-from worker.cluster import logs, signing
+from worker.cluster import logs, outage, signing
 from worker.cluster.app import current_app, task
 from worker.cluster.dispatch import dispatch_batch
 from worker.cluster.state.keys import run_key
@@ -150,6 +150,8 @@ def advance(self: Any, run_id: str, step: int) -> str:
         runs.set_status(run_id, "cancelled", "run cancelled", ctx.last_node)
         _ended(runs, run_id, "running", "cancelled", ctx.last_node)
         return "cancelled"
+    except outage.ERRORS:
+        raise  # Redis out of reach is not the run's failure: the task gives its message back (outage.py)
     except Exception as exc:
         runs.set_exception(run_id, exc)  # first: `wait` re-raises it as soon as it sees the status
         error = redact.mask(f"{type(exc).__name__}: {exc}")
@@ -270,6 +272,8 @@ def advance_branch(self: Any, run_id: str, key: str, branch: str, step: int) -> 
             raise Ignore() from None
         except RunCancelled:
             state.status = "cancelled"
+        except outage.ERRORS:
+            raise  # not the branch's failure: given back (outage.py)
         except Exception as exc:
             kind = type(exc)
             state.status, state.kind = "failed", [kind.__module__, kind.__name__, redact.mask(str(exc))]

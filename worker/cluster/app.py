@@ -31,7 +31,7 @@ from celery.backends.redis import RedisBackend
 from celery.local import Proxy
 
 from worker import settings
-from worker.cluster import chunk_lease, logs, signing
+from worker.cluster import chunk_lease, logs, outage, signing
 from worker.cluster.rate_limits import RedisLimiter
 from worker.cluster.state import heartbeat, runstate
 from worker.engine import rate_limits
@@ -68,7 +68,7 @@ def config(s: settings.Settings) -> dict:
             "socket_timeout": 15,
             "socket_connect_timeout": 5,
         },
-        "result_backend_transport_options": {"retry_policy": {"timeout": float(runstate.OUTAGE_SECONDS)}},
+        "result_backend_transport_options": {"retry_policy": {"timeout": float(s.outage_seconds)}},
         "result_chord_ordered": True,
         "result_expires": s.run_ttl,
         "result_chord_expires": s.run_ttl,
@@ -107,7 +107,7 @@ class RunResultBackend(RedisBackend):
         super().__init__(*args, **kwargs)
         self._quiet = threading.local()
         # Every command (a chord's counter included, which Celery does not retry itself) rides out a restart.
-        self.connparams.update(runstate.outage_retry())
+        self.connparams.update(outage.redis_options())
 
     @contextlib.contextmanager
     def quiet(self) -> Iterator[None]:
@@ -130,11 +130,15 @@ class RunResultBackend(RedisBackend):
         return super().add_pending_result(result, weak=weak, start_drainer=start_drainer)
 
 
+class ChordflowTask(outage.GivesBack, signing.SignedTask):
+    """The base of every task on a chordflow app: signed messages only, run once, given back in an outage."""
+
+
 class ChordflowCelery(Celery):
     """chordflow's Celery app: every message it sends is signed, every task on it runs signed messages only."""
 
     amqp_cls = "worker.cluster.broker_pool:ChordflowAMQP"
-    task_cls = "worker.cluster.signing:SignedTask"
+    task_cls = "worker.cluster.app:ChordflowTask"
 
     def __init__(self, *args: Any, chordflow_settings: settings.Settings | None = None, **kwargs: Any):
         super().__init__(*args, **kwargs)

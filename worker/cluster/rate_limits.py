@@ -12,6 +12,7 @@ from collections import defaultdict
 
 import redis
 
+from ir.errors import Outage
 from ir.models import RateLimitSpec
 from worker.cluster.state.keys import limit_key
 from worker.cluster.state.runstate import script
@@ -36,7 +37,10 @@ class RedisLimiter:
         per_token = round(60 * MICROS / limit.tokens_per_minute) if limit.tokens_per_minute else 0
         args = [op, per_call, limit.burst, per_token, amount, int(DECLARED_SECONDS * MICROS)]
         args += [int(TOKEN_WINDOW * MICROS), BUCKET_TTL]
-        return int(self._script(keys=[limit_key(limit.key)], args=args)) / MICROS
+        try:
+            return int(self._script(keys=[limit_key(limit.key)], args=args)) / MICROS
+        except (redis.ConnectionError, redis.TimeoutError) as exc:  # raised inside the node: not its error
+            raise Outage(f"rate limit '{limit.key}': Redis out of reach: {exc}") from exc
 
     def admit(self, limit: RateLimitSpec) -> float:
         with self._lock:

@@ -12,6 +12,7 @@ from typing import Any
 
 from pocketflow import BaseNode
 
+from ir.errors import Outage
 from ir.models import RateLimitSpec
 from ir.templates import CompiledParams
 from worker import redact
@@ -88,6 +89,8 @@ class InstrumentedNode(_Wrapper):
             ctx.on_node_start(self.node_id)
         try:
             action = self.inner._run(shared)
+        except Outage:
+            raise  # not the node's error: never routed to its `error` successor
         except Exception as raised:
             exc = redact.scrub_exception(raised, redact.node_secrets(self.inner, shared))  # no secret goes on
             if "error" not in self.successors:

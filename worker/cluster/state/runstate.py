@@ -15,10 +15,9 @@ from typing import Any
 
 import msgpack
 import redis
-from redis.backoff import ExponentialBackoff
-from redis.retry import Retry
 
 from worker import settings
+from worker.cluster import outage
 from worker.cluster.state.keys import run_prefix
 
 _LUA = Path(__file__).with_name("lua")
@@ -35,17 +34,6 @@ def script(redis_client: redis.Redis, name: str) -> Any:
 
 
 _clients: dict[str, redis.Redis] = {}
-#: How long a Redis command keeps retrying a lost connection (a restart, a failover) before it fails.
-OUTAGE_SECONDS = 60
-
-
-def outage_retry() -> dict[str, Any]:
-    """Connection options that ride out a Redis outage of up to OUTAGE_SECONDS: each command is retried
-    on connection errors and timeouts, backing off to 1 s between tries (a few tries in the first second)."""
-    return {
-        "retry": Retry(ExponentialBackoff(cap=1.0, base=0.05), retries=OUTAGE_SECONDS + 5),
-        "retry_on_error": [redis.ConnectionError, redis.TimeoutError],
-    }
 
 
 #: Connections one process keeps to the state Redis: item threads of parallel chunks (permits, progress)
@@ -60,7 +48,7 @@ def client(url: str | None = None) -> redis.Redis:
     if url not in _clients:
         pool = redis.BlockingConnectionPool.from_url(
             url, max_connections=POOL_CONNECTIONS, timeout=POOL_WAIT, socket_timeout=10, socket_connect_timeout=5,
-            health_check_interval=30, **outage_retry(),
+            health_check_interval=30, **outage.redis_options(),
         )  # fmt: skip
         _clients[url] = redis.Redis(connection_pool=pool)
     return _clients[url]
