@@ -27,7 +27,10 @@ from bench import harness, raw_tasks, variants
 FOCUS = (
     ("scheduler.run (total)", "scheduler:run"),
     ("CeleryBackend.run_batch", "scheduler.backends.celery:CeleryBackend.run_batch"),
-    ("  chunking.registered_processes (worker registry, cached)", "worker.cluster.chunking:registered_processes"),
+    (
+        "  chunking.registered_processes (worker registry, cached)",
+        "worker.cluster.batches.chunking:registered_processes",
+    ),
     ("  snapshot.encode (snapshot + item slices)", "ir.snapshot:encode"),
     ("  chord(header)(body): publish the chunk messages", "celery.canvas:__call__"),
     ("  CeleryBackend._wait (until the batch is done)", "scheduler.backends.celery:CeleryBackend._wait"),
@@ -221,7 +224,7 @@ def chunk_cost(size: int = 5000, repeats: int = 5) -> tuple[float, float]:
     """
     from bench import raw_tasks
     from ir import snapshot
-    from worker.cluster import tasks
+    from worker.cluster.batches import tasks
     from worker.cluster.state.runstate import RunState
     from worker.engine.loader import load
 

@@ -218,7 +218,7 @@ def inspect_cache() -> Any:
     """chordflow reuses the worker-process count it read from the worker registry for a few seconds;
     a run that refreshes it pays one registry read (SCAN + MGET)."""
     from worker import settings
-    from worker.cluster import chunking
+    from worker.cluster.batches import chunking
 
     return chunking._cache.get(settings.load().result_backend)
 

@@ -19,8 +19,9 @@ from scheduler.inputs_file import read_encoded
 from scheduler.lookup import cluster_runs, find_run
 from worker import events, settings
 from worker.batch.remote import rebuild
-from worker.cluster import chunking, signing
+from worker.cluster import signing
 from worker.cluster.app import current_app
+from worker.cluster.batches import chunking
 from worker.cluster.state.runstate import RunState
 from worker.engine.flow import build_flow
 from worker.engine.loader import load, source_of

@@ -55,7 +55,7 @@ def test_new_settings_get_a_new_app_and_the_old_one_is_left_as_built(monkeypatch
     assert current_app() is other  # built once per settings value
     monkeypatch.undo()
     assert current_app() is before
-    import worker.cluster.tasks  # what a worker imports through `include`
+    import worker.cluster.batches.tasks  # what a worker imports through `include`
 
     for app in (before, other, worker.app.app):
         assert set(app.tasks) >= CHORDFLOW_TASKS

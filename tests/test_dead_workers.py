@@ -2,7 +2,7 @@
 
 Real redis-server, real `celery` workers (no fakes), CHORDFLOW_VISIBILITY_TIMEOUT left at its default (3600 s).
 Every live worker renews every delivery it holds; the transport sweeps deliveries not renewed for the dead-delivery
-bound (30 s) and restores them under a fresh delivery tag (worker/cluster/chunk_lease.py). A worker that was only
+bound (30 s) and restores them under a fresh delivery tag (worker/cluster/broker/deliveries.py). A worker that was only
 paused past the bound is fenced when it wakes up: its chunk reports nothing (Ignore), its dataset chunk's finish is
 refused (its claim was taken by the new delivery, worker/cluster/state/lua/dataset_step.lua).
 
@@ -32,12 +32,12 @@ from scheduler.lookup import find_run
 from tests.support import counting_nodes  # noqa: F401  (the test node type, in this process too)
 from tests.support.cluster import PLUGINS
 from tests.test_long_chunks import until
-from worker.cluster import chunk_lease
+from worker.cluster.broker import deliveries
 from worker.cluster.datasets import ClusterDataset
 from worker.cluster.state.runs import ClusterRuns
 
 #: The dead-delivery bound with default settings.
-BOUND = chunk_lease.DEAD_DELIVERY_SECONDS
+BOUND = deliveries.DEAD_DELIVERY_SECONDS
 #: A dead worker's run must end within this many seconds of its death.
 WITHIN = 90
 FENCED = "was delivered again while this worker held it"

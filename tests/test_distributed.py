@@ -28,8 +28,8 @@ from scheduler import localcluster
 from scheduler.localcluster import ManagedProcess, free_port
 from tests.support import dist_nodes  # the test node types, in this process too
 from tests.support.cluster import start_slow_cli_run
-from worker.cluster import chunking
 from worker.cluster.app import current_app
+from worker.cluster.batches import chunking
 from worker.cluster.state.runstate import RunState, client
 from worker.nodes import register
 

@@ -1,7 +1,7 @@
 """Chunks that run longer than the visibility timeout, with a real redis-server and real workers (no fakes).
 
 kombu's Redis transport delivers an unacknowledged message again once its entry in the `unacked_index`
-sorted set is older than the visibility timeout. A running chunk's lease (worker/cluster/chunk_lease.py) keeps
+sorted set is older than the visibility timeout. A running chunk's lease (worker/cluster/broker/deliveries.py) keeps
 renewing that entry while its worker is alive, so a long chunk runs once; a killed worker stops renewing,
 so its chunk is delivered again after the timeout. Side effects are counted in files: "ran exactly once"
 is a fact on disk, and worker logs say how often each chunk was received.

@@ -10,7 +10,7 @@ import redis
 import scheduler
 from scheduler import durable
 from scheduler.localcluster import Cluster
-from worker.cluster.snapshot_cache import SnapshotCache
+from worker.cluster.batches.snapshot_cache import SnapshotCache
 
 BIG = "x" * 200_000  # far above the 16 KiB inline limit: the snapshot travels by reference
 

@@ -2,7 +2,7 @@
 
 The cluster tests use a cluster of their own (a redis-server and one real `celery -A worker.app worker`)
 and forge `chordflow.run_chunk` messages the way an attacker who can write to the broker would: a plain
-Celery app, msgpack, the job layout of worker/cluster/dispatch.py, and a `shell` node that would `touch` a file.
+Celery app, msgpack, the job layout of worker/cluster/batches/dispatch.py, and a `shell` node that would `touch` a file.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from tests.support.cluster import PLUGINS
 from worker import settings
 from worker.cluster import signing
 from worker.cluster.app import current_app
-from worker.cluster.tasks import chunk_executor
+from worker.cluster.batches.tasks import chunk_executor
 
 RUN_CHUNK = "chordflow.run_chunk"
 TIMEOUT = 60.0
@@ -56,7 +56,7 @@ def worker(cluster: Cluster) -> ManagedProcess:
 
 
 def chunk_job(command: str) -> dict[str, Any]:
-    """The argument of one `chordflow.run_chunk`, laid out as worker/cluster/dispatch.py lays it out: one item."""
+    """The argument of one `chordflow.run_chunk`, as worker/cluster/batches/dispatch.py lays it out: one item."""
     spec = NodeSpec.model_validate(
         {"id": "sh", "type": "shell", "params": {"command": command}, "batch": {"items": "${items}"}}
     )

@@ -20,7 +20,7 @@ from celery import signals
 import scheduler
 from scheduler.localcluster import Cluster
 from tests.support import dist_nodes  # noqa: F401  (the test node types, in this process too)
-from worker.cluster import chunking
+from worker.cluster.batches import chunking
 from worker.cluster.state import heartbeat, keys
 
 PLUGINS = "tests.support.nodes,tests.support.dist_nodes"

@@ -23,8 +23,8 @@ from worker import events, redact, settings
 from worker.batch.aggregate import BatchResult, merge
 from worker.batch.backend import BatchJob
 from worker.batch.remote import stored_batch_result
-from worker.cluster import chunking
-from worker.cluster.dispatch import dispatch_batch
+from worker.cluster.batches import chunking
+from worker.cluster.batches.dispatch import dispatch_batch
 from worker.cluster.rate_limits import RedisLimiter
 from worker.cluster.state.runstate import RunState, client
 from worker.engine.context import RunContext

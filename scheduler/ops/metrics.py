@@ -10,7 +10,7 @@ in-process metrics of a worker (`chordflow worker --metrics-port`).
 - workers: the worker registry (worker/cluster/state/heartbeat.py);
 - the broker (Redis): each queue's lists (kombu keeps one per priority step), the message at the head of
   each (`LINDEX -1`: the next one a worker takes) for the time it was sent (`chordflow_sent_at`, stamped by
-  worker/cluster/broker_pool.py), and kombu's `unacked` hash (messages delivered and not yet acknowledged).
+  worker/cluster/broker/pool.py), and kombu's `unacked` hash (messages delivered and not yet acknowledged).
 
 `ClusterCollector` turns a snapshot into Prometheus metrics at scrape time. `WorkerMetrics` counts and times
 what one worker does (chunks, items, advances, time in the queue) in every process of its pool, with
@@ -37,7 +37,7 @@ from urllib.parse import urlsplit
 import redis
 
 from worker import settings
-from worker.cluster.broker_pool import SENT_AT_HEADER
+from worker.cluster.broker.pool import SENT_AT_HEADER
 from worker.cluster.state import heartbeat
 from worker.cluster.state.keys import RUNS, run_key
 from worker.cluster.state.runstate import RunState

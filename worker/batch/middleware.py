@@ -3,7 +3,7 @@
 StopSignals (cancel, fail_fast, failure threshold) and ProgressEvents. A failure threshold
 (`batch.tolerated_failure_percent` / `_count`) stops a batch once its failed items exceed it; StopSignals
 counts them. The verdict itself is taken on the merged outcomes (`worker.engine.batch_node.judge_failures`).
-A worker's chunk wears the Redis-backed equivalents instead (worker/cluster/middleware.py).
+A worker's chunk wears the Redis-backed equivalents instead (worker/cluster/batches/middleware.py).
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ def item_middleware(
     tolerance: Tolerance = NO_THRESHOLD,
 ) -> list[ItemMiddleware]:
     """The hooks around a batch's items in this process, stops first (`total`: the batch's items). A
-    worker's chunk gets its own stack, which talks to Redis (worker/cluster/middleware.py)."""
+    worker's chunk gets its own stack, which talks to Redis (worker/cluster/batches/middleware.py)."""
     hooks: list[ItemMiddleware] = [StopSignals(cancelled or threading.Event(), fail_fast, tolerance, total)]
     if emit is not None:
         hooks.append(ProgressEvents(emit, node_id, total, done_before))

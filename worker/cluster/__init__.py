@@ -1,6 +1,6 @@
-"""The cluster: the ONLY package that imports celery, kombu or redis. The Celery app and its tasks
-(chunks, the chord body, advances, dataset chunks), signing, the broker pool, dispatch, leases,
-the snapshot cache, worker-side middleware and logs; `state/` holds everything kept in Redis.
+"""The cluster: the ONLY package that imports celery, kombu or redis. The Celery app (app.py), advances
+(advance.py), dataset chunks (datasets.py), signing, rate limits, outages and logs; `batches/` runs a batch as
+chunks and a chord, `broker/` holds what crosses the broker, `state/` everything kept in Redis.
 
 May import everything in `worker` and `ir`; nothing in `worker` outside this package imports it,
 except `worker/app.py`, the address `celery -A worker.app` names."""

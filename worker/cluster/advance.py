@@ -27,7 +27,7 @@ from worker.batch.backend import BatchJob
 from worker.batch.remote import rebuild, stored_batch_result
 from worker.cluster import logs, outage, signing
 from worker.cluster.app import current_app, task
-from worker.cluster.dispatch import dispatch_batch
+from worker.cluster.batches.dispatch import dispatch_batch
 from worker.cluster.state.keys import run_key
 from worker.cluster.state.runs import ClusterRuns
 from worker.cluster.state.runstate import RunState

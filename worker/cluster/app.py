@@ -2,7 +2,7 @@
 
 Configured from the environment (worker.settings). Reliability choices: late acks and
 reject-on-worker-lost so a killed worker's chunk is delivered again; a short visibility timeout (a dead
-worker's deliveries come back within it) that live workers' renewals keep off their own (chunk_lease.py);
+worker's deliveries come back within it) that live workers' renewals keep off their own (broker/deliveries.py);
 prefetch 1 (chunks are long); msgpack/json only, never pickle; ordered chords; task events on for Flower.
 
 One app per settings value (`create_app`, `current_app`): the module's `app` is built from the
@@ -31,7 +31,8 @@ from celery.backends.redis import RedisBackend
 from celery.local import Proxy
 
 from worker import settings
-from worker.cluster import chunk_lease, logs, outage, signing
+from worker.cluster import logs, outage, signing
+from worker.cluster.broker import deliveries
 from worker.cluster.rate_limits import RedisLimiter
 from worker.cluster.state import heartbeat, runstate
 from worker.engine import rate_limits
@@ -41,7 +42,7 @@ log = logging.getLogger(__name__)
 
 
 def config(s: settings.Settings) -> dict:
-    bound = chunk_lease.dead_delivery_seconds(s.visibility_timeout)
+    bound = deliveries.dead_delivery_seconds(s.visibility_timeout)
     return {
         "broker_url": s.broker_url,
         "result_backend": s.result_backend,
@@ -52,18 +53,18 @@ def config(s: settings.Settings) -> dict:
         "task_acks_late": True,
         "task_reject_on_worker_lost": True,
         "worker_prefetch_multiplier": 1,
-        # Deliveries (worker/cluster/chunk_lease.py): each worker renews every message it holds every few seconds,
+        # Deliveries (worker/cluster/broker/deliveries.py): each worker renews every message it holds every few seconds,
         # so the visibility timeout is a short dead-delivery bound, at most 30 s: a dead worker's chunks, advances
         # and dataset chunks come back within it, a live worker's are never delivered twice. Swept messages get a
         # fresh delivery tag (the transport there), so a paused worker that wakes up is fenced.
-        **chunk_lease.broker_options(s.broker_url),
+        **deliveries.broker_options(s.broker_url),
         "broker_transport_options": {
             "visibility_timeout": bound,
             # Sweep for deliveries past the bound every few seconds, scanning each time (kombu's default sweep is
             # ~100 s apart), and never wait long on the mutex of a sweeper that died mid-sweep (kombu's: 300 s).
-            "unacked_restore_interval": chunk_lease.sweep_interval(bound),
+            "unacked_restore_interval": deliveries.sweep_interval(bound),
             "unacked_restore_throttle": 1,
-            "unacked_mutex_expire": chunk_lease.SWEEP_MUTEX_SECONDS,
+            "unacked_mutex_expire": deliveries.SWEEP_MUTEX_SECONDS,
             # A broker that vanishes without closing the socket must not hang a publish forever.
             "socket_timeout": 15,
             "socket_connect_timeout": 5,
@@ -81,7 +82,7 @@ def config(s: settings.Settings) -> dict:
         "worker_enable_soft_shutdown_on_idle": True,
         "worker_hijack_root_logger": False,
         # A send waits this long at most for a free producer of the pool (broker_pool_limit, 10), and again
-        # for its connection (worker/cluster/broker_pool.py), then fails with one clear error instead of hanging.
+        # for its connection (worker/cluster/broker/pool.py), then fails with one clear error instead of hanging.
         "broker_pool_acquire_timeout": s.pool_timeout,
         "broker_connection_retry_on_startup": True,
         # Redis outages: a worker reconnects to the broker forever (with backoff), never exits; a publish
@@ -137,7 +138,7 @@ class ChordflowTask(outage.GivesBack, signing.SignedTask):
 class ChordflowCelery(Celery):
     """chordflow's Celery app: every message it sends is signed, every task on it runs signed messages only."""
 
-    amqp_cls = "worker.cluster.broker_pool:ChordflowAMQP"
+    amqp_cls = "worker.cluster.broker.pool:ChordflowAMQP"
     task_cls = "worker.cluster.app:ChordflowTask"
 
     def __init__(self, *args: Any, chordflow_settings: settings.Settings | None = None, **kwargs: Any):
@@ -165,7 +166,7 @@ def create_app(s: settings.Settings) -> ChordflowCelery:
     """A Celery app configured once from `s`, with every task defined so far (and later) registered on it."""
     new = ChordflowCelery(
         "chordflow",
-        include=["worker.cluster.tasks", "worker.cluster.advance", "worker.cluster.datasets"],
+        include=["worker.cluster.batches.tasks", "worker.cluster.advance", "worker.cluster.datasets"],
         set_as_current=False,
         chordflow_settings=s,
     )
@@ -300,20 +301,21 @@ def _unregister_worker(**_: object) -> None:
         _heartbeats.popitem()[1].stop()
 
 
-_renewers: dict[str, chunk_lease.DeliveryRenewer] = {}
+_renewers: dict[str, deliveries.DeliveryRenewer] = {}
 
 
 @signals.worker_ready.connect
 def _renew_deliveries(sender: Any, **_: object) -> None:
     """While this worker lives, no message it holds (running, prefetched, waiting for its ETA) is delivered again:
-    a thread of the main process, where the consumer holds them, renews them all (worker/cluster/chunk_lease.py)."""
+    a thread of the main process, where the consumer holds them, renews them all
+    (worker/cluster/broker/deliveries.py)."""
     app = sender.app
     if sender.hostname in _renewers or not isinstance(app, ChordflowCelery):
         return
-    if not chunk_lease.has_visibility_timeout(app):
+    if not deliveries.has_visibility_timeout(app):
         return
-    bound = app.conf.broker_transport_options.get("visibility_timeout") or chunk_lease.DEAD_DELIVERY_SECONDS
-    renewer = chunk_lease.DeliveryRenewer(sender, chunk_lease.renew_interval(bound))
+    bound = app.conf.broker_transport_options.get("visibility_timeout") or deliveries.DEAD_DELIVERY_SECONDS
+    renewer = deliveries.DeliveryRenewer(sender, deliveries.renew_interval(bound))
     _renewers[sender.hostname] = renewer
     renewer.start()
 

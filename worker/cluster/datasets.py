@@ -11,7 +11,7 @@ killed after finishing a chunk but before sending the chunks it claimed has its 
 that delivery finds the chunk counted and sends the claimed chunks again (a duplicate of a chunk that is
 already running is run twice and counted once). Each task that begins a chunk takes its claim (`ds:claim`);
 a finish whose claim was taken by a later delivery — a worker paused past the dead-delivery bound wakes up
-after its chunk was delivered again (worker/cluster/chunk_lease.py) — is refused with one WARNING line.
+after its chunk was delivered again (worker/cluster/broker/deliveries.py) — is refused with one WARNING line.
 """
 
 from __future__ import annotations
@@ -28,13 +28,15 @@ from celery.exceptions import Ignore
 from ir import snapshot
 from worker import settings
 from worker.batch.aggregate import ChunkResult
-from worker.cluster import chunk_lease, chunking, logs, signing
+from worker.cluster import logs, signing
 from worker.cluster.app import current_app, task
-from worker.cluster.middleware import chunk_middleware
+from worker.cluster.batches import chunking
+from worker.cluster.batches.middleware import chunk_middleware
+from worker.cluster.batches.tasks import chunk_executor
+from worker.cluster.broker import deliveries
 from worker.cluster.state.keys import run_key
 from worker.cluster.state.runs import ClusterRuns
 from worker.cluster.state.runstate import RunState, client, script
-from worker.cluster.tasks import chunk_executor
 from worker.datasets.job import RECORDS, Dataset, pack_records, run_chunk, unpack_records, verdict
 from worker.runs.record import FINAL
 
@@ -138,9 +140,10 @@ class ClusterDataset:
 
     def stalled(self, seconds: float | None = None) -> bool:
         """No record outcome reached the run's progress stream for more than `seconds` (Redis's clock both; default:
-        the dead-delivery bound, past which a dead worker's chunk is on its way back: worker/cluster/chunk_lease.py)."""
+        the dead-delivery bound, past which a dead worker's chunk is on its way back:
+        worker/cluster/broker/deliveries.py)."""
         if seconds is None:
-            seconds = chunk_lease.dead_delivery_seconds(settings.load().visibility_timeout)
+            seconds = deliveries.dead_delivery_seconds(settings.load().visibility_timeout)
         pipe = self.redis.pipeline(transaction=False)
         pipe.time()
         pipe.xrevrange(run_key(self.run_id, "events"), count=1)
@@ -263,7 +266,7 @@ def dataset_chunk(self: Any, run_id: str, n: int) -> str:
     if not ds.is_pending(n):  # delivered again after it was counted: send what it claimed, if still due
         go_on(run_id, ds.check()[0], [m for m in ds.claimed_by(n) if ds.is_pending(m)])
         return "duplicate"
-    chunk_lease.fence_start(self, "records chunk")  # a stale delivery never takes the claim (chunk_lease.py)
+    deliveries.fence_start(self, "records chunk")  # a stale delivery never takes the claim (broker/deliveries.py)
     claim = ds.mark_started(n)
     runs = ClusterRuns()
     record = runs.get(run_id)

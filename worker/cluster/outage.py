@@ -5,7 +5,7 @@ restart, a failover, a short network cut end unnoticed). Past that budget the ta
 one of ERRORS; `GivesBack`, the base of every chordflow task, turns it into a Celery `Reject(requeue=True)`
 with one WARNING line: nothing is stored for the task (no failure, no chord error), and its message is
 delivered again — requeued by this worker if it can still reach the broker, else swept back by a live
-worker once its delivery lease lapses (worker/cluster/chunk_lease.py). When this worker is back it finds its
+worker once its delivery lease lapses (worker/cluster/broker/deliveries.py). When this worker is back it finds its
 claims taken over and stops at its next write (fencing). Only a node's own errors fail items and runs.
 
 A node that talks to a Redis of its own and lets redis-py's connection errors escape is given back too:

@@ -18,10 +18,11 @@ from worker import redact, settings
 from worker.batch.aggregate import ChunkResult, merge
 from worker.batch.executor import ItemExecutor, run_slice
 from worker.batch.middleware import tolerance_of
-from worker.cluster import chunk_lease, logs
+from worker.cluster import logs
 from worker.cluster.app import current_app, task
-from worker.cluster.middleware import chunk_middleware
-from worker.cluster.snapshot_cache import SnapshotCache
+from worker.cluster.batches.middleware import chunk_middleware
+from worker.cluster.batches.snapshot_cache import SnapshotCache
+from worker.cluster.broker import deliveries
 from worker.cluster.state.runs import ClusterRuns
 from worker.cluster.state.runstate import RunState
 from worker.engine.build import item_chain
@@ -70,9 +71,9 @@ def run_chunk(self: Any, job: dict[str, Any]) -> bytes:
 
     Its worker renews its delivery while it lives, so a long chunk is not delivered again; fenced on the way out:
     a delivery taken over meanwhile (this worker paused past the bound) raises Ignore and reports nothing, so the
-    chord counts the chunk once, from the delivery that holds it (worker/cluster/chunk_lease.py)."""
+    chord counts the chunk once, from the delivery that holds it (worker/cluster/broker/deliveries.py)."""
     began = time.monotonic()
-    with chunk_lease.held(self):
+    with deliveries.held(self):
         state = RunState(job["run"])
         batch = job["batch"]
         if state.should_stop(batch):

@@ -19,8 +19,8 @@ from ir import snapshot
 from worker import settings
 from worker.batch.backend import BatchJob
 from worker.batch.executor import threads_for
-from worker.cluster import chunking
 from worker.cluster.app import current_app
+from worker.cluster.batches import chunking
 from worker.cluster.state.runstate import RunState
 
 log = logging.getLogger(__name__)
