@@ -65,12 +65,17 @@ def long_batch(log: Path, chunk_size: int, **params: Any) -> dict[str, Any]:
     return {"nodes": [{**node, "batch": {"items": "${items}", "chunk_size": chunk_size}}]}
 
 
-def chunk_log(cluster: Cluster, word: str) -> list[str]:
-    """Lines of every worker's log about a `chordflow.run_chunk` task that contain `word` ("received", ...)."""
+def task_log(cluster: Cluster, task: str, word: str) -> list[str]:
+    """Lines of every worker's log about a `task` task that contain `word` ("received", ...)."""
     found = []
     for worker in cluster.workers.values():
-        found += [line for line in lines(worker.log) if "chordflow.run_chunk[" in line and word in line]
+        found += [line for line in lines(worker.log) if f"{task}[" in line and word in line]
     return found
+
+
+def chunk_log(cluster: Cluster, word: str) -> list[str]:
+    """Lines of every worker's log about a `chordflow.run_chunk` task that contain `word` ("received", ...)."""
+    return task_log(cluster, "chordflow.run_chunk", word)
 
 
 def chunk_seconds(lines_: list[str]) -> list[float]:
@@ -166,6 +171,33 @@ def test_probe_scaled_down_many_long_chunks_finish_with_each_item_once(cluster: 
     assert executions == {str(i): 1 for i in range(total)}, f"{sum(executions.values())} executions"
     assert len(chunk_log(cluster, "received")) == received + total // chunk_size
     print(f"\n{total} items in {total // chunk_size} chunks of ~{LONG * VISIBILITY_TIMEOUT:.0f}s: {elapsed:.1f}s")
+
+
+def test_a_plain_node_and_a_branch_node_longer_than_the_visibility_timeout_run_once(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    """Every long task holds a lease, not only chunks: an advance running a long plain node and a branch advance
+    running a long node inside a parallel branch are renewed like any delivery, so neither is delivered again."""
+    log, seconds = tmp_path / "side-effects.log", LONG * VISIBILITY_TIMEOUT
+
+    def node(name: str, wait: float = 0) -> dict[str, Any]:
+        return {"id": name, "type": "test-side-effect", "params": {"log": str(log), "label": name, "seconds": wait}}
+
+    edges = [
+        {"from": "long", "to": "fork"},
+        {"from": "fork", "to": "a", "parallel": True, "fan_in": "merge"},
+        {"from": "fork", "to": "b", "parallel": True, "fan_in": "merge"},
+        {"from": "a", "to": "merge"},
+        {"from": "b", "to": "merge"},
+    ]
+    nodes = [node("long", seconds), node("fork"), node("a", seconds), node("b"), node("merge")]
+    advances = len(task_log(cluster, "chordflow.advance", "received"))
+    result = durable.wait(durable.submit({"nodes": nodes, "edges": edges}), timeout=120)
+    assert result.status == "success", result.error
+    assert collections.Counter(lines(log)) == {"long": 1, "fork": 1, "a": 1, "b": 1, "merge": 1}
+    # The run's advances: the first (long, fork -> the branches) and the one at the section after the join.
+    assert len(task_log(cluster, "chordflow.advance", "received")) == advances + 2
+    assert not task_log(cluster, "chordflow.advance", "delivered again")
 
 
 # -- a worker dies mid-chunk --------------------------------------------------------------------------------
