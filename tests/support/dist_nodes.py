@@ -13,6 +13,26 @@ from worker.cluster.app import task
 from worker.cluster.state.runstate import client
 from worker.nodes import register
 
+#: How long a party waits at a gate for the rest of its round: a worker of the suite's shared cluster may still be
+#: finishing an earlier test's task, so this is generous; each BLPOP stays below the client's socket timeout (10 s).
+GATE_WAIT_S, BLPOP_S = 60, 8
+
+
+def meet(redis: Any, gate: str, parties: int) -> None:
+    """A barrier in Redis: returns once `parties` arrivals of this round (one round per `parties` arrivals at
+    `gate`) are inside; the last one of a round lets every party of the round through. Raises TimeoutError after
+    GATE_WAIT_S."""
+    arrived = redis.incr(gate)
+    redis.expire(gate, 300)
+    opened = f"{gate}:open:{(arrived - 1) // parties}"
+    if arrived % parties == 0:
+        redis.rpush(opened, *[1] * parties)
+        redis.expire(opened, 300)
+    deadline = time.monotonic() + GATE_WAIT_S
+    while redis.blpop([opened], timeout=BLPOP_S) is None:
+        if time.monotonic() >= deadline:
+            raise TimeoutError(f"gate {gate}: {parties} items never ran together")
+
 
 @register("test-slow")
 class SlowNode(Node):
@@ -66,8 +86,6 @@ class GaugeGateNode(Node):
     `parties` arrivals), so that many provably overlap. Writes `value`, `in_flight` and `worker` (the Celery
     hostname: item threads of a parallel chunk must see the chunk's task). A round that never fills raises."""
 
-    WAIT_S = 8  # below the client's socket timeout (10 s)
-
     def prep(self, shared: Any) -> dict[str, Any]:
         return dict(self.params)
 
@@ -75,14 +93,7 @@ class GaugeGateNode(Node):
         redis, key, gate, parties = client(), params["key"], params["gate"], int(params["parties"])
         try:
             now = redis.eval(GaugeNode.SCRIPT, 2, f"{key}:now", f"{key}:max")
-            arrived = redis.incr(gate)
-            redis.expire(gate, 300)
-            opened = f"{gate}:open:{(arrived - 1) // parties}"
-            if arrived % parties == 0:
-                redis.rpush(opened, *[1] * parties)
-                redis.expire(opened, 300)
-            if redis.blpop([opened], timeout=self.WAIT_S) is None:
-                raise TimeoutError(f"gate {gate}: {parties} items never ran together")
+            meet(redis, gate, parties)
         finally:
             redis.decr(f"{key}:now")
         return int(now)
@@ -115,21 +126,11 @@ class FailTogetherNode(Node):
     Redis (key param `gate`, one round per `parties` arrivals), so items on different workers all run before
     any of them fails. A round that never fills raises TimeoutError instead."""
 
-    WAIT_S = 8  # below the client's socket timeout (10 s): BLPOP answers nil rather than timing out the socket
-
     def prep(self, shared: Any) -> dict[str, Any]:
         return dict(self.params)
 
     def exec(self, params: dict[str, Any]) -> None:
-        redis, gate, parties = client(), params["gate"], int(params["parties"])
-        arrived = redis.incr(gate)
-        redis.expire(gate, 300)
-        opened = f"{gate}:open:{(arrived - 1) // parties}"
-        if arrived % parties == 0:  # the last party of its round lets every party of the round through
-            redis.rpush(opened, *[1] * parties)
-            redis.expire(opened, 300)
-        if redis.blpop([opened], timeout=self.WAIT_S) is None:
-            raise TimeoutError(f"gate {gate}: {parties} items never ran together")
+        meet(client(), params["gate"], int(params["parties"]))
         raise ValueError(f"boom {params['value']}")
 
 
