@@ -4,18 +4,22 @@ this process and on workers (a chunk's items on threads of its worker, max_concu
 from __future__ import annotations
 
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 import scheduler
+from ir.models import NodeSpec
 from scheduler import api
 from tests.support import batch_node, run_in_process, unique, workflow
 from tests.support import nodes as tn
-from worker.batch.executor import DEFAULT_THREADS
+from worker.batch.executor import DEFAULT_THREADS, ItemExecutor, ItemMiddleware, run_parallel
+from worker.cluster.batches.middleware import ConcurrencyPermit
 from worker.cluster.state.runstate import RunState, client
 from worker.engine import context, rate_limits
+from worker.engine.build import item_chain
 
 
 def _mixed_workflow(parallel: bool, max_concurrent: int | None = 3, **batch: Any) -> dict:
@@ -345,3 +349,48 @@ def test_item_threads_on_a_worker_see_the_limiter_its_chunk_sees(celery_cluster)
     seen = {r["limiter"] for r in shared["seq"]["results"]}
     assert len(seen) == 1
     assert {r["limiter"] for r in shared["par"]["results"]} == seen
+
+
+class _Entered(ItemMiddleware):
+    """Records each thread a parallel loop starts (a test probe beside the real middleware)."""
+
+    def __init__(self) -> None:
+        self.threads: set[int] = set()
+        self.lock = threading.Lock()
+
+    def enter_thread(self) -> None:
+        with self.lock:
+            self.threads.add(threading.get_ident())
+
+
+def test_chunks_waiting_for_permits_start_no_more_threads_than_permits_plus_one_asking_each(celery_cluster):
+    # Three chunks of one batch run at once in this process (as on a -P threads worker), each allowed 8 threads,
+    # under 2 cluster-wide permits (the real ConcurrencyPermit, in the suite's Redis). Items hold until released.
+    # A chunk starts its next thread only once one was admitted, so while the 2 permits are held at most
+    # 2 + 3 threads exist (those holding a permit and one asking per chunk), not 3 x 8.
+    spec = NodeSpec.model_validate(
+        {"id": "b", "type": "test-wait-event", "params": {}, "batch": {"items": "${x}", "parallel": True,
+                                                                        "max_concurrent": 8}}
+    )  # fmt: skip
+    tn.EVENT.clear()
+    state, batch, entered = RunState(unique("threads-")), "b#0", _Entered()
+    chunks, outcomes = [(0, list(range(8))), (8, list(range(8))), (16, list(range(8)))], {}
+
+    def chunk(start: int, items: list[int]) -> None:
+        executor = ItemExecutor(spec, item_chain(spec), {"x": []})
+        permit = ConcurrencyPermit(state, batch, 2, poll=0.02)
+        outcomes[start] = run_parallel(executor, items, start, [permit, entered], threads=8)
+
+    runners = [threading.Thread(target=chunk, args=c) for c in chunks]
+    for runner in runners:
+        runner.start()
+    deadline = time.monotonic() + 30
+    while tn.EVENT.waiting < 2:  # both permits taken, their items inside exec
+        assert time.monotonic() < deadline, "two items never started"
+        time.sleep(0.01)
+    time.sleep(0.3)  # let any extra thread a chunk would start show up in `entered`
+    assert len(entered.threads) <= 2 + 3, len(entered.threads)
+    tn.EVENT.set()
+    for runner in runners:
+        runner.join(60)
+    assert [len(outcomes[start].results) for start, _ in chunks] == [8, 8, 8]

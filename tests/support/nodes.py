@@ -1,7 +1,7 @@
 """Node types used by the test suite, loaded as a plugin: CHORDFLOW_PLUGINS=tests.support.nodes.
 
 Workers started by the tests import this module too, so every type must work in another process.
-Nodes that keep module-level state (`FLAKY_ATTEMPTS`, `RECORDS`, `PROBE`, `REVERSE`) are only
+Nodes that keep module-level state (`FLAKY_ATTEMPTS`, `RECORDS`, `PROBE`, `REVERSE`, `EVENT`) are only
 inspected by in-process tests; batch tests that go through `scheduler.run` read results from the store.
 """
 
@@ -78,6 +78,27 @@ class ReverseGate:
 REVERSE = ReverseGate()
 
 
+class HoldGate:
+    """State of `test-wait-event`: items wait inside exec until `set()`; `waiting` counts those that arrived."""
+
+    def __init__(self) -> None:
+        self.cond = threading.Condition()
+        self.waiting = 0
+        self.open = False
+
+    def clear(self) -> None:
+        with self.cond:
+            self.waiting, self.open = 0, False
+
+    def set(self) -> None:
+        with self.cond:
+            self.open = True
+            self.cond.notify_all()
+
+
+EVENT = HoldGate()
+
+
 def reset() -> None:
     """Forget all module-level state (called before every test by conftest)."""
     with _lock:
@@ -86,6 +107,7 @@ def reset() -> None:
         OBSERVER["fn"] = None
     PROBE.reset()
     REVERSE.reset()
+    EVENT.clear()
 
 
 def recorded() -> list[tuple[Any, Any]]:
@@ -345,3 +367,13 @@ class SideEffectNode(Node):
     def post(self, shared: Any, prep_res: Any, exec_res: str) -> str:
         shared["label"] = exec_res
         return "default"
+
+
+@register("test-wait-event")
+class WaitEventNode(Node):
+    """Arrives at EVENT (counted in `waiting`) and waits inside exec until the test opens it (at most 60 s)."""
+
+    def exec(self, prep_res: Any) -> None:
+        with EVENT.cond:
+            EVENT.waiting += 1
+            EVENT.cond.wait_for(lambda: EVENT.open, timeout=60)

@@ -189,17 +189,19 @@ def run_parallel(
     Threads claim items one at a time in index order, and the stop hooks run under the claim lock, so the items
     that ran are always a prefix of `items`, as in a sequential loop: one contiguous ChunkResult, which is what a
     worker's chunk must return. Results land in their slot; failures and accumulator entries are put back in
-    index order at the end.
+    index order at the end. Threads start one at a time, each once the one before it was admitted (`_Crew`).
     """
     claims = _Claims(start, len(items), [m.before_item for m in middleware if not m.waits])
     waits = [m.before_item for m in middleware if m.waits]
     after = [m.after_item for m in middleware]
     results: list[Any] = [None] * len(items)
+    crew = _Crew(threads, contextvars.copy_context(), f"batch-{executor.node_id}")
 
     def work(clone: ItemExecutor) -> tuple[list[ItemOutcome], list[tuple[int, dict[str, list]]]]:
         failures: list[ItemOutcome] = []
         appended: list[tuple[int, dict[str, list]]] = []
         entered: list[ItemMiddleware] = []
+        first = True
         try:
             for m in middleware:
                 m.enter_thread()
@@ -208,6 +210,10 @@ def run_parallel(
                 if not _may_start(waits, claims.upcoming()):
                     claims.stop()  # a wait ended by a stop (cancel, abort): the others stop too
                     break
+                if first:  # admitted (its permit held): the next thread may start asking for one
+                    first = False
+                    if claims.left():
+                        crew.start(work, executor.clone())
                 offset = claims.claim()
                 if offset is None:
                     break
@@ -228,9 +234,8 @@ def run_parallel(
         return failures, appended
 
     try:
-        with ThreadPoolExecutor(max_workers=threads, thread_name_prefix=f"batch-{executor.node_id}") as pool:
-            futures = [pool.submit(contextvars.copy_context().run, work, executor.clone()) for _ in range(threads)]
-            parts = [future.result() for future in futures]
+        crew.start(work, executor.clone())
+        parts = crew.results()
     finally:
         for m in middleware:
             m.close()
@@ -241,6 +246,43 @@ def run_parallel(
         for key, values in entries.items():
             appended.setdefault(key, []).extend(values)
     return ChunkResult(start, results, failures, appended)
+
+
+class _Crew:
+    """The threads of one parallel slice, started one at a time: a thread starts the next once it is admitted
+    to its first item (a permit held, on a worker), so a slice never has more threads than it has permits plus
+    the one asking for the next. Sixty-four chunks on one worker each allowed 64 threads start no thousands of
+    threads polling for 64 permits."""
+
+    def __init__(self, most: int, context: contextvars.Context, name: str):
+        self.most, self.context = most, context
+        self.pool = ThreadPoolExecutor(max_workers=most, thread_name_prefix=name)
+        self.futures: list[Any] = []
+        self.running = 0
+        self.idle = threading.Condition()
+
+    def start(self, work: Any, clone: ItemExecutor) -> None:
+        """Start one more thread running `work(clone)` in a copy of the caller's contextvars, up to `most`."""
+        with self.idle:
+            if len(self.futures) >= self.most:
+                return
+            self.running += 1
+            self.futures.append(self.pool.submit(self.context.copy().run, self._tracked, work, clone))
+
+    def _tracked(self, work: Any, clone: ItemExecutor) -> Any:
+        try:
+            return work(clone)
+        finally:
+            with self.idle:
+                self.running -= 1
+                self.idle.notify_all()
+
+    def results(self) -> list[Any]:
+        """Wait for every thread started (also those started while waiting); their results in start order."""
+        with self.idle:
+            self.idle.wait_for(lambda: self.running == 0)
+        self.pool.shutdown(wait=True)
+        return [future.result() for future in self.futures]
 
 
 class _Claims:
