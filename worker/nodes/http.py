@@ -224,7 +224,9 @@ class HttpNode(Node):
     }
 
     def prep(self, shared: Any) -> Call:
-        return build_request(self.params)
+        call = build_request(self.params)
+        client()  # made (httpx imported) before the call is admitted: admitted calls must not queue up behind it
+        return call
 
     def exec(self, prep_res: Call) -> dict[str, Any]:
         response = send(prep_res)
