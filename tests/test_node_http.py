@@ -223,7 +223,8 @@ def test_end_to_end_connection_refused_raises_after_retries(refused_url: str) ->
 class KeepAlive(BaseHTTPRequestHandler):
     """HTTP/1.1, so connections stay open between requests. /n/<i> answers {"n": i} (after `sleep` s).
     /limit/<key> answers `status` (429 unless given) to the first `times` requests of <key> (-1: every one),
-    with Retry-After `retry_after` when given, then 200 {"key", "served"}."""
+    with Retry-After `retry_after` when given, then 200 {"key", "served"}; /drop/<key> closes the connection
+    without an answer to the first `times` (default 1) requests of <key>, then answers 200 {"key", "served"}."""
 
     protocol_version = "HTTP/1.1"
     served: dict[str, int] = {}
@@ -242,10 +243,22 @@ class KeepAlive(BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(data)
 
+    def do_POST(self) -> None:
+        self.rfile.read(int(self.headers.get("Content-Length", "0")))
+        self.do_GET()
+
     def do_GET(self) -> None:
         url = urllib.parse.urlsplit(self.path)
         query = dict(urllib.parse.parse_qsl(url.query))
         _, kind, key = url.path.split("/", 2)
+        if kind == "drop":  # the first `times` requests of <key>: read, then the connection closes with no answer
+            with self.lock:
+                served = self.served[key] = self.served.get(key, 0) + 1
+            if served <= int(query.get("times", "1")):
+                self.close_connection = True
+                return
+            self.reply(200, {"key": key, "served": served})
+            return
         if kind == "n":
             time.sleep(float(query.get("sleep", "0")))
             self.reply(200, {"n": int(key)})
@@ -405,3 +418,22 @@ def test_a_forked_child_opens_its_own_connection(keepalive: http_server.Loopback
     assert keepalive.accepted == 2  # the child connected anew
     assert run_http({"url": f"{keepalive.url}/n/3"})[1]["json"] == {"n": 3}
     assert keepalive.accepted == 2  # and the parent's connection is still its own, alive
+
+
+def test_an_idempotent_request_whose_connection_broke_is_sent_once_more(keepalive: http_server.LoopbackServer) -> None:
+    # The server reads the GET and closes the connection without answering (a kept-alive connection dropped
+    # under a request): sent again on a fresh connection, it succeeds, within one attempt of the node.
+    result = scheduler.run(one_get(), {"urls": [f"{keepalive.url}/drop/get-once"]})
+    out = result.shared["get"]
+    assert out["success_count"] == 1
+    assert out["results"][0]["json"] == {"key": "get-once", "served": 2}
+
+
+def test_a_post_whose_connection_broke_is_not_sent_again(keepalive: http_server.LoopbackServer) -> None:
+    # A POST may have reached the server: it is never repeated behind the node's back (max_retries decides).
+    node = {"id": "post", "type": "http", "params": {"url": "${item}", "method": "POST", "json": {"a": 1}}}
+    node["batch"] = {"items": "${urls}", "error_handling": "continue"}
+    out = scheduler.run({"nodes": [node]}, {"urls": [f"{keepalive.url}/drop/post-once"]}).shared["post"]
+    assert out["error_count"] == 1
+    assert out["errors"][0]["error"].startswith("http: POST http://127.0.0.1:")
+    assert KeepAlive.served["post-once"] == 1

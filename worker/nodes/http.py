@@ -36,6 +36,8 @@ JSON_TYPE_RE = re.compile(r"^application/(.+\+)?json$")
 METHOD_RE = re.compile(r"^[A-Z]+$")
 URL_WHAT, METHOD_WHAT = "an http:// or https:// URL", "an HTTP method like GET or POST"
 TIMEOUT_WHAT = "a positive number of seconds"
+#: Methods that mean the same sent twice (RFC 9110): sent once more when their connection broke under them.
+IDEMPOTENT = frozenset({"GET", "HEAD", "OPTIONS", "TRACE", "PUT", "DELETE"})
 #: Seconds an idle pooled connection is kept before it is closed.
 KEEPALIVE_SECONDS = 30.0
 
@@ -189,14 +191,23 @@ def read_response(response: httpx.Response) -> dict[str, Any]:
 
 def send(call: Call) -> httpx.Response:
     """The response to `call` (its body read, the connection back in the pool); raises TimeoutError,
-    ConnectionError (no response: retryable) or ValueError (a request that cannot be sent)."""
+    ConnectionError (no response: retryable) or ValueError (a request that cannot be sent).
+
+    An idempotent request whose connection broke under it (closed, reset, a closed socket: the server or the
+    pool dropped a kept-alive connection, which httpcore's pool can do under many threads) is sent once more on a
+    fresh connection, as browsers and urllib3 do; any other request is not: it may have reached the server."""
     import httpx
 
     where = f"http: {call.method} {redact.mask_url(call.url)}"  # never the token in a query
+    # Waiting for a pooled connection is not the call timing out: only the request's own time counts.
+    timeout = httpx.Timeout(call.timeout, pool=None)
     try:
-        # Waiting for a pooled connection is not the call timing out: only the request's own time counts.
-        timeout = httpx.Timeout(call.timeout, pool=None)
-        return client().request(call.method, call.url, headers=call.headers, content=call.content, timeout=timeout)
+        try:
+            return client().request(call.method, call.url, headers=call.headers, content=call.content, timeout=timeout)
+        except (httpx.ReadError, httpx.WriteError, httpx.RemoteProtocolError, httpx.CloseError):
+            if call.method not in IDEMPOTENT:
+                raise
+            return client().request(call.method, call.url, headers=call.headers, content=call.content, timeout=timeout)
     except httpx.TimeoutException as exc:
         raise TimeoutError(f"{where} timed out after {call.timeout:g}s") from exc
     except (httpx.InvalidURL, httpx.UnsupportedProtocol, httpx.LocalProtocolError) as exc:
