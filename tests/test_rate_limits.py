@@ -22,7 +22,8 @@ from ir.models import RateLimitSpec
 from scheduler import api
 from scheduler.localcluster import Cluster, RedisServer
 from tests.support.http_server import serving
-from worker.cluster.rate_limits import RedisLimiter
+from worker.cluster.rate_limits import MICROS, RedisLimiter
+from worker.cluster.state.keys import limit_key
 from worker.engine.rate_limits import HEADROOM, LocalLimiter
 
 #: Arrivals one window may hold beyond rate + burst: admission and arrival are not the same instant.
@@ -128,6 +129,22 @@ def test_the_bucket_admits_the_burst_then_one_call_per_interval() -> None:
     assert limiter.admit(limit) == pytest.approx(interval)
 
 
+def test_a_call_late_for_its_slot_keeps_the_cadence_but_a_quiet_spell_earns_no_credit() -> None:
+    clock = Clock()
+    limiter = LocalLimiter(clock)
+    limit = RateLimitSpec(key="k", requests_per_second=10)
+    interval = 1 / (10 * HEADROOM)
+    assert limiter.admit(limit) == 0.0
+    clock.now += 1.5 * interval  # half an interval late for the next slot (a waiter's sleep, a round trip)
+    assert limiter.admit(limit) == 0.0
+    clock.now += 0.5 * interval  # the slot after it is where it was: nothing lost to the lateness
+    assert limiter.admit(limit) == 0.0
+    assert limiter.admit(limit) == pytest.approx(interval)
+    clock.now += 5 * interval  # quiet: the next call goes at once, the one after waits a whole interval
+    assert limiter.admit(limit) == 0.0
+    assert limiter.admit(limit) == pytest.approx(interval)
+
+
 def test_the_lowest_declared_rate_of_a_key_wins_while_it_is_declared() -> None:
     clock = Clock()
     limiter = LocalLimiter(clock)
@@ -176,6 +193,22 @@ def test_the_redis_bucket_follows_the_same_rule(bucket_redis: redis.Redis) -> No
     fast = RateLimitSpec(key="redis-lowest", requests_per_second=1000)
     assert limiter.admit(slow) == 0.0
     assert limiter.admit(fast) > 0.5  # two runs naming one key: the lowest rate holds for both
+
+
+def test_the_redis_bucket_keeps_the_cadence_of_a_call_late_for_its_slot(bucket_redis: redis.Redis) -> None:
+    limiter = RedisLimiter(bucket_redis)
+    limit = RateLimitSpec(key="redis-cadence", requests_per_second=10)
+    interval = round(MICROS / (10 * HEADROOM))
+    assert limiter.admit(limit) == 0.0
+    seconds, micros = bucket_redis.time()
+    now = seconds * MICROS + micros
+    late = now - interval // 2  # the next slot was due half an interval ago
+    bucket_redis.hset(limit_key("redis-cadence"), "tat", late)
+    assert limiter.admit(limit) == 0.0
+    assert int(bucket_redis.hget(limit_key("redis-cadence"), "tat")) == late + interval  # not Redis's now + interval
+    bucket_redis.hset(limit_key("redis-cadence"), "tat", now - 5 * interval)  # a quiet spell
+    assert limiter.admit(limit) == 0.0
+    assert int(bucket_redis.hget(limit_key("redis-cadence"), "tat")) > now  # no credit: from Redis's now on
 
 
 def test_the_redis_bucket_owes_tokens_until_the_next_admission(bucket_redis: redis.Redis) -> None:

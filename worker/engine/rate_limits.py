@@ -65,6 +65,13 @@ class Limiter(Protocol):
     def charge(self, limit: RateLimitSpec, tokens: int) -> None: ...
 
 
+def _cadence(tat: float, now: float, interval: float) -> float:
+    """Where an admitted call's slot starts: its theoretical time when it is late for it by less than one interval
+    (the waiter's sleep and round trip made it late: several processes polling a bucket would otherwise lose that
+    lateness from every slot, 15% of the rate at 200/s), else now (a quiet spell earns no credit past the burst)."""
+    return tat if now - tat < interval else now
+
+
 class LocalLimiter:
     """Buckets in this process (thread-safe): what local runs share."""
 
@@ -89,11 +96,10 @@ class LocalLimiter:
             interval = bucket["iv"]
             if not interval:
                 return 0.0
-            tat = max(bucket["tat"], now)
-            wait = tat - now - interval * (limit.burst - 1)
+            wait = max(bucket["tat"], now) - now - interval * (limit.burst - 1)
             if wait > 1e-9:  # float sums of intervals: a nanosecond is no wait
                 return wait
-            bucket["tat"] = tat + interval
+            bucket["tat"] = _cadence(bucket["tat"], now, interval) + interval
             return 0.0
 
     def hold(self, limit: RateLimitSpec, seconds: float) -> None:

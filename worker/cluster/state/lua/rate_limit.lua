@@ -32,11 +32,12 @@ if ARGV[1] == 'admit' then
   if tiv > 0 and tok - now > window then
     wait = tok - now - window
   elseif iv > 0 then
-    local base = math.max(tat, now)
-    wait = base - now - iv * (burst - 1)
+    wait = math.max(tat, now) - now - iv * (burst - 1)
     if wait <= 0 then
       wait = 0
-      tat = base + iv
+      -- A caller late for its slot by less than one interval keeps the cadence (rate_limits.py _cadence).
+      if now - tat >= iv then tat = now end
+      tat = tat + iv
     end
   end
 else
