@@ -18,6 +18,8 @@ from ir.names import is_name
 
 #: A source string longer than this is shown shortened in messages.
 MAX_SHOWN_SOURCE = 80
+#: Linux's limits on one file name and a whole path: a longer text cannot be a path.
+NAME_MAX, PATH_MAX = 255, 4096
 #: A key longer than this is shown shortened in a location.
 MAX_SHOWN_KEY = 40
 
@@ -59,13 +61,22 @@ def _listed(raw: dict[str, Any]) -> dict[str, Any]:
     return raw
 
 
+def _label(text: str) -> str:
+    """How a path is named in messages: whole when it could be a path on this system (every name at most NAME_MAX
+    characters, all of it at most PATH_MAX: a file deep in directories is still the user's file), else cut to
+    MAX_SHOWN_SOURCE characters (a long text given where a path was expected is not echoed back)."""
+    names_fit = all(len(name) <= NAME_MAX for name in text.split(os.sep))
+    if text.isprintable() and (len(text) <= MAX_SHOWN_SOURCE or (len(text) <= PATH_MAX and names_fit)):
+        return text
+    return repr(text[:MAX_SHOWN_SOURCE]) + ("..." if len(text) > MAX_SHOWN_SOURCE else "")
+
+
 def _read_file(source: str | os.PathLike[str]) -> tuple[Any, str]:
     try:
         text = os.fsdecode(source)
     except TypeError as exc:  # a PathLike whose __fspath__ returns neither str nor bytes
         raise ValidationError(f"cannot read a workflow from {type(source).__name__}: {exc}") from None
-    label = text if len(text) <= MAX_SHOWN_SOURCE and text.isprintable() else repr(text[:MAX_SHOWN_SOURCE])
-    label += "..." if len(text) > MAX_SHOWN_SOURCE else ""
+    label = _label(text)
     path = Path(text)
     try:
         found, is_dir = path.exists(), path.is_dir()

@@ -61,6 +61,17 @@ def test_bytes_that_are_not_utf8(tmp_path: Path) -> None:
     assert _message(b"\xff{}").startswith("workflow JSON: not UTF-8 text")
 
 
+def test_a_file_deep_in_directories_is_named_whole(tmp_path: Path) -> None:
+    deep = tmp_path.joinpath(*["a-rather-long-directory-name"] * 4)
+    deep.mkdir(parents=True)
+    path = deep / "broken.json"
+    path.write_text('{"nodes": [\n  {"id": "a", "type": "echo",}\n]}')
+    assert len(str(path)) > 120
+    with pytest.raises(ir.ValidationError) as raised:
+        ir.load(path)
+    assert str(raised.value).startswith(f"{path}: invalid JSON at line 2, column 30")
+
+
 def test_long_string_that_is_not_a_path() -> None:
     message = _message("w" * 5000)
     assert message.startswith("cannot read 'wwww") and message.endswith("...: File name too long")
