@@ -244,11 +244,14 @@ def test_cli_run_detach_and_wait_on_the_cluster(celery_cluster: Cluster, tmp_pat
     assert waited.returncode == 0, waited.stderr
     assert summary(waited) == summary(local)
 
-    slow = write_wf(tmp_path, {"nodes": [{"id": "s", "type": "test-slow", "params": {"seconds": 4}}]}, "slow.json")
-    slow_id = cli(celery_cluster, "run", slow, "--backend", "celery", "--detach").stdout.strip()
-    timed_out = cli(celery_cluster, "wait", slow_id, "--timeout", "0.5")
+    gate = tmp_path / "gate"  # the node finishes only once the test opens it: the run is still going at `wait`
+    params = {"log": str(tmp_path / "held.log"), "label": "held", "gate": str(gate)}
+    held = write_wf(tmp_path, {"nodes": [{"id": "s", "type": "test-side-effect", "params": params}]}, "held.json")
+    held_id = cli(celery_cluster, "run", held, "--backend", "celery", "--detach").stdout.strip()
+    timed_out = cli(celery_cluster, "wait", held_id, "--timeout", "0.5")
     assert timed_out.returncode == 124, (timed_out.stdout, timed_out.stderr)
-    assert durable.wait(slow_id, timeout=60).status == "success"  # the run went on
+    gate.touch()
+    assert durable.wait(held_id, timeout=60).status == "success"  # the run went on
 
     failing = write_wf(
         tmp_path, {"nodes": [prep, {"id": "boom", "type": "test-fail", "params": {"fail": True}}]}, "f.json"
