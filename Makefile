@@ -23,8 +23,11 @@ $(DEV_STAMP): $(RUN_STAMP) pyproject.toml
 run: $(RUN_STAMP)
 	$(BIN)/chordflow run examples/word_counts.json --input folder=examples/texts
 
+# The suite in TEST_JOBS processes (pytest-xdist), each with its own redis-server and workers: most tests wait on
+# real processes (dead-worker bounds, leases), so four share two cores well. TEST_JOBS=0 runs it in one process.
+TEST_JOBS ?= 4
 test: install browser
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n $(TEST_JOBS)
 
 # The dashboard's browser test (tests/test_dashboard.py) drives Debian's chromium through chromedriver:
 # installed here when missing (as root, else through sudo). `make run` never needs it.
