@@ -72,9 +72,15 @@ def submit(
     run_id: str | None = None,
     inputs_file: str | Path | None = None,
     items: Items | None = None,
+    idempotency_key: str | None = None,
+    on_repeat: Callable[[str], None] | None = None,
     **dataset_options: Any,
 ) -> str:
     """Validate, record the run in Redis, enqueue its first step; returns the run id at once.
+
+    `idempotency_key`: the same key again within CHORDFLOW_RUN_TTL returns the first submit's run id and records
+    nothing (`on_repeat(run_id)` is called then); another workflow or other inputs under it raise
+    IdempotencyConflict naming that run. Not with `items` (a dataset job): ValidationError.
 
     `inputs_file`: a JSON object of inputs, under `inputs` (which win where both name a key), read
     straight into the run's stored bytes: a large input is never built as objects in this process.
@@ -85,10 +91,14 @@ def submit(
     if items is not None:
         from scheduler import datasets
 
+        if idempotency_key is not None:
+            raise ValidationError("idempotency_key: a dataset job (items) takes none; only a workflow submit does")
         return datasets.submit(workflow, inputs, items, run_id=run_id, **datasets.options(dataset_options))
     from scheduler import durable
 
-    return durable.submit(workflow, inputs, run_id=run_id, inputs_file=inputs_file)
+    return durable.submit(
+        workflow, inputs, run_id=run_id, inputs_file=inputs_file, idempotency_key=idempotency_key, on_repeat=on_repeat
+    )
 
 
 def wait(
