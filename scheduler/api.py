@@ -1,5 +1,5 @@
-"""The public entry points: `run`, `stream`, `submit`, `wait`, `status`, `resume`, `redrive`, `cancel`, `purge`,
-`prune`.
+"""The public entry points: `run`, `stream`, `submit`, `wait`, `status`, `resume`, `redrive`, `update`, `cancel`,
+`purge`, `prune`.
 
 The ONE place that routes a call: to a dataset job (`items=`) or a workflow, to a run this process drives
 (scheduler/driver.py) or one the cluster's workers drive (scheduler/durable.py), and to the store that
@@ -184,6 +184,26 @@ def redrive(run_id: str, **hooks: Any) -> RunResult | int:
     from scheduler import datasets
 
     return datasets.redrive(run_id, **hooks)
+
+
+def update(
+    run_id: str,
+    *,
+    max_concurrent: int | None = None,
+    tolerated_failure_percent: float | None = None,
+    tolerated_failure_count: int | None = None,
+    priority: str | None = None,
+) -> dict[str, Any]:
+    """Change a running cluster run's limits (`chordflow update`): its batches' `max_concurrent` (permits follow
+    within about a second), their failure thresholds (each chunk and the batch's verdict read them) and its
+    priority; returns the changes, which the run record keeps with their time (`status`: `updates`)."""
+    from scheduler import durable
+
+    changes = {
+        "max_concurrent": max_concurrent, "tolerated_failure_percent": tolerated_failure_percent,
+        "tolerated_failure_count": tolerated_failure_count, "priority": priority,
+    }  # fmt: skip
+    return durable.update_run(run_id, changes)
 
 
 def cancel(run_id: str) -> int:

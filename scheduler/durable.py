@@ -20,6 +20,7 @@ from scheduler.inputs import apply_inputs
 from scheduler.inputs_file import read_encoded
 from scheduler.lookup import cluster_runs, find_run
 from worker import events, settings
+from worker.batch import overrides
 from worker.batch.remote import rebuild
 from worker.cluster import signing
 from worker.cluster.app import current_app
@@ -241,3 +242,27 @@ def resume_cluster(run_id: str, workflow: Any = None) -> None:
     state.clear_stops()
     runs.set_status(run_id, "queued", None)
     current_app().send_task("chordflow.advance", (run_id, step))
+
+
+def update_run(run_id: str, changes: dict[str, Any]) -> dict[str, Any]:
+    """Change a queued or running cluster run's batch limits and priority (worker/batch/overrides.py); returns
+    the changes as recorded. Bad values, an unknown run, a run that ended, a local or client-driven run and a
+    dataset job are each a ValidationError of one line."""
+    changes = {name: value for name, value in changes.items() if value is not None}
+    if found := overrides.problems(changes):
+        raise ValidationError(found)
+    record, runs = find_run(run_id)
+    if not runs.durable:
+        raise ValidationError(
+            f"run {run_id} is driven by the process that started it (a local run, or `scheduler.run` with the celery "
+            "backend): only a submitted run's limits can be changed; stop it and run it again"
+        )
+    if record.dataset is not None:
+        raise ValidationError(f"run {run_id} is a dataset job: `update` changes a workflow run's batches")
+    with broker_errors(settings.load().result_backend):
+        outcome = runs.update(run_id, changes)  # type: ignore[attr-defined]
+    if outcome == "unknown":
+        raise ValidationError(f"unknown run '{run_id}' (its record expired or was purged)")
+    if outcome != "ok":
+        raise ValidationError(f"run {run_id} already ended: {outcome}; nothing to change")
+    return changes
