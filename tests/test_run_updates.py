@@ -93,7 +93,9 @@ def test_bad_values_unknown_ended_and_local_runs_are_one_line_errors(celery_clus
     unknown = assert_one_line_error(cli(celery_cluster, "update", "nosuchrun", "--max-concurrent", "2"), 2)
     assert "unknown run 'nosuchrun'" in unknown
     assert scheduler.status(run_id)["updates"] == []  # nothing recorded by the refused ones
-    assert scheduler.update(run_id, priority="high") == {"priority": "high"}  # kept for the run's dispatch
+    assert scheduler.update(run_id, priority="high") == {"priority": "high"}
+    assert client().hget(run_key(run_id, "run"), "priority") == b"high"  # the record's field the dispatch reads
+    assert not client().exists(run_key(run_id, "overrides"))  # no batch limit changed
     (tmp_path / "gate").touch()
     assert scheduler.wait(run_id, timeout=60).status == "success"
     ended = assert_one_line_error(cli(celery_cluster, "update", run_id, "--max-concurrent", "2"), 2)

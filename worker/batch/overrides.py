@@ -1,5 +1,5 @@
 """Limits of a running run changed by `chordflow update` (Step Functions' UpdateMapRun): `max_concurrent` and the
-failure thresholds of its batches, and its priority.
+failure thresholds of its batches, and its priority (kept in the run record itself, not laid over batches).
 
 A run keeps its workflow as submitted (signed); the changes live beside it (worker/cluster/state/keys.py
 `overrides`) and are laid over every batch block of the workflow where it is read: by each advance (the verdict of

@@ -8,9 +8,10 @@ job's `ClusterDataset.drop_records`), and `chordflow purge` deletes every key un
 Keys of a run, `cf:{<run_id>}:<name>`; `<batch>` is `<node id>#<step>`:
   run                 hash    the run record (worker/runs/record.py RunRecord), a failed run's exception,
                               `workflow_sig`, its workflow's signature (worker/cluster/signing.py), and `updates`,
-                              the changes `chordflow update` made (JSON list of {at, changes})
+                              the changes `chordflow update` made (JSON list of {at, changes}), `priority` (an
+                              update's goes here too)
   overrides           hash    the batch limits `chordflow update` set, read by chunks and permits: max_concurrent,
-                              tolerated_failure_percent, tolerated_failure_count, priority (lua/update_run.lua)
+                              tolerated_failure_percent, tolerated_failure_count (lua/update_run.lua)
   store               hash    top-level store key -> snapshot-codec bytes
   trail, steps        list    the nodes completed, in order; each step's [action, config hash, reads hash]
   undo                hash    `<step>:<key>` -> what the key held before that step (`v<bytes>`, or `-`: absent)

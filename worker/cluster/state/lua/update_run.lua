@@ -1,5 +1,6 @@
--- Change a running run's limits (`chordflow update`): set them in its overrides hash and append the change to the
--- record's `updates` history, atomically, only while the run is queued or running.
+-- Change a running run's limits (`chordflow update`): set them in its overrides hash (`priority`: in the record
+-- itself, the field the dispatch reads) and append the change to the record's `updates` history, atomically, only
+-- while the run is queued or running.
 -- KEYS[1]: the run record (hash)   KEYS[2]: the run's overrides (hash)
 -- ARGV[1]: now (unix seconds)   ARGV[2]: the run TTL   ARGV[3]: the changes as a JSON object (for the history)
 -- ARGV[4..]: field, value pairs to set in the overrides
@@ -12,7 +13,11 @@ if status ~= 'queued' and status ~= 'running' then
   return status
 end
 for i = 4, #ARGV, 2 do
-  redis.call('HSET', KEYS[2], ARGV[i], ARGV[i + 1])
+  if ARGV[i] == 'priority' then
+    redis.call('HSET', KEYS[1], 'priority', ARGV[i + 1])
+  else
+    redis.call('HSET', KEYS[2], ARGV[i], ARGV[i + 1])
+  end
 end
 redis.call('EXPIRE', KEYS[2], tonumber(ARGV[2]))
 local history = {}
