@@ -68,7 +68,10 @@ def submit(
     with broker_errors(settings.load().result_backend):
         if idempotency_key is not None:
             asked = _fingerprint(record, store, encoded)
-            held = idempotency.claim(runs.redis, idempotency_key, run_id, asked, runs.ttl)  # type: ignore[attr-defined]
+            held = idempotency.claim(
+                runs.redis, idempotency_key, run_id, asked, runs.ttl,  # type: ignore[attr-defined]
+                lambda existing: runs.get(existing) is not None,
+            )  # fmt: skip
             if held is not None:
                 if held[1] != asked:
                     raise IdempotencyConflict(idempotency_key, held[0])

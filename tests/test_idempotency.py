@@ -17,7 +17,7 @@ from scheduler.localcluster import Cluster
 from tests.support.cluster import PLUGINS
 from tests.test_cli import assert_one_line_error
 from tests.test_durable import ROOT, cli, lines, side_effect, write_wf
-from worker.cluster.state.keys import RUNS
+from worker.cluster.state.keys import RUNS, idempotency_key
 from worker.cluster.state.runstate import client
 
 
@@ -86,3 +86,21 @@ def test_a_used_key_with_other_inputs_is_one_line_naming_the_existing_run(
     assert runs_recorded() == before
     with pytest.raises(ValidationError, match="a dataset job"):
         scheduler.submit(str(wf), items=[1, 2], idempotency_key=key)
+
+
+def test_a_key_whose_run_was_purged_or_never_recorded_starts_a_new_run(celery_cluster: Cluster, tmp_path: Path) -> None:
+    log = tmp_path / "effects.log"
+    wf = write_wf(tmp_path, {"nodes": [side_effect("n", log)]})
+    key = f"purged-{uuid.uuid4().hex}"
+    first = scheduler.submit(str(wf), idempotency_key=key)
+    assert scheduler.wait(first, timeout=60).status == "success"
+    assert cli(celery_cluster, "purge", first).returncode == 0
+    second = scheduler.submit(str(wf), idempotency_key=key)  # the claim names no run: taken over after settling
+    assert second != first
+    assert scheduler.wait(second, timeout=60).status == "success"
+    assert scheduler.submit(str(wf), idempotency_key=key) == second
+    client().set(idempotency_key(key), "dead00000000 whatever")  # a submit killed between its claim and its record
+    third = scheduler.submit(str(wf), idempotency_key=key)
+    assert third not in (second, "dead00000000")
+    assert scheduler.wait(third, timeout=60).status == "success"
+    assert lines(log) == ["n", "n", "n"]
