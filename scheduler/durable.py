@@ -36,6 +36,8 @@ from worker.runs.resume_point import go_on_under
 from worker.runs.store import RunStore, Unrecoverable
 
 POLL_MS = 200
+#: The longest idempotency key a submit takes (a client with a longer one can send its hash).
+MAX_KEY_LENGTH = 255
 #: How often `wait` checks whether a dataset job ended with nobody left to say so (its reader died).
 SETTLE_SECONDS = 2
 
@@ -56,6 +58,8 @@ def submit(
     `idempotency_key`: a key used before (within CHORDFLOW_RUN_TTL) returns that submit's run id and records
     nothing (`on_repeat` is told the id); with another workflow or other inputs it raises IdempotencyConflict.
     """
+    if idempotency_key is not None and not 0 < len(idempotency_key) <= MAX_KEY_LENGTH:
+        raise ValidationError(f"idempotency key: 1 to {MAX_KEY_LENGTH} characters, got {len(idempotency_key)}")
     wf = load(workflow)
     from_file = read_encoded(inputs_file) if inputs_file is not None else {}
     store: dict[str, Any] = {}

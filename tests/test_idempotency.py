@@ -84,6 +84,9 @@ def test_a_used_key_with_other_inputs_is_one_line_naming_the_existing_run(
     error = assert_one_line_error(cli(celery_cluster, "submit", other, "--idempotency-key", key), 2)
     assert f"was used by run {run_id} with another workflow or other inputs" in error
     assert runs_recorded() == before
+    assert "idempotency key: 1 to 255 characters, got 0" in assert_one_line_error(
+        cli(celery_cluster, "submit", other, "--idempotency-key", ""), 2
+    )
     with pytest.raises(ValidationError, match="a dataset job"):
         scheduler.submit(str(wf), items=[1, 2], idempotency_key=key)
 
