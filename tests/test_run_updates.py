@@ -103,3 +103,30 @@ def test_bad_values_unknown_ended_and_local_runs_are_one_line_errors(celery_clus
     local = scheduler.run({"nodes": [{"id": "e", "type": "echo", "params": {"v": 1}}]})
     with pytest.raises(ValidationError, match="only a submitted run's limits can be changed"):
         scheduler.update(local.run_id, max_concurrent=2)
+
+
+def test_overrides_lay_max_concurrent_on_every_batch_and_thresholds_on_continue_batches_only() -> None:
+    from worker.batch import overrides
+
+    changed = {"max_concurrent": 2, "tolerated_failure_count": 5}
+    workflow = {
+        "nodes": [
+            {"id": "plain", "type": "echo"},
+            {
+                "id": "ff",
+                "type": "echo",
+                "batch": {"items": "${x}", "error_handling": "fail_fast", "max_concurrent": 9},
+            },
+            {"id": "c", "type": "echo", "batch": {"items": "${x}", "error_handling": "continue"}},
+        ]
+    }
+    plain, ff, cont = overrides.apply_to_workflow(workflow, changed)["nodes"]
+    assert plain == {"id": "plain", "type": "echo"}
+    assert ff["batch"] == {"items": "${x}", "error_handling": "fail_fast", "max_concurrent": 2}  # IR: no threshold
+    assert cont["batch"] == {**workflow["nodes"][2]["batch"], "max_concurrent": 2, "tolerated_failure_count": 5}
+    assert workflow["nodes"][1]["batch"]["max_concurrent"] == 9  # the recorded workflow is never edited
+    assert overrides.apply_to_workflow(workflow, {}) is workflow
+    assert overrides.parse({b"max_concurrent": b"3", b"tolerated_failure_percent": b"2.5"}) == {
+        "max_concurrent": 3, "tolerated_failure_percent": 2.5,
+    }  # fmt: skip
+    assert overrides.problems({"max_concurrent": True}) == ["max_concurrent must be an integer >= 1, got True"]
