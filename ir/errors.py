@@ -145,3 +145,15 @@ class Fenced(ChordflowError, RuntimeError):
 class Outage(ChordflowError, RuntimeError):
     """chordflow's own state (Redis, the broker) stayed out of reach past the outage budget: not the node's
     failure. Items and error routes let it through, and the task gives its work back to be delivered again."""
+
+
+class IdempotencyConflict(ValidationError):
+    """A submit's idempotency key was already used, within the run TTL, by a run of another workflow or other
+    inputs (`existing`: that run's id). The same workflow and inputs return the existing run instead."""
+
+    def __init__(self, key: str, existing: str):
+        super().__init__(
+            f"idempotency key '{key}' was used by run {existing} with another workflow or other inputs; "
+            f"use a new key (see `chordflow status {existing}`)"
+        )
+        self.existing = existing

@@ -5,7 +5,7 @@ a call needs it: a local run never imports it. `scheduler` may import `worker` a
 """
 
 from ir.errors import RemoteError, RunCancelled
-from scheduler.api import redrive, resume, run, status, stream, submit, wait
+from scheduler.api import redrive, resume, run, status, stream, submit, update, wait
 from scheduler.compiler import compile
 from worker.runs.record import RunResult
 
@@ -20,5 +20,6 @@ __all__ = [
     "status",
     "stream",
     "submit",
+    "update",
     "wait",
 ]

@@ -1,5 +1,5 @@
-"""The public entry points: `run`, `stream`, `submit`, `wait`, `status`, `resume`, `redrive`, `cancel`, `purge`,
-`prune`.
+"""The public entry points: `run`, `stream`, `submit`, `wait`, `status`, `resume`, `redrive`, `update`, `cancel`,
+`purge`, `prune`.
 
 The ONE place that routes a call: to a dataset job (`items=`) or a workflow, to a run this process drives
 (scheduler/driver.py) or one the cluster's workers drive (scheduler/durable.py), and to the store that
@@ -72,9 +72,15 @@ def submit(
     run_id: str | None = None,
     inputs_file: str | Path | None = None,
     items: Items | None = None,
+    idempotency_key: str | None = None,
+    on_repeat: Callable[[str], None] | None = None,
     **dataset_options: Any,
 ) -> str:
     """Validate, record the run in Redis, enqueue its first step; returns the run id at once.
+
+    `idempotency_key`: the same key again within CHORDFLOW_RUN_TTL returns the first submit's run id and records
+    nothing (`on_repeat(run_id)` is called then); another workflow or other inputs under it raise
+    IdempotencyConflict naming that run. Not with `items` (a dataset job): ValidationError.
 
     `inputs_file`: a JSON object of inputs, under `inputs` (which win where both name a key), read
     straight into the run's stored bytes: a large input is never built as objects in this process.
@@ -85,10 +91,14 @@ def submit(
     if items is not None:
         from scheduler import datasets
 
+        if idempotency_key is not None:
+            raise ValidationError("idempotency_key: a dataset job (items) takes none; only a workflow submit does")
         return datasets.submit(workflow, inputs, items, run_id=run_id, **datasets.options(dataset_options))
     from scheduler import durable
 
-    return durable.submit(workflow, inputs, run_id=run_id, inputs_file=inputs_file)
+    return durable.submit(
+        workflow, inputs, run_id=run_id, inputs_file=inputs_file, idempotency_key=idempotency_key, on_repeat=on_repeat
+    )
 
 
 def wait(
@@ -174,6 +184,26 @@ def redrive(run_id: str, **hooks: Any) -> RunResult | int:
     from scheduler import datasets
 
     return datasets.redrive(run_id, **hooks)
+
+
+def update(
+    run_id: str,
+    *,
+    max_concurrent: int | None = None,
+    tolerated_failure_percent: float | None = None,
+    tolerated_failure_count: int | None = None,
+    priority: str | None = None,
+) -> dict[str, Any]:
+    """Change a running cluster run's limits (`chordflow update`): its batches' `max_concurrent` (permits follow
+    within about a second), their failure thresholds (each chunk and the batch's verdict read them) and its
+    priority; returns the changes, which the run record keeps with their time (`status`: `updates`)."""
+    from scheduler import durable
+
+    changes = {
+        "max_concurrent": max_concurrent, "tolerated_failure_percent": tolerated_failure_percent,
+        "tolerated_failure_count": tolerated_failure_count, "priority": priority,
+    }  # fmt: skip
+    return durable.update_run(run_id, changes)
 
 
 def cancel(run_id: str) -> int:

@@ -6,22 +6,26 @@ in whichever store recorded it (scheduler/lookup.py); a local run is followed th
 from __future__ import annotations
 
 import contextlib
+import hashlib
+import json
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from ir.errors import BackendError, ValidationError, WaitTimeout
+from ir.errors import BackendError, IdempotencyConflict, ValidationError, WaitTimeout
 from scheduler import datasets
 from scheduler.backends.celery import broker_errors
 from scheduler.inputs import apply_inputs
 from scheduler.inputs_file import read_encoded
 from scheduler.lookup import cluster_runs, find_run
 from worker import events, settings
+from worker.batch import overrides
 from worker.batch.remote import rebuild
 from worker.cluster import signing
 from worker.cluster.app import current_app
 from worker.cluster.batches import chunking
+from worker.cluster.state import idempotency
 from worker.cluster.state.runstate import RunState
 from worker.engine.flow import build_flow
 from worker.engine.loader import load, source_of
@@ -32,6 +36,8 @@ from worker.runs.resume_point import go_on_under
 from worker.runs.store import RunStore, Unrecoverable
 
 POLL_MS = 200
+#: The longest idempotency key a submit takes (a client with a longer one can send its hash).
+MAX_KEY_LENGTH = 255
 #: How often `wait` checks whether a dataset job ended with nobody left to say so (its reader died).
 SETTLE_SECONDS = 2
 
@@ -42,12 +48,18 @@ def submit(
     *,
     run_id: str | None = None,
     inputs_file: str | Path | None = None,
+    idempotency_key: str | None = None,
+    on_repeat: Callable[[str], None] | None = None,
 ) -> str:
     """Validate, record the run in Redis, enqueue its first step; returns the run id at once.
 
     `inputs_file`: a JSON object of inputs, under `inputs` (which win where both name a key), read
     straight into the run's stored bytes: a large input is never built as objects in this process.
+    `idempotency_key`: a key used before (within CHORDFLOW_RUN_TTL) returns that submit's run id and records
+    nothing (`on_repeat` is told the id); with another workflow or other inputs it raises IdempotencyConflict.
     """
+    if idempotency_key is not None and not 0 < len(idempotency_key) <= MAX_KEY_LENGTH:
+        raise ValidationError(f"idempotency key: 1 to {MAX_KEY_LENGTH} characters, got {len(idempotency_key)}")
     wf = load(workflow)
     from_file = read_encoded(inputs_file) if inputs_file is not None else {}
     store: dict[str, Any] = {}
@@ -56,13 +68,28 @@ def submit(
     runs = cluster_runs(signing.publishing_signer(current_app()))
     run_id = run_id or new_run_id()
     record = RunRecord(run_id, wf.wire(), "celery", "queued", wf.start_id(), source=source_of(workflow))
+    encoded = {k: v for k, v in from_file.items() if k not in store}
     with broker_errors(settings.load().result_backend):
+        if idempotency_key is not None:
+            asked = _fingerprint(record, store, encoded)
+            held = idempotency.claim(
+                runs.redis, idempotency_key, run_id, asked, runs.ttl,  # type: ignore[attr-defined]
+                lambda existing: runs.get(existing) is not None,
+            )  # fmt: skip
+            if held is not None:
+                if held[1] != asked:
+                    raise IdempotencyConflict(idempotency_key, held[0])
+                if on_repeat is not None:
+                    on_repeat(held[0])
+                return held[0]
         try:
-            runs.create(record, store, encoded={k: v for k, v in from_file.items() if k not in store})
+            runs.create(record, store, encoded=encoded)
         except BaseException as exc:  # part-way (Redis out of memory after the store): what it wrote goes
             with contextlib.suppress(Exception):
                 status = "cancelled" if isinstance(exc, KeyboardInterrupt) else "failed"
                 runs.abandon(record, status, f"not recorded: {type(exc).__name__}: {exc}")  # type: ignore[attr-defined]
+                if idempotency_key is not None:
+                    idempotency.release(runs.redis, idempotency_key, run_id)  # type: ignore[attr-defined]
             raise
         try:
             current_app().send_task("chordflow.advance", (run_id, 0))
@@ -71,6 +98,15 @@ def submit(
                 runs.set_status(run_id, "failed", f"not enqueued: {exc}")
             raise
     return run_id
+
+
+def _fingerprint(record: RunRecord, store: dict[str, Any], encoded: dict[str, bytes]) -> str:
+    """What a submit asked for, as one hash: its validated workflow and every input as stored (a retry of the same
+    submit has the same; another workflow or other inputs under the same idempotency key do not)."""
+    digest = hashlib.sha256(json.dumps([record.workflow, store], sort_keys=True, default=repr).encode())
+    for name in sorted(encoded):
+        digest.update(b"\0" + name.encode() + b"\0" + encoded[name])
+    return digest.hexdigest()
 
 
 def workers_registered() -> int:
@@ -213,3 +249,27 @@ def resume_cluster(run_id: str, workflow: Any = None) -> None:
     state.clear_stops()
     runs.set_status(run_id, "queued", None)
     current_app().send_task("chordflow.advance", (run_id, step))
+
+
+def update_run(run_id: str, changes: dict[str, Any]) -> dict[str, Any]:
+    """Change a queued or running cluster run's batch limits and priority (worker/batch/overrides.py); returns
+    the changes as recorded. Bad values, an unknown run, a run that ended, a local or client-driven run and a
+    dataset job are each a ValidationError of one line."""
+    changes = {name: value for name, value in changes.items() if value is not None}
+    if found := overrides.problems(changes):
+        raise ValidationError(found)
+    record, runs = find_run(run_id)
+    if not runs.durable:
+        raise ValidationError(
+            f"run {run_id} is driven by the process that started it (a local run, or `scheduler.run` with the celery "
+            "backend): only a submitted run's limits can be changed; stop it and run it again"
+        )
+    if record.dataset is not None:
+        raise ValidationError(f"run {run_id} is a dataset job: `update` changes a workflow run's batches")
+    with broker_errors(settings.load().result_backend):
+        outcome = runs.update(run_id, changes)  # type: ignore[attr-defined]
+    if outcome == "unknown":
+        raise ValidationError(f"unknown run '{run_id}' (its record expired or was purged)")
+    if outcome != "ok":
+        raise ValidationError(f"run {run_id} already ended: {outcome}; nothing to change")
+    return changes

@@ -415,7 +415,7 @@ def test_error_mapping_in_one_place() -> None:
     assert (error_lines(full, node="n"), exit_code_for(full)) == (["error: /home/x/.chordflow/runs.db: disk full"], 1)
 
 
-@pytest.mark.parametrize("command", ["status", "wait", "results", "cancel", "resume", "redrive", "repair"])
+@pytest.mark.parametrize("command", ["status", "wait", "results", "update", "cancel", "resume", "redrive", "repair"])
 def test_an_invalid_run_id_is_one_line_before_any_lookup(command: str) -> None:
     line = assert_one_line_error(run_cli(command, "../etc/passwd"), 2)
     assert line == "error: invalid run id '../etc/passwd': a run id is " + RUN_ID_RULE

@@ -62,6 +62,7 @@ for _command in (
     running.schema,
     running.nodes,
     workers.worker,
+    runs.update,
     runs.cancel,
     runs.purge,
     workers.flower,

@@ -128,8 +128,13 @@ def _submit_and_wait(
 @click.argument("workflow", metavar="WF.json")
 @click.option("--input", "-i", "pairs", multiple=True, metavar="KEY=VALUE", help="An input (JSON or text).")
 @click.option("--inputs-file", type=str, metavar="F.json", help="A JSON object of inputs.")
+@click.option("--idempotency-key", "key", metavar="KEY", default=None,
+              help="Submit at most once per KEY: the same KEY again (within CHORDFLOW_RUN_TTL) prints the first "
+              "run's id and records nothing; another workflow or other inputs under it are an error.")  # fmt: skip
 @dataset_options
-def submit(workflow: str, pairs: tuple[str, ...], inputs_file: str | None, items: str | None, **job: Any) -> None:
+def submit(
+    workflow: str, pairs: tuple[str, ...], inputs_file: str | None, items: str | None, key: str | None, **job: Any
+) -> None:
     """Validate a workflow, record the run in Redis and enqueue it; print the run id. Workers do the rest.
 
     With --items FILE: a dataset job; returns once every record is stored in Redis."""
@@ -140,8 +145,14 @@ def submit(workflow: str, pairs: tuple[str, ...], inputs_file: str | None, items
     dataset = dataset_job(items, job) or {}
     if dataset and inputs_file is not None:
         raise CliUsageError("--inputs-file: with --items, give the inputs common to every record with --input")
+    if dataset and key is not None:
+        raise CliUsageError("--idempotency-key: a dataset job (--items) takes none; only a workflow submit does")
     inputs = parse_inputs(pairs, None, None if dataset else wf)
-    run_id = api.submit(workflow, inputs, inputs_file=inputs_file, **dataset)
+
+    def repeated(run_id: str) -> None:
+        click.echo(f"note: idempotency key '{key}' was used by run {run_id}: nothing new submitted", err=True)
+
+    run_id = api.submit(workflow, inputs, inputs_file=inputs_file, idempotency_key=key, on_repeat=repeated, **dataset)
     click.echo(run_id)
     if not durable.workers_registered():
         click.echo(

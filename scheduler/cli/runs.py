@@ -1,5 +1,5 @@
 """Runs already started, found by run id in the run store (local SQLite or the cluster's Redis):
-`status`, `runs`, `wait`, `results`, `cancel`, going on with one: `resume`, `redrive`, `repair`, and deleting
+`status`, `runs`, `wait`, `results`, `update`, `cancel`, going on with one: `resume`, `redrive`, `repair`, and deleting
 them: `purge`, `runs --prune`."""
 
 from __future__ import annotations
@@ -270,6 +270,10 @@ def status(run_id: str, as_json: bool) -> None:
         console.print(Text(f"  records: {r['done']}/{total} done, {r['failed']} failed, {r['rate']:.1f}/s{eta}"))
     if "llm" in info:
         console.print(Text("  " + _llm_line(info["llm"])))
+    for change in info.get("updates") or []:
+        at = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(change["at"]))
+        settings = ", ".join(f"{name}={value}" for name, value in change["changes"].items())
+        console.print(Text(f"  updated {at}: {settings}"))
     if info["error"]:
         console.print(Text(f"  error: {info['error']}"))
 
@@ -342,6 +346,22 @@ def purge(run_id: str) -> None:
 
     api.purge(run_id)
     click.echo(f"purged {run_id}")
+
+
+@click.command()
+@run_id_argument
+@click.option("--max-concurrent", type=int, default=None, metavar="N", help="Items of its batches in flight at once.")
+@click.option("--tolerated-failure-percent", type=float, default=None, metavar="P",
+              help="A continue batch fails once more than P% of its items failed (0-100).")  # fmt: skip
+@click.option("--tolerated-failure-count", type=int, default=None, metavar="K",
+              help="A continue batch fails once more than K of its items failed.")  # fmt: skip
+@click.option("--priority", default=None, metavar="P", help="high, normal or low.")
+def update(run_id: str, **changes: Any) -> None:
+    """Change a running cluster run's limits: its batches take them within a few seconds; `status` shows the change."""
+    from scheduler import api
+
+    done = api.update(run_id, **changes)
+    click.echo(f"updated run {run_id}: " + ", ".join(f"{name}={value}" for name, value in done.items()))
 
 
 @click.command()

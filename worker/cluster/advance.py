@@ -22,6 +22,7 @@ from ir import snapshot
 from ir.branches import Section
 from ir.errors import Fenced, RunCancelled
 from worker import redact
+from worker.batch import overrides
 from worker.batch.aggregate import BatchResult, merge
 from worker.batch.backend import BatchJob
 from worker.batch.remote import rebuild, stored_batch_result
@@ -126,7 +127,7 @@ def advance(self: Any, run_id: str, step: int) -> str:
             _ended(runs, run_id, record.status, "cancelled", record.node)
             return "cancelled"
         signing.check_run(self.app.signer, run_id, record)  # an altered workflow fails the run: nothing of it runs
-        flow = _flow(record.workflow)
+        flow = _flow(record.workflow, state.overrides())
         store = runs.load_store(run_id)
         ctx.backend = ClusterBatches(run_id, ctx, runs, state)
         ctx.cancelled = StopFlag(state.cancelled)  # the run's cancel flag in Redis, read between nodes
@@ -243,7 +244,7 @@ def advance_branch(self: Any, run_id: str, key: str, branch: str, step: int) -> 
         if state.status != "running":  # it ended while this task waited for the lease
             _join(runs, run_id, key, branch, len(_section(record.workflow, key).branches))
             return "joined"
-        flow = _flow(record.workflow)
+        flow = _flow(record.workflow, RunState(run_id).overrides())
         section = _section(record.workflow, key, flow)
         store = runs.load_store(run_id)
         for name in state.deleted:
@@ -294,10 +295,11 @@ def advance_branch(self: Any, run_id: str, key: str, branch: str, step: int) -> 
         lease.release()
 
 
-def _flow(workflow: dict[str, Any]) -> WorkflowFlow:
+def _flow(workflow: dict[str, Any], changed: dict[str, Any] | None = None) -> WorkflowFlow:
     """An advance's flow: node instances of this task's own, from the run's workflow validated once per
-    content on this process (every advance and branch advance of a run reads the same one)."""
-    return build_flow(load(workflow))
+    content on this process (every advance and branch advance of a run reads the same one), with the batch limits
+    `chordflow update` `changed` laid over it (worker/batch/overrides.py)."""
+    return build_flow(load(overrides.apply_to_workflow(workflow, changed or {})))
 
 
 def _section(workflow: dict[str, Any], key: str, flow: WorkflowFlow | None = None) -> Section:

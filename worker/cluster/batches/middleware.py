@@ -141,13 +141,17 @@ class ConcurrencyPermit(ItemMiddleware):
     Each thread running items (one in a sequential chunk, up to max_concurrent in a parallel one) takes its own
     permit (a token) before its first item and keeps it until it takes no more items (`leave_thread`) or the
     chunk ends, so items in flight <= permits held <= max_concurrent, whatever the chunks and threads. A
-    permit is a lease (renewed between items, every lease/3) so a killed worker's permits free themselves.
+    permit is a lease (renewed between items, every `refresh` seconds) so a killed worker's permits free themselves,
+    and a lowered limit (`chordflow update --max-concurrent`) takes permits back within `refresh` plus an item.
     """
 
     waits = True  # a thread may wait here for another chunk's permit: never under the parallel loop's lock
 
-    def __init__(self, state: RunState, batch: str, limit: int, lease: float = 30.0, poll: float = 0.05):
+    def __init__(
+        self, state: RunState, batch: str, limit: int, lease: float = 30.0, poll: float = 0.05, refresh: float = 1.0
+    ):
         self.state, self.batch, self.limit, self.lease, self.poll = state, batch, limit, lease, poll
+        self.refresh = min(refresh, lease / 3)
         self.held: dict[int, tuple[str, float]] = {}  # thread id -> (its token, when to renew it)
         self.lock = threading.Lock()
 
@@ -165,7 +169,7 @@ class ConcurrencyPermit(ItemMiddleware):
             time.sleep(delay)  # waiting for another chunk or thread to let go of one; nothing to subscribe to
             delay = min(delay * 2, 1.0)
         with self.lock:
-            self.held[me] = (token, time.monotonic() + self.lease / 3)
+            self.held[me] = (token, time.monotonic() + self.refresh)
         return True
 
     def leave_thread(self) -> None:

@@ -15,6 +15,7 @@ from typing import Any
 from ir import snapshot
 from ir.models import NodeSpec
 from worker import redact, settings
+from worker.batch import overrides
 from worker.batch.aggregate import ChunkResult, merge
 from worker.batch.executor import ItemExecutor, run_slice
 from worker.batch.middleware import tolerance_of
@@ -76,10 +77,12 @@ def run_chunk(self: Any, job: dict[str, Any]) -> bytes:
     with deliveries.held(self):
         state = RunState(job["run"])
         batch = job["batch"]
-        if state.should_stop(batch):
+        stop, changed = state.chunk_start(batch)
+        if stop:
             logs.chunk(job["run"], batch.split("#", 1)[0], batch, job["start"], 0, 0, time.monotonic() - began)
             return snapshot.encode(ChunkResult(job["start"], [], [], {}).to_wire())
-        executor = chunk_executor(job["node"], _snapshot(job["snap"], state))
+        # the batch's limits as `chordflow update` left them: threads, permits and threshold of this chunk
+        executor = chunk_executor(overrides.apply_to_node(job["node"], changed), _snapshot(job["snap"], state))
         spec = executor.spec.batch
         assert spec is not None
         items = snapshot.decode(job["items"])

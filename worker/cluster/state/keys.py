@@ -6,8 +6,12 @@ keeps only what `status`, `results` and a resume read (worker/cluster/state/runs
 job's `ClusterDataset.drop_records`), and `chordflow purge` deletes every key under its hash tag.
 
 Keys of a run, `cf:{<run_id>}:<name>`; `<batch>` is `<node id>#<step>`:
-  run                 hash    the run record (worker/runs/record.py RunRecord), a failed run's exception and
-                              `workflow_sig`, its workflow's signature (worker/cluster/signing.py)
+  run                 hash    the run record (worker/runs/record.py RunRecord), a failed run's exception,
+                              `workflow_sig`, its workflow's signature (worker/cluster/signing.py), and `updates`,
+                              the changes `chordflow update` made (JSON list of {at, changes}), `priority` (an
+                              update's goes here too)
+  overrides           hash    the batch limits `chordflow update` set, read by chunks and permits: max_concurrent,
+                              tolerated_failure_percent, tolerated_failure_count (lua/update_run.lua)
   store               hash    top-level store key -> snapshot-codec bytes
   trail, steps        list    the nodes completed, in order; each step's [action, config hash, reads hash]
   undo                hash    `<step>:<key>` -> what the key held before that step (`v<bytes>`, or `-`: absent)
@@ -32,6 +36,7 @@ Outside any run:
   cf:{workers}:<host> string  a live worker's pool size, kept alive by its heartbeat
   cf:{limit:<key>}    hash    a rate-limit bucket (worker/cluster/rate_limits.py): tat, tok, iv, iv_at
   cf:done:<task id>   string  a task that ran to the end on a signed cluster: another delivery of it is skipped
+  cf:{idem:<key>}     string  `<run id> <fingerprint>` of the first submit with this idempotency key (a run TTL)
 """
 
 from __future__ import annotations
@@ -66,3 +71,8 @@ def limit_key(key: str) -> str:
 def done_key(task_id: str) -> str:
     """A task's done mark: no hash tag, so the marks of many tasks spread over a Redis Cluster's slots."""
     return DONE + task_id
+
+
+def idempotency_key(key: str) -> str:
+    """The claim of a submit's idempotency key: its own hash tag, so one SET NX decides between concurrent submits."""
+    return f"cf:{{idem:{key}}}"

@@ -48,6 +48,7 @@ class ClusterRuns:
         self.ttl = ttl or settings.load().run_ttl
         self.signer = signer
         self._checkpoint = script(self.redis, "checkpoint")
+        self._update = script(self.redis, "update_run")
 
     def _signed(self, run_id: str, fields: dict[str, Any]) -> dict[str, Any]:
         """`fields` plus the signature of the workflow and dataset they write, as a worker will decode them: what
@@ -148,6 +149,13 @@ class ClusterRuns:
 
     def _keys(self, run_id: str) -> Iterator[bytes]:
         return self.redis.scan_iter(match=_glob(run_prefix(run_id)) + "*", count=1000)
+
+    def update(self, run_id: str, changes: dict[str, Any]) -> str:
+        """Set a queued or running run's changed limits (its `overrides`) and add them to its record's `updates`
+        history, atomically (lua/update_run.lua); returns 'ok', 'unknown' or the status of a run that ended."""
+        pairs = [v for name, value in changes.items() for v in (name, value)]
+        args = [time.time(), self.ttl, json.dumps(changes), *pairs]
+        return self._update(keys=[run_key(run_id, "run"), run_key(run_id, "overrides")], args=args).decode()
 
     def set_exception(self, run_id: str, exc: BaseException) -> None:
         """What `wait` raises again for a run that failed with an exception (module, type, message)."""
@@ -327,6 +335,7 @@ def _record(raw: dict[bytes, bytes]) -> RunRecord:
         f["run_id"], json.loads(f["workflow"]), f["backend"], f["status"], f["node"] or None, int(f["step"]),
         f["error"] or None, float(f["created"]), float(f["updated"]), f["source"] or None, json.loads(f["batches"]),
         json.loads(f["dataset"]) if f.get("dataset") else None, f.get("workflow_sig") or None,
+        json.loads(f["updates"]) if f.get("updates") else [],
     )  # fmt: skip
 
 

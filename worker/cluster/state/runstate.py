@@ -17,6 +17,7 @@ import msgpack
 import redis
 
 from worker import settings
+from worker.batch import overrides
 from worker.cluster import outage
 from worker.cluster.state.keys import run_prefix
 
@@ -98,6 +99,19 @@ class RunState:
 
     def should_stop(self, batch: str) -> bool:
         return bool(self.redis.exists(self.key("cancel"), self.key(f"abort:{batch}")))
+
+    def overrides(self) -> dict[str, Any]:
+        """The limits `chordflow update` changed (worker/batch/overrides.py), typed; empty when none."""
+        return overrides.parse(self.redis.hgetall(self.key("overrides")))
+
+    def chunk_start(self, batch: str) -> tuple[bool, dict[str, Any]]:
+        """What a chunk reads as it starts, in one round trip: whether to stop at once (`should_stop`) and the
+        run's overrides (its limits as `chordflow update` left them)."""
+        pipe = self.redis.pipeline(transaction=False)
+        pipe.exists(self.key("cancel"), self.key(f"abort:{batch}"))
+        pipe.hgetall(self.key("overrides"))
+        stop, raw = pipe.execute()
+        return bool(stop), overrides.parse(raw)
 
     # -- progress ---------------------------------------------------------------------------
     def publish(
@@ -195,8 +209,8 @@ class RunState:
 
     def acquire_permit(self, batch: str, token: str, limit: int, lease: float) -> bool:
         now = time.time()
-        granted = self._acquire(keys=[self.key(f"permits:{batch}")], args=[token, limit, now + lease, now, self.ttl])
-        return bool(granted)
+        keys = [self.key(f"permits:{batch}"), self.key("overrides")]  # `limit` unless `chordflow update` set one
+        return bool(self._acquire(keys=keys, args=[token, limit, now + lease, now, self.ttl]))
 
     def release_permit(self, batch: str, token: str) -> None:
         self.redis.zrem(self.key(f"permits:{batch}"), token)

@@ -1,13 +1,21 @@
--- Take one of ARGV[2] permits for ARGV[1] (a holder token) until ARGV[3] (lease expiry, unix seconds).
--- Expired leases (a killed worker's) are dropped first. Returns 1 when granted, 0 when all are taken.
--- KEYS[1]: the permit sorted set (member = holder token, score = lease expiry)
+-- Take or renew one of the batch's permits for ARGV[1] (a holder token) until ARGV[3] (lease expiry, unix seconds).
+-- The number of permits is the run's `max_concurrent` override when `chordflow update` set one, else ARGV[2].
+-- Expired leases (a killed worker's) are dropped first. A holder renewing while more permits are held than the
+-- limit allows (it was lowered) gives its permit up and waits like a new one, so the holders drop to the limit.
+-- Returns 1 when granted, 0 when all are taken.
+-- KEYS[1]: the permit sorted set (member = holder token, score = lease expiry)   KEYS[2]: the run's overrides (hash)
 local now = tonumber(ARGV[4])
+local limit = tonumber(redis.call('HGET', KEYS[2], 'max_concurrent') or ARGV[2])
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
 if redis.call('ZSCORE', KEYS[1], ARGV[1]) then
+  if redis.call('ZCARD', KEYS[1]) > limit then
+    redis.call('ZREM', KEYS[1], ARGV[1])
+    return 0
+  end
   redis.call('ZADD', KEYS[1], ARGV[3], ARGV[1])
   return 1
 end
-if redis.call('ZCARD', KEYS[1]) < tonumber(ARGV[2]) then
+if redis.call('ZCARD', KEYS[1]) < limit then
   redis.call('ZADD', KEYS[1], ARGV[3], ARGV[1])
   redis.call('EXPIRE', KEYS[1], tonumber(ARGV[5]))
   return 1
