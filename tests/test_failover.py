@@ -20,6 +20,7 @@ import pytest
 import scheduler
 from scheduler import durable
 from scheduler.localcluster import Cluster
+from scheduler.ops.metrics import ClusterView
 from tests.support import counting_nodes  # noqa: F401  (the test node type, in this process too)
 from tests.support.cluster import PLUGINS
 from tests.support.sentinel import MASTER_NAME, Sentinels, sentinel_cluster
@@ -77,6 +78,9 @@ def test_a_primary_killed_mid_batch_fails_over_and_the_run_completes_once(
     assert_aggregate_once(result, total)
     effects = counts.effects()
     assert_once_or_lost(effects, total)
+    seen = ClusterView().snapshot()  # the metrics' own clients, broker and state, find the new primary too
+    assert {host.split("@", 1)[0] for host in seen.workers} == {"k1", "k2"}
+    assert sum(n for (status, _), n in seen.runs.items() if status == "succeeded") == 1, seen.runs
     print(f"primary killed mid-batch: run ended {seconds:.1f}s after the kill; side effects per index: "
           f"{dict(collections.Counter(effects.values()))}")  # fmt: skip
 
