@@ -11,23 +11,27 @@ in the failover, within 60 s of the kill: never hang, never a wrong aggregate. F
 from __future__ import annotations
 
 import collections
+import signal
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import redis
 
 import scheduler
+from ir.errors import ReplicationLost
 from scheduler import durable
-from scheduler.localcluster import Cluster
+from scheduler.localcluster import Cluster, RedisServer
 from scheduler.ops.metrics import ClusterView
 from tests.support import counting_nodes  # noqa: F401  (the test node type, in this process too)
 from tests.support.cluster import PLUGINS
-from tests.support.sentinel import MASTER_NAME, Sentinels, sentinel_cluster
+from tests.support.sentinel import MASTER_NAME, Sentinels, sentinel_cluster, wait_for
 from tests.test_dead_workers import Counts, assert_aggregate_once, batch_workflow, record_rows, record_workflow
 from tests.test_long_chunks import until
 from worker import settings
 from worker.cluster.state import connection
+from worker.cluster.state.runstate import RunState
 
 #: The run ends within this many seconds of the primary's death (the issue's bound).
 WITHIN = 60
@@ -150,3 +154,30 @@ def test_with_wait_replicas_a_failover_that_took_the_only_replica_fails_the_run_
     assert result.status == "failed", result
     assert "state may be lost in a Redis failover" in result.error and "\n" not in result.error, result.error
     print(f"primary killed with CHORDFLOW_WAIT_REPLICAS=1: run failed {seconds:.1f}s after the kill: {result.error}")
+
+
+def test_wait_replicas_holds_a_chunks_outcomes_until_the_replica_has_them(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The WAIT runs on the connection that wrote (a WAIT on another pooled connection would count nothing): with
+    the replica stopped (SIGSTOP) a chunk's publish fails with ReplicationLost and aborts its batch; resumed, the
+    same publish succeeds once the replica holds it."""
+    primary = RedisServer(tmp_path)
+    replica = RedisServer(tmp_path, ["--replicaof", "127.0.0.1", str(primary.port)])
+    try:
+        wait_for(lambda: redis.Redis(port=replica.port).info("replication")["master_link_status"] == "up", 30, "sync")
+        monkeypatch.setenv("CHORDFLOW_WAIT_REPLICAS", "1")
+        state = RunState("waitrun", redis.Redis.from_url(primary.url))
+        state.publish("b#0", [(0, True)])  # the replica answers: done
+        replica.kill(signal.SIGSTOP)
+        with pytest.raises(ReplicationLost, match="0 of 1 replicas"):
+            state.publish("b#0", [(1, True)])
+        assert state.should_stop("b#0")  # the batch's other chunks stop between items
+        replica.kill(signal.SIGCONT)
+        state.publish("b#1", [(2, True)])
+        replicated = redis.Redis(port=replica.port)
+        assert replicated.xlen(state.key("events")) == 3  # the stopped publish's write reached the replica later
+    finally:
+        replica.kill(signal.SIGCONT)
+        replica.kill()
+        primary.kill()
