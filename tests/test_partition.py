@@ -24,6 +24,7 @@ from scheduler.localcluster import Cluster, ManagedProcess
 from tests.support import counting_nodes  # noqa: F401  (the test node type, in this process too)
 from tests.support.cluster import PLUGINS
 from tests.support.netns import Bridge, lan
+from tests.test_cli import run_cli
 from tests.test_dead_workers import Counts, assert_aggregate_once, batch_workflow, chunk_of
 from tests.test_long_chunks import until
 from worker.cluster.state import heartbeat, runstate
@@ -91,6 +92,9 @@ def test_a_worker_host_cut_off_for_good_has_its_chunk_redone_and_the_run_succeed
     run_id, lost, cut_at = cut_mid_batch(cluster, bridge, counts)
     until(lambda: workers_listed(run_id) == {"a"}, 30, "status to list only the worker still reachable")
     gone = time.monotonic() - cut_at
+    shown = run_cli("status", run_id)  # what an operator sees meanwhile
+    assert shown.returncode == 0, shown.stderr
+    assert "workers: a@" in shown.stdout and "b@" not in shown.stdout, shown.stdout
     until(lambda: [label for who, label in counts.runs() if who == "a" and int(label) in lost], 60, "a to redo it")
     taken_over = time.monotonic() - cut_at
     result = durable.wait(run_id, timeout=90)
