@@ -105,6 +105,11 @@ class BackendError(ChordflowError, RuntimeError):
     """The distributed backend failed (broker gone, chunk crashed) rather than a user item."""
 
 
+class ReplicationLost(ChordflowError, RuntimeError):
+    """Fewer Redis replicas than CHORDFLOW_WAIT_REPLICAS acknowledged a chunk's outcomes in time: a failover could
+    lose them, so the chunk fails instead of counting as done (worker/cluster/state/connection.py)."""
+
+
 class StepLimitExceeded(ChordflowError, RuntimeError):
     """A run executed more nodes than its step limit (`max_steps`): almost always a loop nothing ends."""
 

@@ -25,7 +25,8 @@ from worker.batch.remote import rebuild
 from worker.cluster import signing
 from worker.cluster.app import current_app
 from worker.cluster.batches import chunking
-from worker.cluster.state import idempotency
+from worker.cluster.state import heartbeat, idempotency
+from worker.cluster.state.runs import ClusterRuns
 from worker.cluster.state.runstate import RunState
 from worker.engine.flow import build_flow
 from worker.engine.loader import load, source_of
@@ -116,9 +117,12 @@ def workers_registered() -> int:
 
 def status(run_id: str) -> dict[str, Any]:
     """The `chordflow status --json` object; a dataset job's has `records` (total, done, failed, rate, eta_s), a
-    run whose store keeps `__llm_calls__` has `llm` (calls, input_tokens, output_tokens)."""
+    run whose store keeps `__llm_calls__` has `llm` (calls, input_tokens, output_tokens), a cluster run not ended
+    `workers` (the registered workers' pool sizes, by hostname: who can work on it now)."""
     record, runs = find_run(run_id)
     info = record.status_dict()
+    if isinstance(runs, ClusterRuns) and record.status not in FINAL:
+        info["workers"] = heartbeat.pool_sizes(runs.redis)  # a host cut off or dead drops out within 3 beats
     if record.dataset is not None:
         info["records"] = datasets.progress(record)
     else:

@@ -44,6 +44,14 @@ class Settings(BaseSettings):
         "CHORDFLOW_RESULT_BACKEND", "", "where run state and results live (Redis); unset: the broker",
         validate_default=True,
     )  # fmt: skip
+    redis_master_name: str = _var(
+        "CHORDFLOW_REDIS_MASTER_NAME",
+        "",
+        "the primary's name, when a Redis URL is sentinel://... (Sentinel)",
+    )
+    wait_replicas: int = _var(
+        "CHORDFLOW_WAIT_REPLICAS", 0, "a chunk's outcomes count once this many Redis replicas hold them (WAIT)"
+    )
     visibility_timeout: int = _var(
         "CHORDFLOW_VISIBILITY_TIMEOUT", 3600, "seconds before a dead worker's delivery comes back, at most 30"
     )
@@ -99,7 +107,7 @@ class Settings(BaseSettings):
     @field_validator(
         "visibility_timeout", "snapshot_inline_bytes", "chunks_per_process", "max_chunk_size", "run_ttl",
         "worker_heartbeat", "snapshot_cache_bytes", "pool_timeout", "max_steps", "http_connections", "outage_seconds",
-        mode="before",
+        "wait_replicas", mode="before",
     )  # fmt: skip
     @classmethod
     def _integer(cls, value: Any, info: ValidationInfo) -> Any:
@@ -118,7 +126,12 @@ class Settings(BaseSettings):
     def _at_least_one(cls, value: float) -> float:
         return max(1, value)
 
-    @field_validator("snapshot_cache_bytes")
+    @field_validator("redis_master_name")
+    @classmethod
+    def _stripped(cls, value: str) -> str:
+        return value.strip()
+
+    @field_validator("snapshot_cache_bytes", "wait_replicas")
     @classmethod
     def _not_negative(cls, value: int) -> int:
         return max(0, value)
@@ -162,6 +175,10 @@ def load() -> Settings:
     for name, message in errors.items():
         if name not in CHECKED_ON_USE:
             raise ValueError(message)
+    urls = (loaded.broker_url, loaded.result_backend)
+    if not loaded.redis_master_name and any(url.split(";", 1)[0].startswith("sentinel:") for url in urls):
+        name = Settings.variable("redis_master_name")
+        raise ValueError(f"a sentinel:// Redis URL needs {name}, the name of the primary the sentinels watch")
     return loaded
 
 

@@ -23,9 +23,11 @@ from worker import events, redact, settings
 from worker.batch.aggregate import BatchResult, merge
 from worker.batch.backend import BatchJob
 from worker.batch.remote import stored_batch_result
+from worker.cluster import outage
 from worker.cluster.batches import chunking
 from worker.cluster.batches.dispatch import dispatch_batch
 from worker.cluster.rate_limits import RedisLimiter
+from worker.cluster.state import connection
 from worker.cluster.state.runstate import RunState, client
 from worker.engine.context import RunContext
 
@@ -33,6 +35,8 @@ log = logging.getLogger(__name__)
 POLL_MS = 200
 #: Seconds the preflight PING waits to connect to, and to hear from, each Redis the run needs.
 PREFLIGHT_TIMEOUT = 1.0
+#: Seconds the preflight waits for sentinels to name a primary (a failover takes a few, past their down-after).
+FAILOVER_SECONDS = 30
 
 
 def create(run_id: str, ctx: RunContext) -> CeleryBackend:
@@ -164,14 +168,15 @@ def preflight(s: settings.Settings, timeout: float = PREFLIGHT_TIMEOUT) -> None:
     """One PING to each Redis the run needs (broker, state), before anything else asks them.
 
     A server that is not there then fails the run at once with one clear line, instead of a worker hint
-    and kombu's connection retries. A non-Redis broker (e.g. amqp) is left to report its own errors.
+    and kombu's connection retries. A non-Redis broker (e.g. amqp) is left to report its own errors. Behind
+    Sentinel, sentinels that name no primary yet are a failover under way: the PING waits up to
+    FAILOVER_SECONDS for one.
     """
     for url in dict.fromkeys([s.broker_url, s.result_backend]):
-        if not url.startswith(("redis://", "rediss://", "unix://")):
+        if not url.startswith(("redis://", "rediss://", "unix://", "sentinel://")):
             continue
-        probe = redis.Redis.from_url(
-            url, socket_connect_timeout=timeout, socket_timeout=timeout, retry=Retry(NoBackoff(), 0)
-        )
+        retry = outage.DeadlineRetry(FAILOVER_SECONDS) if connection.is_sentinel(url) else Retry(NoBackoff(), 0)
+        probe = connection.open_client(url, socket_connect_timeout=timeout, socket_timeout=timeout, retry=retry)
         try:
             probe.ping()
         except (redis.RedisError, OSError) as exc:

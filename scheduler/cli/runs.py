@@ -268,6 +268,9 @@ def status(run_id: str, as_json: bool) -> None:
             total = f"{r['read']} read"
         eta = f", ETA {r['eta_s']:.0f}s" if r["eta_s"] is not None and info["status"] == "running" else ""
         console.print(Text(f"  records: {r['done']}/{total} done, {r['failed']} failed, {r['rate']:.1f}/s{eta}"))
+    if "workers" in info:
+        live = ", ".join(f"{host} ({n})" for host, n in sorted(info["workers"].items()))
+        console.print(Text(f"  workers: {live or 'none registered (the run waits for one)'}"))
     if "llm" in info:
         console.print(Text("  " + _llm_line(info["llm"])))
     for change in info.get("updates") or []:

@@ -38,7 +38,7 @@ import redis
 
 from worker import settings
 from worker.cluster.broker.pool import SENT_AT_HEADER
-from worker.cluster.state import heartbeat
+from worker.cluster.state import connection, heartbeat
 from worker.cluster.state.keys import RUNS, run_key
 from worker.cluster.state.runstate import RunState
 from worker.datasets.job import RECORDS
@@ -54,7 +54,7 @@ ACTIVE = ("queued", "running")
 #: Seconds a Redis command of a snapshot may take (connecting included) before the snapshot fails.
 SCRAPE_TIMEOUT = 5.0
 #: Broker URL schemes of kombu's Redis transport that this module reads.
-REDIS_SCHEMES = ("redis", "rediss", "unix")
+REDIS_SCHEMES = ("redis", "rediss", "unix", connection.SENTINEL_SCHEME)
 
 
 # -- what the cluster is doing ---------------------------------------------------------------------------------
@@ -206,7 +206,7 @@ class BrokerQueues:
 def scrape_client(url: str) -> redis.Redis:
     """A Redis client that fails within SCRAPE_TIMEOUT instead of riding out an outage (runstate.client retries for
     a minute): a scrape must answer before Prometheus gives up on it, saying `chordflow_up 0`."""
-    return redis.Redis.from_url(url, socket_timeout=SCRAPE_TIMEOUT, socket_connect_timeout=SCRAPE_TIMEOUT)
+    return connection.open_client(url, socket_timeout=SCRAPE_TIMEOUT, socket_connect_timeout=SCRAPE_TIMEOUT)
 
 
 def _sent_at(payload: bytes | None) -> float | None:

@@ -1,4 +1,5 @@
-"""A second host for cut-network tests: a network namespace joined to this one by a veth pair.
+"""Other hosts for cut-network tests: network namespaces joined to this one by veth pairs (`far_host`: one, on a
+link of its own; `lan`: several, on a bridge, as worker hosts on a switch with the Redis host).
 
 Processes started with `argv()` run "on" the far host and reach this one at `gateway`; `cut()` takes the link
 down (packets are dropped, nothing is refused: what a pulled cable or a partitioned host looks like) and
@@ -8,6 +9,7 @@ down (packets are dropped, nothing is refused: what a pulled cable or a partitio
 from __future__ import annotations
 
 import contextlib
+import ipaddress
 import os
 import subprocess
 from collections.abc import Iterator
@@ -57,3 +59,56 @@ def far_host() -> Iterator[FarHost]:
         with contextlib.suppress(subprocess.CalledProcessError):
             ip("link", "del", near)  # its peer goes with it
         ip("netns", "del", namespace)
+
+
+@dataclass(frozen=True)
+class Bridge:
+    """This host's side of a LAN: `address` on a bridge that each far host's link is plugged into."""
+
+    name: str
+    address: str
+    hosts: tuple[FarHost, ...]
+
+
+@contextlib.contextmanager
+def lan(count: int) -> Iterator[Bridge]:
+    """`count` far hosts (at most 13) on one bridge of this host, as worker hosts on a switch with the Redis host:
+    each in its own namespace, with its own cable (`hosts[i].cut()` takes that link down; the others stay up).
+    Names and the /28 (in 100.64.0.0/10, apart from `far_host`'s 10.200.0.0/13) come from this process's pid;
+    everything made is removed on exit, also after a failure."""
+    tag = os.getpid() % 60000
+    bridge = f"cfb{tag}"
+    base = ipaddress.ip_network("100.64.0.0/10").network_address
+    subnet = ipaddress.ip_network((int(base) + tag * 16, 28))
+    gateway, *addresses = (f"{address}" for address in subnet.hosts())
+    hosts: list[FarHost] = []
+    namespaces: list[str] = []
+    ip("link", "add", bridge, "type", "bridge")
+    try:
+        ip("addr", "add", f"{gateway}/28", "dev", bridge)
+        ip("link", "set", bridge, "up")
+        for i, address in zip(range(count), addresses, strict=False):
+            namespace, near, far = f"cf{tag}h{i}", f"cfh{tag}h{i}", f"cfn{tag}h{i}"
+            ip("netns", "add", namespace)
+            namespaces.append(namespace)
+            ip("link", "add", near, "type", "veth", "peer", "name", far)
+            hosts.append(FarHost(namespace, near, gateway))
+            ip("link", "set", far, "netns", namespace)
+            ip("link", "set", near, "master", bridge)
+            ip("link", "set", near, "up")
+            for args in (
+                ("addr", "add", f"{address}/28", "dev", far),
+                ("link", "set", far, "up"),
+                ("link", "set", "lo", "up"),
+            ):
+                ip("netns", "exec", namespace, "ip", *args)
+        yield Bridge(bridge, gateway, tuple(hosts))
+    finally:
+        for host in hosts:
+            with contextlib.suppress(subprocess.CalledProcessError):
+                ip("link", "del", host.link)  # its peer goes with it
+        for namespace in namespaces:
+            with contextlib.suppress(subprocess.CalledProcessError):
+                ip("netns", "del", namespace)
+        with contextlib.suppress(subprocess.CalledProcessError):
+            ip("link", "del", bridge)

@@ -27,18 +27,23 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from celery import Celery, signals
-from celery.backends.redis import RedisBackend
+from celery.backends.redis import RedisBackend, SentinelBackend
 from celery.local import Proxy
 
 from worker import settings
 from worker.cluster import logs, outage, signing
 from worker.cluster.broker import deliveries
 from worker.cluster.rate_limits import RedisLimiter
-from worker.cluster.state import heartbeat, runstate
+from worker.cluster.state import connection, heartbeat, runstate
 from worker.engine import rate_limits
 from worker.nodes import registry
 
 log = logging.getLogger(__name__)
+
+
+def _sentinel_options(s: settings.Settings, url: str) -> dict[str, Any]:
+    """What Celery's broker or result backend needs besides a `sentinel://` URL: the primary's name."""
+    return {"master_name": s.redis_master_name} if connection.is_sentinel(url) else {}
 
 
 def config(s: settings.Settings) -> dict:
@@ -68,8 +73,12 @@ def config(s: settings.Settings) -> dict:
             # A broker that vanishes without closing the socket must not hang a publish forever.
             "socket_timeout": 15,
             "socket_connect_timeout": 5,
+            **_sentinel_options(s, s.broker_url),
         },
-        "result_backend_transport_options": {"retry_policy": {"timeout": float(s.outage_seconds)}},
+        "result_backend_transport_options": {
+            "retry_policy": {"timeout": float(s.outage_seconds)},
+            **_sentinel_options(s, s.result_backend),
+        },
         "result_chord_ordered": True,
         "result_expires": s.run_ttl,
         "result_chord_expires": s.run_ttl,
@@ -95,8 +104,8 @@ def config(s: settings.Settings) -> dict:
     }
 
 
-class RunResultBackend(RedisBackend):
-    """The Redis result backend, minus pub/sub subscriptions for chordflow's own chords.
+class QuietResults:
+    """A Redis result backend minus pub/sub subscriptions for chordflow's own chords.
 
     Celery subscribes to the result channel of every task it sends and of every chord member. The
     scheduler never waits that way (it reads the run's progress stream), so inside `quiet()` those
@@ -105,7 +114,7 @@ class RunResultBackend(RedisBackend):
     """
 
     def __init__(self, *args: Any, **kwargs: Any):
-        super().__init__(*args, **kwargs)
+        super().__init__(*args, **kwargs)  # type: ignore[call-arg]
         self._quiet = threading.local()
         # Every command (a chord's counter included, which Celery does not retry itself) rides out a restart.
         self.connparams.update(outage.redis_options())
@@ -123,12 +132,20 @@ class RunResultBackend(RedisBackend):
 
     def on_task_call(self, producer: Any, task_id: str) -> None:
         if not self._is_quiet():
-            super().on_task_call(producer, task_id)
+            super().on_task_call(producer, task_id)  # type: ignore[misc]
 
     def add_pending_result(self, result: Any, weak: bool = False, start_drainer: bool = True) -> Any:
         if self._is_quiet():
             return result
-        return super().add_pending_result(result, weak=weak, start_drainer=start_drainer)
+        return super().add_pending_result(result, weak=weak, start_drainer=start_drainer)  # type: ignore[misc]
+
+
+class RunResultBackend(QuietResults, RedisBackend):
+    """The result backend of a `redis://` URL."""
+
+
+class RunSentinelBackend(QuietResults, SentinelBackend):
+    """The result backend of a `sentinel://...;sentinel://...` URL (its primary: CHORDFLOW_REDIS_MASTER_NAME)."""
 
 
 class ChordflowTask(outage.GivesBack, signing.SignedTask):
@@ -151,8 +168,9 @@ class ChordflowCelery(Celery):
         """From the key in the settings, read once (raises SigningKeyError if it cannot be used)."""
         return signing.signer_for(self.chordflow_settings)
 
-    def _get_backend(self) -> RunResultBackend:
-        return RunResultBackend(app=self, url=self.conf.result_backend)
+    def _get_backend(self) -> QuietResults:
+        url = self.conf.result_backend
+        return (RunSentinelBackend if connection.is_sentinel(url) else RunResultBackend)(app=self, url=url)
 
 
 # Tasks defined with `task()`, registered on every app `create_app` builds (before or after the definition).

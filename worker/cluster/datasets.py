@@ -34,6 +34,7 @@ from worker.cluster.batches import chunking
 from worker.cluster.batches.middleware import chunk_middleware
 from worker.cluster.batches.tasks import chunk_executor
 from worker.cluster.broker import deliveries
+from worker.cluster.state import connection
 from worker.cluster.state.keys import run_key
 from worker.cluster.state.runs import ClusterRuns
 from worker.cluster.state.runstate import RunState, client, script
@@ -60,7 +61,9 @@ class ClusterDataset:
         self._size, self._read = 0, None  # chunk_length's, once the whole file is read
 
     def _run(self, mode: str, *args: Any) -> tuple[str, list[int]]:
-        reply = self._step(keys=self.keys, args=[mode, window(), self.ttl, *args])
+        reply = connection.replicated(
+            self.redis, self._step, self.keys, [mode, window(), self.ttl, *args], "a dataset job's step"
+        )
         state = reply[0].decode() if isinstance(reply[0], bytes) else reply[0]
         return state, [int(n) for n in reply[1:]]
 

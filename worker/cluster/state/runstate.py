@@ -16,9 +16,11 @@ from typing import Any
 import msgpack
 import redis
 
+from ir.errors import ReplicationLost
 from worker import settings
 from worker.batch import overrides
 from worker.cluster import outage
+from worker.cluster.state import connection
 from worker.cluster.state.keys import run_prefix
 
 _LUA = Path(__file__).with_name("lua")
@@ -47,11 +49,10 @@ def client(url: str | None = None) -> redis.Redis:
     """One Redis client per URL per process (the result backend's server holds run state)."""
     url = url or settings.load().result_backend
     if url not in _clients:
-        pool = redis.BlockingConnectionPool.from_url(
-            url, max_connections=POOL_CONNECTIONS, timeout=POOL_WAIT, socket_timeout=10, socket_connect_timeout=5,
-            health_check_interval=30, **outage.redis_options(),
+        _clients[url] = connection.open_client(
+            url, blocking=True, max_connections=POOL_CONNECTIONS, timeout=POOL_WAIT, socket_timeout=10,
+            socket_connect_timeout=5, health_check_interval=30, **outage.redis_options(),
         )  # fmt: skip
-        _clients[url] = redis.Redis(connection_pool=pool)
     return _clients[url]
 
 
@@ -123,7 +124,11 @@ class RunState:
         if failures is not None:
             keys += [self.key(f"failed:{batch}"), self.key(f"abort:{batch}")]
             args += list(failures)
-        self._publish(keys=keys, args=args)
+        try:
+            connection.replicated(self.redis, self._publish, keys, args, "a chunk's outcomes")
+        except ReplicationLost:
+            self.abort(batch)  # the batch fails with this chunk: the others stop between items
+            raise
 
     def read_progress(self, last_id: str, block_ms: int) -> tuple[str, list[tuple[str, bytes | None]]]:
         """Entries after `last_id` (waits up to block_ms): (new last id, [(batch, packed outcomes)]).
