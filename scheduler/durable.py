@@ -180,10 +180,10 @@ def cancel_run(run_id: str) -> int:
     Its queued chunks see the flag as they start and return at once, without running an item.
     """
     record, runs = find_run(run_id)
+    if record.status in FINAL:  # a local run whose process is gone too: it reads as failed
+        raise ValidationError(f"run {run_id} already ended: {record.status}")
     if record.backend != "celery":
         raise ValidationError(f"run {run_id} is a local run: stop it with Ctrl-C in the process running it")
-    if record.status in FINAL:
-        raise ValidationError(f"run {run_id} already ended: {record.status}")
     state = RunState(run_id)
     state.cancel()
     if record.dataset is not None:

@@ -1,0 +1,114 @@
+"""Local runs whose process goes away (issue 21): a SIGKILLed owner reads as failed and resumes from its last
+checkpoint; SIGTERM ends a run as cancelled like Ctrl-C; a batch cut short keeps its outcomes in chunks.
+
+Every run here is a real `chordflow run` process, killed or interrupted with a real signal once a gate file or
+the embedded store says it is where the test wants it.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import scheduler
+from ir.errors import TemplateError
+from tests.test_checkpoints import lines, side_effect, until
+from tests.test_cli import ROOT, cli_env, run_cli
+from worker.runs.sqlite import LocalRuns
+
+
+def start_run(wf: Path, *args: str) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "scheduler.cli", "run", str(wf), *args], cwd=ROOT, env=cli_env(),
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+
+
+def run_of(marker: Path) -> str:
+    """The id of the run (any status) whose workflow names `marker` (a file only this test uses)."""
+    runs = LocalRuns.default()
+    return until(lambda: [r.run_id for r in runs.recent(None, 100) if str(marker) in json.dumps(r.workflow)])[0]
+
+
+def gated_three(tmp_path: Path) -> tuple[Path, Path, Path]:
+    """n1, then n2 held until the file `gate` exists, then n3: (workflow file, log, gate)."""
+    log, gate = tmp_path / "log", tmp_path / "gate"
+    wf = tmp_path / "wf.json"
+    nodes = [side_effect("n1", log), side_effect("n2", log, gate=str(gate)), side_effect("n3", log)]
+    wf.write_text(json.dumps({"name": "gated", "nodes": nodes}))
+    return wf, log, gate
+
+
+def test_a_sigkilled_run_reads_failed_everywhere_and_resumes_from_its_checkpoint(tmp_path: Path) -> None:
+    wf, log, gate = gated_three(tmp_path)
+    proc = start_run(wf)
+    try:
+        run_id = run_of(gate)
+        until(lambda: LocalRuns.default().get(run_id).step == 1)  # n1 checkpointed, n2 held at its gate
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=30)
+    finally:
+        proc.kill()
+    gone = f"the process running it (pid {proc.pid}) is gone"
+    status = json.loads(run_cli("status", run_id, "--json").stdout)
+    assert (status["status"], status["error"], status["node"]) == ("failed", gone, "n2")
+    listed = {r["run_id"]: r for r in json.loads(run_cli("runs", "--json", "--limit", "50").stdout)}
+    assert listed[run_id]["status"] == "failed"
+    waited = run_cli("wait", run_id, timeout=60)
+    assert waited.returncode == 1 and gone in waited.stderr, waited.stderr
+    cancel = run_cli("cancel", run_id)
+    assert cancel.returncode == 2 and f"run {run_id} already ended: failed" in cancel.stderr
+    gate.touch()
+    resumed = run_cli("resume", run_id)
+    assert resumed.returncode == 0, resumed.stderr
+    assert "↻ cached n1" in resumed.stderr and "status: success" in resumed.stdout
+    assert lines(log) == ["n1", "n2", "n3"]  # n1 ran once
+    assert LocalRuns.default().get(run_id).status == "succeeded"
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP])
+def test_sigterm_and_sighup_end_a_local_run_as_cancelled_and_it_resumes(tmp_path: Path, signum: int) -> None:
+    wf, log, gate = gated_three(tmp_path)
+    proc = start_run(wf)
+    try:
+        run_id = run_of(gate)
+        until(lambda: LocalRuns.default().get(run_id).step == 1)
+        proc.send_signal(signum)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == 130 and "cancelled" in err and "Traceback" not in err, err
+    record = LocalRuns.default().get(run_id)
+    assert (record.status, record.error) == ("cancelled", "run cancelled")
+    gate.touch()
+    resumed = run_cli("resume", run_id)
+    assert resumed.returncode == 0 and "↻ cached n1" in resumed.stderr, resumed.stderr
+    assert lines(log) == ["n1", "n2", "n3"]
+
+
+def test_a_run_failing_while_resolving_its_outputs_ends_failed() -> None:
+    wf = {"nodes": [{"id": "e", "type": "echo", "params": {"v": 1}}], "outputs": {"x": {"source": "${e.nope}"}}}
+    with pytest.raises(TemplateError):
+        scheduler.run(wf, run_id="outputs-fail-1")
+    record = LocalRuns.default().get("outputs-fail-1")
+    assert record.status == "failed" and "TemplateError" in record.error and "nope" in record.error
+
+
+def test_a_run_of_a_live_process_stays_running(tmp_path: Path) -> None:
+    """The control for the tests above: a reader does not take a live owner for a gone one."""
+    wf, _, gate = gated_three(tmp_path)
+    proc = start_run(wf)
+    try:
+        run_id = run_of(gate)
+        until(lambda: LocalRuns.default().get(run_id).step == 1)
+        assert json.loads(run_cli("status", run_id, "--json").stdout)["status"] == "running"
+        gate.touch()
+        assert proc.wait(timeout=60) == 0
+    finally:
+        proc.kill()
+    assert LocalRuns.default().get(run_id).status == "succeeded"
