@@ -12,6 +12,7 @@ import signal
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -19,6 +20,9 @@ import scheduler
 from ir.errors import TemplateError
 from tests.test_checkpoints import lines, side_effect, until
 from tests.test_cli import ROOT, cli_env, run_cli
+from worker.batch.aggregate import ChunkResult
+from worker.batch.checkpoints import Checkpoints
+from worker.batch.outcome import ItemOutcome
 from worker.runs.sqlite import LocalRuns
 
 
@@ -112,3 +116,72 @@ def test_a_run_of_a_live_process_stays_running(tmp_path: Path) -> None:
     finally:
         proc.kill()
     assert LocalRuns.default().get(run_id).status == "succeeded"
+
+
+def held_batch(tmp_path: Path, n: int, ran: int, **batch: Any) -> tuple[Path, Path, Path]:
+    """A batch node `b` of `n` items whose first `ran` run at once and the rest wait for the file `gate` (an
+    item's own `gate` param): (workflow file, log of the items that ran, gate)."""
+    log, gate, open_ = tmp_path / "log", tmp_path / "gate", tmp_path / "open"
+    open_.touch()
+    items = [{"i": i, "gate": str(open_ if i < ran else gate)} for i in range(n)]
+    node = side_effect("b", log, label="${item.i}", gate="${item.gate}")
+    node["batch"] = {"items": "${items}", **batch}
+    wf = tmp_path / "batch.json"
+    wf.write_text(json.dumps({"name": "held-batch", "nodes": [node], "inputs": {"items": {"default": items}}}))
+    return wf, log, gate
+
+
+def kept_items(run_id: str) -> int:
+    return sum(len(c.results) for c in LocalRuns.default().saved_chunks(run_id, "b#0"))
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGKILL])
+def test_a_local_batch_cut_short_keeps_what_finished_and_resumes_with_it(tmp_path: Path, signum: int) -> None:
+    wf, log, gate = held_batch(tmp_path, 40, 10)
+    proc = start_run(wf)
+    try:
+        run_id = run_of(gate)
+        until(lambda: len(lines(log)) == 10)  # items 0-9 done, item 10 waits for the gate
+        if signum == signal.SIGKILL:  # nothing runs at the end: only what the checkpoints wrote as it went
+            until(lambda: kept_items(run_id) == 10)
+        proc.send_signal(signum)
+        proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == (130 if signum == signal.SIGINT else -signal.SIGKILL)
+    assert kept_items(run_id) == 10
+    rows = [json.loads(line) for line in run_cli("results", run_id, "--node", "b").stdout.splitlines()]
+    assert [r["index"] for r in rows] == list(range(10)) and rows[3]["result"] == {"label": "3"}
+    gate.touch()
+    resumed = run_cli("resume", run_id)
+    assert resumed.returncode == 0, resumed.stderr
+    assert "↻ cached 10 items of batch node b (from the checkpoint)" in resumed.stderr
+    assert "b: 40 items, 40 succeeded, 0 failed" in resumed.stdout
+    assert sorted(map(int, lines(log))) == list(range(40))  # every item ran once overall
+    assert kept_items(run_id) == 0  # the aggregate is in the store: the kept chunks went
+
+
+def test_results_lists_the_items_of_a_local_batch_stopped_by_its_failure_threshold(tmp_path: Path) -> None:
+    wf = tmp_path / "wf.json"
+    node = {"id": "b", "type": "test-fail", "params": {"value": "${item.v}", "fail": "${item.bad}"},
+            "batch": {"items": "${items}", "error_handling": "continue", "tolerated_failure_count": 2}}  # fmt: skip
+    wf.write_text(json.dumps({"nodes": [node]}))
+    items = json.dumps([{"v": i, "bad": i >= 5} for i in range(20)])
+    ran = run_cli("run", wf, "--input", f"items={items}", "--output", "json")
+    assert ran.returncode == 1, ran.stderr
+    run_id = json.loads(ran.stdout)["run_id"]
+    rows = [json.loads(line) for line in run_cli("results", run_id, "--node", "b").stdout.splitlines()]
+    assert [r["index"] for r in rows] == list(range(8))  # stopped at the third failure
+    errors = run_cli("results", run_id, "--node", "b", "--errors")
+    assert [json.loads(line)["index"] for line in errors.stdout.splitlines()] == [5, 6, 7], errors.stderr
+
+
+def test_checkpoints_keep_outcomes_finished_out_of_order_as_one_contiguous_chunk() -> None:
+    """A parallel slice finishes items out of order: only the contiguous run from the slice's start is kept."""
+    kept: list[ChunkResult] = []
+    checkpoints = Checkpoints(10, 5, kept.extend)
+    for index in (12, 11, 14, 10):  # 13 never finishes (the slice was cut short)
+        checkpoints.after_item(ItemOutcome(index, result=index))
+    checkpoints.close()
+    assert kept and kept[0].start == 10
+    assert [r for chunk in kept for r in chunk.results] == [10, 11, 12]

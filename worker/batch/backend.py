@@ -7,6 +7,7 @@ flow). The Celery backend lives in scheduler/backends/celery.py; the scheduler l
 
 from __future__ import annotations
 
+import functools
 import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -17,6 +18,7 @@ from pocketflow import BaseNode
 from ir.errors import RunCancelled
 from ir.models import BatchSpec, NodeSpec
 from worker.batch.aggregate import BatchResult, ChunkResult, merge
+from worker.batch.checkpoints import Checkpoints
 from worker.batch.executor import ItemExecutor, run_slice
 from worker.batch.middleware import item_middleware, tolerance_of
 
@@ -74,12 +76,12 @@ class LocalBackend:
         self,
         cancelled: threading.Event | None = None,
         emit: Callable[[dict[str, Any]], None] | None = None,
-        on_partial: Callable[[BatchJob, list[ChunkResult]], None] | None = None,
+        keep: Callable[[BatchJob, list[ChunkResult]], None] | None = None,
         saved: Callable[[str], list[ChunkResult]] | None = None,
     ):
         self.cancelled = cancelled or threading.Event()
         self.emit = emit
-        self.on_partial = on_partial  # told of the outcomes of a batch cut short (kept for `resume`)
+        self.keep = keep  # told of the outcomes as the items finish, in chunks (worker/batch/checkpoints.py)
         self.saved = saved  # batch key -> outcomes a cut-short run of this batch kept
 
     def run_batch(self, job: BatchJob) -> BatchResult:
@@ -93,11 +95,10 @@ class LocalBackend:
         )  # fmt: skip
         chunks = list(job.done)
         for start, end in job.missing():
-            chunks.append(run_slice(executor, job.items[start:end], start, hooks))
+            kept = [] if self.keep is None else [Checkpoints(start, end - start, functools.partial(self.keep, job))]
+            chunks.append(run_slice(executor, job.items[start:end], start, [*hooks, *kept]))
             if self.cancelled.is_set():
                 break
         if self.cancelled.is_set():
-            if self.on_partial is not None:
-                self.on_partial(job, chunks)
             raise RunCancelled(f"run cancelled during batch node '{job.node_id}'")
         return merge(chunks, len(job.items), job.batch.fail_fast)

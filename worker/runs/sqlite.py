@@ -222,7 +222,8 @@ class LocalRuns:
                 "INSERT OR REPLACE INTO trail (run_id, step, node, action, config, reads, keys) VALUES (?,?,?,?,?,?,?)",
                 (run_id, step, *entry),
             )
-            if batch is not None:
+            if batch is not None:  # its aggregate is in the store now: the outcomes it kept as it ran go
+                self.db.execute("DELETE FROM chunks WHERE run_id = ? AND batch = ?", (run_id, f"{result.node}#{step}"))
                 self.db.execute(
                     "UPDATE runs SET batches = json_set(batches, '$.' || json_quote(?), json(?)) WHERE run_id = ?",
                     (result.node, json.dumps(batch), run_id),
