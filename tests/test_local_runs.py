@@ -162,18 +162,23 @@ def test_a_local_batch_cut_short_keeps_what_finished_and_resumes_with_it(tmp_pat
 
 
 def test_results_lists_the_items_of_a_local_batch_stopped_by_its_failure_threshold(tmp_path: Path) -> None:
+    log, fixed, ok = tmp_path / "log", tmp_path / "fixed", tmp_path / "ok"
+    ok.touch()
+    node = side_effect("b", log, label="${item.i}", requires="${item.requires}")
+    node["batch"] = {"items": "${items}", "error_handling": "continue", "tolerated_failure_count": 2}
     wf = tmp_path / "wf.json"
-    node = {"id": "b", "type": "test-fail", "params": {"value": "${item.v}", "fail": "${item.bad}"},
-            "batch": {"items": "${items}", "error_handling": "continue", "tolerated_failure_count": 2}}  # fmt: skip
     wf.write_text(json.dumps({"nodes": [node]}))
-    items = json.dumps([{"v": i, "bad": i >= 5} for i in range(20)])
+    items = json.dumps([{"i": i, "requires": str(ok if i < 5 else fixed)} for i in range(20)])
     ran = run_cli("run", wf, "--input", f"items={items}", "--output", "json")
     assert ran.returncode == 1, ran.stderr
     run_id = json.loads(ran.stdout)["run_id"]
     rows = [json.loads(line) for line in run_cli("results", run_id, "--node", "b").stdout.splitlines()]
     assert [r["index"] for r in rows] == list(range(8))  # stopped at the third failure
-    errors = run_cli("results", run_id, "--node", "b", "--errors")
-    assert [json.loads(line)["index"] for line in errors.stdout.splitlines()] == [5, 6, 7], errors.stderr
+    errors = [json.loads(line) for line in run_cli("results", run_id, "--node", "b", "--errors").stdout.splitlines()]
+    assert [e["index"] for e in errors] == [5, 6, 7] and f"missing {fixed}" == errors[0]["error"]
+    fixed.touch()  # the cause is fixed: a resume runs the failed items again
+    resumed = run_cli("resume", run_id)
+    assert resumed.returncode == 0 and "b: 20 items, 20 succeeded, 0 failed" in resumed.stdout, resumed.stderr
 
 
 def test_checkpoints_keep_outcomes_finished_out_of_order_as_one_contiguous_chunk() -> None:

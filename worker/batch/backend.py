@@ -85,8 +85,8 @@ class LocalBackend:
         self.saved = saved  # batch key -> outcomes a cut-short run of this batch kept
 
     def run_batch(self, job: BatchJob) -> BatchResult:
-        if self.saved is not None and not job.done:
-            job.done = self.saved(job.key)
+        if self.saved is not None and not job.done:  # a chunk with a failed item runs again, as on the cluster
+            job.done = [chunk for chunk in self.saved(job.key) if not chunk.failures]
         executor = job.executor()
         done_before = sum(len(c.results) for c in job.done)
         hooks = item_middleware(
