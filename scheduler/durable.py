@@ -22,6 +22,7 @@ from worker.batch.remote import rebuild
 from worker.cluster import signing
 from worker.cluster.app import current_app
 from worker.cluster.batches import chunking
+from worker.cluster.state.progress import batches_of
 from worker.cluster.state.runstate import RunState
 from worker.engine.flow import build_flow
 from worker.engine.loader import load, source_of
@@ -79,13 +80,19 @@ def workers_registered() -> int:
 
 
 def status(run_id: str) -> dict[str, Any]:
-    """The `chordflow status --json` object; a dataset job's has `records` (total, done, failed, rate, eta_s), a
-    run whose store keeps `__llm_calls__` has `llm` (calls, input_tokens, output_tokens)."""
+    """The `chordflow status --json` object; its `batches` has the batch running now too (done/total/failed so
+    far); a dataset job's has `records` (total, done, failed, rate, eta_s), a run whose store keeps
+    `__llm_calls__` has `llm` (calls, input_tokens, output_tokens)."""
     record, runs = find_run(run_id)
     info = record.status_dict()
     if record.dataset is not None:
         info["records"] = datasets.progress(record)
     else:
+        if runs.durable and record.status == "running":  # a batch still running: the record has it at its end
+            with broker_errors(settings.load().result_backend):
+                for batch in batches_of(RunState(run_id).redis, run_id):
+                    if not batch.finished or batch.node not in info["batches"]:
+                        info["batches"][batch.node] = {"total": batch.total, "done": batch.done, "failed": batch.failed}
         with contextlib.suppress(Unrecoverable):  # a store that cannot be read back still has a status
             if (totals := usage_totals(runs.load_store(run_id))) is not None:
                 info["llm"] = totals

@@ -289,6 +289,25 @@ def test_ctrl_c_on_wait_stops_waiting_and_the_run_goes_on(celery_cluster: Cluste
     assert lines(log) == ["held"]
 
 
+def test_status_of_a_running_cluster_batch_shows_its_done_total_and_failed(
+    celery_cluster: Cluster, tmp_path: Path
+) -> None:
+    log, gate, open_ = tmp_path / "log", tmp_path / "gate", tmp_path / "open"
+    open_.touch()
+    items = [{"i": i, "gate": str(open_ if i < 10 else gate)} for i in range(40)]
+    node = side_effect("b", log, label="${item.i}", gate="${item.gate}")
+    node["batch"] = {"items": "${items}", "chunk_size": 5}
+    run_id = durable.submit({"nodes": [node]}, {"items": items})
+    counts = {"total": 40, "done": 10, "failed": 0}  # items 10 on wait for the gate
+    until(lambda: json.loads(cli(celery_cluster, "status", run_id, "--json").stdout)["batches"].get("b") == counts,
+          60, "the first ten items' outcomes in status")  # fmt: skip
+    text = cli(celery_cluster, "status", run_id).stdout
+    assert f"run {run_id}: running" in text and "b: 10/40 items, 0 failed" in text, text
+    gate.touch()
+    assert durable.wait(run_id, timeout=60).status == "success"
+    assert json.loads(cli(celery_cluster, "status", run_id, "--json").stdout)["batches"]["b"]["done"] == 40
+
+
 def test_results_node_streams_a_cluster_batch_from_its_stored_chunks(celery_cluster: Cluster, tmp_path: Path) -> None:
     total = 500
     batch = {"id": "b", "type": "test-fail", "params": {"value": "${item}", "fail_on": 7},

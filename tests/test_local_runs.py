@@ -190,3 +190,21 @@ def test_checkpoints_keep_outcomes_finished_out_of_order_as_one_contiguous_chunk
     checkpoints.close()
     assert kept and kept[0].start == 10
     assert [r for chunk in kept for r in chunk.results] == [10, 11, 12]
+
+
+def test_status_of_a_running_local_batch_shows_its_done_total_and_failed(tmp_path: Path) -> None:
+    wf, _, gate = held_batch(tmp_path, 40, 10)
+    proc = start_run(wf)
+    try:
+        run_id = run_of(gate)
+        counts = {"total": 40, "done": 10, "failed": 0}
+        until(lambda: json.loads(run_cli("status", run_id, "--json").stdout)["batches"].get("b") == counts)
+        text = run_cli("status", run_id).stdout
+        assert f"run {run_id}: running" in text and "b: 10/40 items, 0 failed" in text, text
+        gate.touch()
+        assert proc.wait(timeout=60) == 0
+    finally:
+        proc.kill()
+    assert json.loads(run_cli("status", run_id, "--json").stdout)["batches"]["b"] == {
+        "total": 40, "done": 40, "failed": 0,
+    }  # fmt: skip

@@ -13,6 +13,6 @@ def create(run_id: str, ctx: RunContext) -> LocalBackend:
     return LocalBackend(
         ctx.cancelled,
         ctx.sink,
-        keep=lambda job, chunks: runs.save_chunks(run_id, job.key, chunks),
+        keep=lambda job, chunks, counts: runs.save_chunks(run_id, job.key, chunks, counts),
         saved=lambda key: runs.saved_chunks(run_id, key),
     )

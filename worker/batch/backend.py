@@ -7,7 +7,6 @@ flow). The Celery backend lives in scheduler/backends/celery.py; the scheduler l
 
 from __future__ import annotations
 
-import functools
 import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -76,12 +75,14 @@ class LocalBackend:
         self,
         cancelled: threading.Event | None = None,
         emit: Callable[[dict[str, Any]], None] | None = None,
-        keep: Callable[[BatchJob, list[ChunkResult]], None] | None = None,
+        keep: Callable[[BatchJob, list[ChunkResult], dict[str, int]], None] | None = None,
         saved: Callable[[str], list[ChunkResult]] | None = None,
     ):
         self.cancelled = cancelled or threading.Event()
         self.emit = emit
-        self.keep = keep  # told of the outcomes as the items finish, in chunks (worker/batch/checkpoints.py)
+        # told of the outcomes as the items finish, in chunks (worker/batch/checkpoints.py), with the batch's
+        # counts so far ({total, done, failed}: what `status` shows of a batch still running)
+        self.keep = keep
         self.saved = saved  # batch key -> outcomes a cut-short run of this batch kept
 
     def run_batch(self, job: BatchJob) -> BatchResult:
@@ -94,11 +95,25 @@ class LocalBackend:
             done_before=done_before, tolerance=tolerance_of(job.batch),
         )  # fmt: skip
         chunks = list(job.done)
+        keep = self._keeper(job, done_before)
         for start, end in job.missing():
-            kept = [] if self.keep is None else [Checkpoints(start, end - start, functools.partial(self.keep, job))]
+            kept = [] if keep is None else [Checkpoints(start, end - start, keep)]
             chunks.append(run_slice(executor, job.items[start:end], start, [*hooks, *kept]))
             if self.cancelled.is_set():
                 break
         if self.cancelled.is_set():
             raise RunCancelled(f"run cancelled during batch node '{job.node_id}'")
         return merge(chunks, len(job.items), job.batch.fail_fast)
+
+    def _keeper(self, job: BatchJob, done_before: int) -> Callable[[list[ChunkResult]], None] | None:
+        """What the batch's Checkpoints hand their chunks to: `keep`, with the batch's counts so far."""
+        if self.keep is None:
+            return None
+        keep, counts = self.keep, {"total": len(job.items), "done": done_before, "failed": 0}
+
+        def kept(chunks: list[ChunkResult]) -> None:  # one slice at a time: its writer thread, then its close
+            counts["done"] += sum(len(c.results) for c in chunks)
+            counts["failed"] += sum(len(c.failures) for c in chunks)
+            keep(job, chunks, dict(counts))
+
+        return kept

@@ -224,12 +224,16 @@ class LocalRuns:
             )
             if batch is not None:  # its aggregate is in the store now: the outcomes it kept as it ran go
                 self.db.execute("DELETE FROM chunks WHERE run_id = ? AND batch = ?", (run_id, f"{result.node}#{step}"))
-                self.db.execute(
-                    "UPDATE runs SET batches = json_set(batches, '$.' || json_quote(?), json(?)) WHERE run_id = ?",
-                    (result.node, json.dumps(batch), run_id),
-                )
+                self._set_batch(run_id, result.node, batch)
             self.db.execute("COMMIT")
             return True
+
+    def _set_batch(self, run_id: str, node: str, counts: dict[str, int]) -> None:
+        """The record's `batches` entry of `node`: {total, done, failed}."""
+        self.db.execute(
+            "UPDATE runs SET batches = json_set(batches, '$.' || json_quote(?), json(?)) WHERE run_id = ?",
+            (node, json.dumps(counts), run_id),
+        )
 
     def _write_keys(self, run_id: str, changed: Mapping[str, Any], deleted: list[str]) -> None:
         rows = []
@@ -330,10 +334,18 @@ class LocalRuns:
             )
 
     # -- batches cut short --------------------------------------------------------------------------
-    def save_chunks(self, run_id: str, batch: str, chunks: list[ChunkResult]) -> None:
+    def save_chunks(
+        self, run_id: str, batch: str, chunks: list[ChunkResult], counts: dict[str, int] | None = None
+    ) -> None:
+        """Keep outcomes of a batch still running; `counts` ({total, done, failed} so far) go in the record's
+        `batches`, which `status` and `runs` show (the step's checkpoint writes the final ones)."""
         rows = [(run_id, batch, c.start, snapshot.encode(c.to_wire())) for c in chunks if c.results]
         with self.writing():
+            self.db.execute("BEGIN")
             self.db.executemany("INSERT OR REPLACE INTO chunks VALUES (?,?,?,?)", rows)
+            if counts is not None:
+                self._set_batch(run_id, batch.rsplit("#", 1)[0], counts)
+            self.db.execute("COMMIT")
 
     def saved_chunks(self, run_id: str, batch: str) -> list[ChunkResult]:
         with self.lock:
