@@ -32,13 +32,14 @@ from rich.text import Text
 from ir.errors import RunCancelled, WaitTimeout
 from scheduler.cli.errors import (
     EXIT_CANCELLED,
+    EXIT_FAILED,
     EXIT_USAGE,
     FAILED_NODE_KEY,
     WorkflowFailed,
     error_text,
     exit_code_for,
 )
-from scheduler.cli.output import print_summary, run_report, stderr_console, stdout_console
+from scheduler.cli.output import failed_branches, print_summary, run_report, stderr_console, stdout_console
 
 
 class SecondsElapsedColumn(ProgressColumn):
@@ -233,12 +234,16 @@ def follow(
         if isinstance(exc, KeyboardInterrupt) and not owns:
             stop_waiting(output, run_id, store)
         code = exit_code_for(exc)
+        # a node failing after a parallel branch failed (the fan-in missing its values): the branch's error first
+        branches = failed_branches(store) if code == EXIT_FAILED else []
+        for branch in branches:
+            click.echo(f"error: {branch}", err=True)
         if output == "json":  # the error line on stderr comes from ChordflowGroup.invoke
             click.echo(
                 run_report(
                     None if code == EXIT_USAGE else run_id,  # exit 2: the run never started
                     "cancelled" if code == EXIT_CANCELLED else "failed",
-                    error_text(exc, ctx.meta.get(FAILED_NODE_KEY)),
+                    "\n".join([*branches, error_text(exc, ctx.meta.get(FAILED_NODE_KEY))]),
                     {},
                     store,
                 )
