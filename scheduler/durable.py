@@ -180,7 +180,8 @@ def _result(record: RunRecord, runs: RunStore) -> RunResult:
 def cancel_run(run_id: str) -> int:
     """Set a run's cancel flag in Redis (chunks stop between items; no new step starts); returns how many
     queued chunks were revoked. A run driven by a client process (`scheduler.run(backend="celery")`) sees
-    the flag and has its queued chunks revoked; a local run is stopped with Ctrl-C in its own process.
+    the flag and has its queued chunks revoked; a local run's process (on this host) is sent SIGTERM, which
+    `chordflow run` takes as Ctrl-C.
 
     A cluster run's chunks are never revoked: a revoked chord member fails the chord, so its body (which
     keeps the outcomes so far and records "cancelled") would never run and the run would stay "running".
@@ -189,8 +190,12 @@ def cancel_run(run_id: str) -> int:
     record, runs = find_run(run_id)
     if record.status in FINAL:  # a local run whose process is gone too: it reads as failed
         raise ValidationError(f"run {run_id} already ended: {record.status}")
-    if record.backend != "celery":
-        raise ValidationError(f"run {run_id} is a local run: stop it with Ctrl-C in the process running it")
+    if record.backend != "celery":  # its process cancels it on SIGTERM as on Ctrl-C
+        held = runs.owner(run_id)
+        if held is None or not held.cancel():
+            where = f" (pid {held.pid} on {held.host})" if held is not None else ""
+            raise ValidationError(f"run {run_id} is a local run: stop it with Ctrl-C in the process running it{where}")
+        return 0
     state = RunState(run_id)
     state.cancel()
     if record.dataset is not None:

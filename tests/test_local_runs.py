@@ -208,3 +208,19 @@ def test_status_of_a_running_local_batch_shows_its_done_total_and_failed(tmp_pat
     assert json.loads(run_cli("status", run_id, "--json").stdout)["batches"]["b"] == {
         "total": 40, "done": 40, "failed": 0,
     }  # fmt: skip
+
+
+def test_cancel_of_a_local_run_stops_the_process_running_it_as_ctrl_c_does(tmp_path: Path) -> None:
+    wf, log, gate = gated_three(tmp_path)
+    proc = start_run(wf)
+    try:
+        run_id = run_of(gate)
+        until(lambda: LocalRuns.default().get(run_id).step == 1)
+        cancel = run_cli("cancel", run_id)
+        assert cancel.returncode == 0 and f"cancel requested for run {run_id}" in cancel.stdout, cancel.stderr
+        _, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == 130 and "cancelled" in err, err
+    assert LocalRuns.default().get(run_id).status == "cancelled"
+    assert lines(log) == ["n1"]

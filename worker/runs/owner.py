@@ -10,6 +10,7 @@ pid alone decides. An owner on another host cannot be checked and is taken as al
 from __future__ import annotations
 
 import os
+import signal
 import socket
 from dataclasses import dataclass
 
@@ -35,6 +36,18 @@ class Owner:
             return False
         state, started = stat
         return state == "Z" or (self.started is not None and started != self.started)  # a zombie, a reused pid
+
+    def cancel(self) -> bool:
+        """Ask the process to end the run as cancelled: SIGTERM, which the CLI takes as Ctrl-C (a script calling
+        `scheduler.run` without a handler just ends, and its run reads as failed). False: on another host, or
+        no longer this process."""
+        if self.host != socket.gethostname() or self.gone():
+            return False
+        try:
+            os.kill(self.pid, signal.SIGTERM)
+        except OSError:
+            return False
+        return True
 
     def why(self) -> str:
         """The error a run whose owner is gone reads with."""

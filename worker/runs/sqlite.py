@@ -180,6 +180,11 @@ class LocalRuns:
         """None: a local run's exception reaches its caller directly, in the process that ran it."""
         return None
 
+    def owner(self, run_id: str) -> owner.Owner | None:
+        with self.lock:
+            row = self.db.execute("SELECT owner FROM runs WHERE run_id = ?", (run_id,)).fetchone()
+        return owner.Owner(*json.loads(row[0])) if row and row[0] else None
+
     def set_status(self, run_id: str, status: str, error: str | None = None, node: str | None = None) -> None:
         with self.writing():
             self.db.execute(
