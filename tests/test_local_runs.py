@@ -224,3 +224,14 @@ def test_cancel_of_a_local_run_stops_the_process_running_it_as_ctrl_c_does(tmp_p
     assert proc.returncode == 130 and "cancelled" in err, err
     assert LocalRuns.default().get(run_id).status == "cancelled"
     assert lines(log) == ["n1"]
+
+
+def test_local_repair_fixes_a_node_and_then_the_outputs_of_one_workflow(tmp_path: Path) -> None:
+    """The run failing while resolving its outputs ends failed (it stayed `running`), so the repair goes on."""
+    wf = tmp_path / "two.json"
+    nodes = [{"id": "a", "type": "echo", "params": {"v": 1}}, {"id": "b", "type": "echo", "params": {"w": "${a.vv}"}}]
+    edges = [{"from": "a", "to": "b"}]
+    wf.write_text(json.dumps({"nodes": nodes, "edges": edges, "outputs": {"x": {"source": "${b.ww}"}}}))
+    repaired = run_cli("run", wf, "--repair", "--repair-out", tmp_path / "fixed.json")
+    assert repaired.returncode == 0, repaired.stderr
+    assert "repair: attempt 2: TemplateError: outputs.x" in repaired.stderr and "x = 1" in repaired.stdout
