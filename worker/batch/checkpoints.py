@@ -40,23 +40,25 @@ class Checkpoints(ItemMiddleware):
         self.writer.start()
 
     def after_item(self, outcome: ItemOutcome) -> None:
-        with self.lock:
+        with self.lock:  # per item: the next one in order (always, in a sequential slice) goes straight in
             if outcome.error is not None:
                 self.failures += 1
             if outcome.index != self.chunk.start + len(self.chunk.results):
                 self.early[outcome.index] = outcome
                 return
             self._add(outcome)
-            while (follows := self.early.pop(self.chunk.start + len(self.chunk.results), None)) is not None:
-                self._add(follows)
+            if self.early:
+                while (follows := self.early.pop(self.chunk.start + len(self.chunk.results), None)) is not None:
+                    self._add(follows)
 
     def _add(self, outcome: ItemOutcome) -> None:
         chunk = self.chunk
         chunk.results.append(outcome.result)
         if outcome.error is not None:
             chunk.failures.append(outcome)
-        for key, entries in (outcome.appended or {}).items():
-            chunk.appended.setdefault(key, []).extend(entries)
+        if outcome.appended:
+            for key, entries in outcome.appended.items():
+                chunk.appended.setdefault(key, []).extend(entries)
 
     def close(self) -> None:
         self.closed.set()
