@@ -54,11 +54,20 @@ def test_a_sigkilled_run_reads_failed_everywhere_and_resumes_from_its_checkpoint
     try:
         run_id = run_of(gate)
         until(lambda: LocalRuns.default().get(run_id).step == 1)  # n1 checkpointed, n2 held at its gate
+        waiting = subprocess.Popen(
+            [sys.executable, "-m", "scheduler.cli", "wait", run_id], cwd=ROOT, env=cli_env(),
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )  # fmt: skip
         proc.send_signal(signal.SIGKILL)
         proc.wait(timeout=30)
+        try:
+            _, waited_err = waiting.communicate(timeout=60)  # a wait going on when the process died ends too
+        finally:
+            waiting.kill()
     finally:
         proc.kill()
     gone = f"the process running it (pid {proc.pid}) is gone"
+    assert waiting.returncode == 1 and gone in waited_err, waited_err
     status = json.loads(run_cli("status", run_id, "--json").stdout)
     assert (status["status"], status["error"], status["node"]) == ("failed", gone, "n2")
     listed = {r["run_id"]: r for r in json.loads(run_cli("runs", "--json", "--limit", "50").stdout)}
