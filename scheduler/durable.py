@@ -88,7 +88,8 @@ def status(run_id: str) -> dict[str, Any]:
     if record.dataset is not None:
         info["records"] = datasets.progress(record)
     else:
-        if runs.durable and record.status == "running":  # a batch still running: the record has it at its end
+        # a batch still running on the cluster (a submitted run, or one a client drives): its progress stream
+        if record.backend == "celery" and record.status == "running":
             with broker_errors(settings.load().result_backend):
                 for batch in batches_of(RunState(run_id).redis, run_id):
                     if not batch.finished or batch.node not in info["batches"]:
