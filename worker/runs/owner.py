@@ -65,7 +65,7 @@ def _stat(pid: int) -> tuple[str, str] | None:
     return (fields[0], fields[19]) if len(fields) > 19 else None
 
 
-def current() -> Owner:
+def current_owner() -> Owner:
     """This process, as the owner of the runs it drives."""
     stat = _stat(os.getpid())
     return Owner(os.getpid(), socket.gethostname(), stat[1] if stat else None)

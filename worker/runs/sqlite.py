@@ -27,7 +27,7 @@ from worker import settings
 from worker.batch.aggregate import ChunkResult
 from worker.batch.rows import Row, rows_of_aggregate, rows_of_chunks
 from worker.engine.steps import Step
-from worker.runs import owner
+from worker.runs.owner import Owner, current_owner
 from worker.runs.record import FINAL, RunRecord, TrailStep, trail_action
 from worker.runs.store import StoreDiskError, StoreFull, Unrecoverable
 
@@ -158,7 +158,7 @@ class LocalRuns:
 
     def _own(self, run_id: str) -> None:
         """Make this process the run's owner (on creating it, and on setting it running: `resume`, `redrive`)."""
-        me = owner.current()
+        me = current_owner()
         self.db.execute(
             "UPDATE runs SET owner = ? WHERE run_id = ?", (json.dumps([me.pid, me.host, me.started]), run_id)
         )
@@ -167,7 +167,7 @@ class LocalRuns:
         """The record of `row`; an unfinished run whose owner is gone is recorded failed first (only if it still
         has that owner: a resume may have taken it over since it was read)."""
         record, held = _record(row), row[-1]
-        if record.status in FINAL or held is None or not (gone := owner.Owner(*json.loads(held))).gone():
+        if record.status in FINAL or held is None or not (gone := Owner(*json.loads(held))).gone():
             return record
         record.status, record.error, record.updated = "failed", gone.why(), time.time()
         update = "UPDATE runs SET status = ?, error = ?, updated = ? WHERE run_id = ? AND owner = ? AND status = ?"
@@ -180,10 +180,10 @@ class LocalRuns:
         """None: a local run's exception reaches its caller directly, in the process that ran it."""
         return None
 
-    def owner(self, run_id: str) -> owner.Owner | None:
+    def owner(self, run_id: str) -> Owner | None:
         with self.lock:
             row = self.db.execute("SELECT owner FROM runs WHERE run_id = ?", (run_id,)).fetchone()
-        return owner.Owner(*json.loads(row[0])) if row and row[0] else None
+        return Owner(*json.loads(row[0])) if row and row[0] else None
 
     def set_status(self, run_id: str, status: str, error: str | None = None, node: str | None = None) -> None:
         with self.writing():
