@@ -2,7 +2,9 @@
 
 Three figures (issue 7, item 2): one checkpoint after a node that changed one small key, with an empty
 store and with a 100 MB store beside it (it must cost the same); and a local run of 10,000 small node
-executions (a loop of one node) with checkpoints, against the same stepper loop with none.
+executions (a loop of one node) with checkpoints, against the same stepper loop with none. And what a local
+batch pays for keeping its outcomes as it runs (issue 21, worker/batch/checkpoints.py): a batch of small
+`echo` items through LocalBackend keeping them in the embedded store, against the same batch keeping none.
 Writes bench/CHECKPOINTS.md (or --out).
 """
 
@@ -22,10 +24,11 @@ class Sizes:
     repeats: int  # checkpoints timed beside an empty store (a quarter of that beside the big one)
     big_mb: int  # the big store value
     steps: int  # node executions in the loop
+    items: int  # items of the batch
 
 
-FULL = Sizes(repeats=2000, big_mb=100, steps=10_000)
-QUICK = Sizes(repeats=200, big_mb=10, steps=500)
+FULL = Sizes(repeats=2000, big_mb=100, steps=10_000, items=1_000_000)
+QUICK = Sizes(repeats=200, big_mb=10, steps=500, items=20_000)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -92,6 +95,23 @@ def loop_run(steps: int, checkpoints: bool) -> float:
     return time.perf_counter() - started
 
 
+def batch_run(count: int, runs: Any = None) -> float:
+    """A batch of `count` echo items through LocalBackend, its outcomes kept in `runs` as it goes (None: not)."""
+    from worker.batch.backend import BatchJob, LocalBackend
+    from worker.engine.build import item_chain
+    from worker.engine.loader import load
+
+    wf = {"nodes": [{"id": "b", "type": "echo", "params": {"v": "${item}"}, "batch": {"items": "${items}"}}]}
+    spec = load(wf).nodes[0]
+    items = list(range(count))
+    keep = None if runs is None else (lambda job, chunks, counts: runs.save_chunks("bench", job.key, chunks, counts))
+    started = time.perf_counter()
+    result = LocalBackend(keep=keep).run_batch(BatchJob(spec, items, {"items": items}, item_chain(spec), "b#0"))
+    elapsed = time.perf_counter() - started
+    assert result.aggregate is not None and result.aggregate["count"] == count
+    return elapsed
+
+
 def measure(session: Session, bench: BenchCluster) -> dict[str, Any]:
     """SQLite (worker/runs/sqlite.py, a fresh file each) and Redis (worker/cluster/state/runs.py, one Lua
     script per checkpoint, on the bench's own redis-server); then the loop, best of 3 each way."""
@@ -112,6 +132,9 @@ def measure(session: Session, bench: BenchCluster) -> dict[str, Any]:
     out["plain"] = min(loop_run(sizes.steps, False) for _ in range(3))
     out["recorded"] = min(loop_run(sizes.steps, True) for _ in range(3))
     log(f"loop of {sizes.steps:,} steps: {out['plain']:.3f} s plain, {out['recorded']:.3f} s with checkpoints")
+    out["batch_plain"] = min(batch_run(sizes.items) for _ in range(3))
+    out["batch_kept"] = min(batch_run(sizes.items, LocalRuns(session.workdir / "runs-batch.db")) for _ in range(3))
+    log(f"batch of {sizes.items:,} items: {out['batch_plain']:.3f} s, {out['batch_kept']:.3f} s keeping outcomes")
     return out
 
 
@@ -134,6 +157,12 @@ def report(session: Session, r: dict[str, Any]) -> str:
         (f"loop of {sizes.steps:,} node executions, no checkpoints (`drive`)", f"{r['plain']:.3f} s", ""),
         ("the same through `scheduler.run` (record + checkpoint per node)", f"{r['recorded']:.3f} s", ""),
         ("added per node execution", f"{per_node * 1e3:.3f} ms", ""),
+        (f"local batch of {sizes.items:,} `echo` items, outcomes not kept", f"{r['batch_plain']:.3f} s", ""),
+        (
+            "the same keeping its outcomes as it runs (a chunk every 0.5 s)",
+            f"{r['batch_kept']:.3f} s (+{(r['batch_kept'] / r['batch_plain'] - 1) * 100:.0f}%)",
+            "",
+        ),
     ]
     body = f"""{harness.table(("measurement", "result", "target"), rows)}
 

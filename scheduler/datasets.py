@@ -279,7 +279,7 @@ class _LocalJob:
 
     def end(self, started: float) -> RunResult:
         counts = self.ds.counts()
-        status, error = verdict(self.dataset, counts, self.cancelled.is_set())
+        status, error = verdict(self.dataset, counts, self.cancelled.is_set(), self.ds)
         local_runs().set_status(self.record.run_id, status, error)
         return _result(self.record.run_id, status, error, counts, time.perf_counter() - started)
 

@@ -114,7 +114,11 @@ def _go_on(
         )
         with context.using(ctx):
             cursor = drive(flow, cursor, store, ctx, StepJournal(runs, run_id, batch_nodes(flow)))
+        status, error, outputs = "cancelled", "run cancelled", {}
+        if not cancelled.is_set():  # resolving the outputs may fail too: the run is then failed, not running
+            status, error, outputs = ending(flow, cursor, store, ctx.last_node)
     except RunCancelled:
+        status, error, outputs = "cancelled", "run cancelled", {}
         cancelled.set()
     except Fenced:  # another process took the run over from its checkpoint: its record is theirs now
         raise
@@ -124,8 +128,5 @@ def _go_on(
     except BaseException as exc:
         runs.set_status(run_id, "failed", redact.mask(f"{type(exc).__name__}: {exc}"), ctx.last_node)
         raise
-    status, error, outputs = "cancelled", "run cancelled", {}
-    if not cancelled.is_set():
-        status, error, outputs = ending(flow, cursor, store, ctx.last_node)
     runs.set_status(run_id, RECORD_STATUS[status], error, ctx.last_node if status != "success" else None)
     return RunResult(store, status, error, outputs, run_id, time.perf_counter() - started)

@@ -26,6 +26,7 @@ from worker.cluster import signing
 from worker.cluster.app import current_app
 from worker.cluster.batches import chunking
 from worker.cluster.state import heartbeat, idempotency
+from worker.cluster.state.progress import batches_of
 from worker.cluster.state.runs import ClusterRuns
 from worker.cluster.state.runstate import RunState
 from worker.engine.flow import build_flow
@@ -116,9 +117,10 @@ def workers_registered() -> int:
 
 
 def status(run_id: str) -> dict[str, Any]:
-    """The `chordflow status --json` object; a dataset job's has `records` (total, done, failed, rate, eta_s), a
-    run whose store keeps `__llm_calls__` has `llm` (calls, input_tokens, output_tokens), a cluster run not ended
-    `workers` (the registered workers' pool sizes, by hostname: who can work on it now)."""
+    """The `chordflow status --json` object; its `batches` has the batch running now too (done/total/failed so
+    far); a dataset job's has `records` (total, done, failed, rate, eta_s), a run whose store keeps
+    `__llm_calls__` has `llm` (calls, input_tokens, output_tokens), a cluster run not ended `workers` (the
+    registered workers' pool sizes, by hostname: who can work on it now)."""
     record, runs = find_run(run_id)
     info = record.status_dict()
     if isinstance(runs, ClusterRuns) and record.status not in FINAL:
@@ -126,6 +128,12 @@ def status(run_id: str) -> dict[str, Any]:
     if record.dataset is not None:
         info["records"] = datasets.progress(record)
     else:
+        # a batch still running on the cluster (a submitted run, or one a client drives): its progress stream
+        if record.backend == "celery" and record.status == "running":
+            with broker_errors(settings.load().result_backend):
+                for batch in batches_of(RunState(run_id).redis, run_id):
+                    if not batch.finished or batch.node not in info["batches"]:
+                        info["batches"][batch.node] = {"total": batch.total, "done": batch.done, "failed": batch.failed}
         with contextlib.suppress(Unrecoverable):  # a store that cannot be read back still has a status
             if (totals := usage_totals(runs.load_store(run_id))) is not None:
                 info["llm"] = totals
@@ -213,17 +221,22 @@ def _result(record: RunRecord, runs: RunStore) -> RunResult:
 def cancel_run(run_id: str) -> int:
     """Set a run's cancel flag in Redis (chunks stop between items; no new step starts); returns how many
     queued chunks were revoked. A run driven by a client process (`scheduler.run(backend="celery")`) sees
-    the flag and has its queued chunks revoked; a local run is stopped with Ctrl-C in its own process.
+    the flag and has its queued chunks revoked; a local run's process (on this host) is sent SIGTERM, which
+    `chordflow run` takes as Ctrl-C.
 
     A cluster run's chunks are never revoked: a revoked chord member fails the chord, so its body (which
     keeps the outcomes so far and records "cancelled") would never run and the run would stay "running".
     Its queued chunks see the flag as they start and return at once, without running an item.
     """
     record, runs = find_run(run_id)
-    if record.backend != "celery":
-        raise ValidationError(f"run {run_id} is a local run: stop it with Ctrl-C in the process running it")
-    if record.status in FINAL:
+    if record.status in FINAL:  # a local run whose process is gone too: it reads as failed
         raise ValidationError(f"run {run_id} already ended: {record.status}")
+    if record.backend != "celery":  # its process cancels it on SIGTERM as on Ctrl-C
+        held = runs.owner(run_id)
+        if held is None or not held.cancel():
+            where = f" (pid {held.pid} on {held.host})" if held is not None else ""
+            raise ValidationError(f"run {run_id} is a local run: stop it with Ctrl-C in the process running it{where}")
+        return 0
     state = RunState(run_id)
     state.cancel()
     if record.dataset is not None:

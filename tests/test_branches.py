@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import signal
 import subprocess
 import sys
@@ -398,3 +399,32 @@ def test_workers_killed_mid_branch_then_new_workers_finish_the_section(tmp_path:
     assert result.status == "success"
     assert sorted(logged(tmp_path)) == ["a", "b", "start"]  # a once (its first run was cut off), b not again
     assert [r["ok"] for r in result.shared["__parallel_results__"]] == [True, True]
+
+
+# -- what the CLI says of a failed branch (issue 21) ------------------------------------------------------------
+
+
+def cli_run(tmp_path: Path, wf: dict[str, Any], backend: str) -> subprocess.CompletedProcess[str]:
+    path = tmp_path / "wf.json"
+    path.write_text(json.dumps(wf))
+    return subprocess.run(
+        [sys.executable, "-m", "scheduler.cli", "run", str(path), "--backend", backend],
+        cwd=ROOT, env={**os.environ, "COLUMNS": "300"}, capture_output=True, text=True, timeout=180,
+    )  # fmt: skip
+
+
+def test_a_run_whose_branch_failed_says_so_under_its_success_status(backend: str, tmp_path: Path) -> None:
+    done = cli_run(tmp_path, section_workflow(tmp_path, fail=("b",)), backend)
+    assert done.returncode == 0, done.stderr
+    status, branch = done.stdout.splitlines()[:2]
+    assert status.startswith("status: success")
+    missing = tmp_path / "missing"
+    assert branch == f"  branch 'b' failed: FileNotFoundError: missing {missing} (the fan-in ran without it)"
+
+
+def test_a_run_failing_at_the_fan_in_shows_the_failed_branchs_own_error_first(backend: str, tmp_path: Path) -> None:
+    done = cli_run(tmp_path, section_workflow(tmp_path, fail=("a2",)), backend)
+    assert done.returncode == 1
+    first, second = done.stderr.splitlines()[-2:]
+    assert first == f"error: branch 'a' failed: FileNotFoundError: missing {tmp_path / 'missing'}", done.stderr
+    assert second.startswith("error: TemplateError: node 'merge' param 'a2': cannot resolve ${a2.label}"), second

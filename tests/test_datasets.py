@@ -123,6 +123,21 @@ def test_failed_records_fail_the_job_saying_how_many_and_redrive_reruns_only_the
     assert json.loads(cli("status", run_id, "--json").stdout)["status"] == "succeeded"
 
 
+def test_a_job_whose_every_record_failed_names_the_most_common_error(backend: str, tmp_path: Path) -> None:
+    wf = tmp_path / "wf.json"
+    node = {"id": "say", "type": "test-upper", "params": {"text": "${record.txt}"}}  # the records have no `txt`
+    wf.write_text(json.dumps({"inputs": {"record": {}}, "nodes": [node]}))
+    items = tmp_path / "items.jsonl"
+    items.write_text("".join(json.dumps({"text": f"t{i}"}) + "\n" for i in range(30)))
+    done = cli("run", wf, "--items", items, "--chunk-size", 8, "--output", "json", *backend_args(backend))
+    assert done.returncode == 1, done.stderr
+    error = json.loads(done.stdout)["error"]
+    assert error.startswith("failed 30 of 30 records (100.0%); most common error: 30 x TemplateError: "), error
+    assert "${record.txt}" in error
+    status = json.loads(cli("status", json.loads(done.stdout)["run_id"], "--json").stdout)
+    assert status["error"] == error
+
+
 def test_tolerated_failures_let_the_job_succeed_and_an_exceeded_threshold_fails_it(
     backend: str, job: dict, tmp_path: Path
 ) -> None:

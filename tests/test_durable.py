@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from redis import Redis
 
 import scheduler
 from scheduler import durable
@@ -260,6 +261,51 @@ def test_cli_run_detach_and_wait_on_the_cluster(celery_cluster: Cluster, tmp_pat
     line = assert_one_line_error(cli(celery_cluster, "wait", fail_id), 1)
     assert line.startswith("error: ValueError: boom None"), line  # the node's exception, raised again
     assert record_status(fail_id) == "failed"
+
+
+def test_ctrl_c_on_wait_stops_waiting_and_the_run_goes_on(celery_cluster: Cluster, tmp_path: Path) -> None:
+    gate, log = tmp_path / "gate", tmp_path / "held.log"
+    params = {"log": str(log), "label": "held", "gate": str(gate)}
+    held = write_wf(tmp_path, {"nodes": [{"id": "s", "type": "test-side-effect", "params": params}]})
+    run_id = cli(celery_cluster, "run", held, "--backend", "celery", "--detach").stdout.strip()
+    waiting = subprocess.Popen(
+        [sys.executable, "-m", "scheduler.cli", "wait", run_id], cwd=ROOT,
+        env={**celery_cluster.env, "CHORDFLOW_PLUGINS": PLUGINS}, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        text=True,
+    )  # fmt: skip
+    try:
+        redis = Redis.from_url(celery_cluster.redis.url)
+        # `wait` follows the run's progress stream with a blocking XREAD: it is in its loop once Redis sees one
+        until(lambda: any(c["cmd"] == "xread" for c in redis.client_list()), 60, "wait to follow the run")
+        waiting.send_signal(signal.SIGINT)
+        out, err = waiting.communicate(timeout=30)
+    finally:
+        waiting.kill()
+    assert waiting.returncode == 130 and out == "", err
+    assert err.strip() == f"stopped waiting; run {run_id} goes on (chordflow cancel {run_id} to stop it)"
+    assert record_status(run_id) == "running" and not RunState(run_id).cancelled()
+    gate.touch()
+    assert durable.wait(run_id, timeout=60).status == "success"  # the run went on to its end
+    assert lines(log) == ["held"]
+
+
+def test_status_of_a_running_cluster_batch_shows_its_done_total_and_failed(
+    celery_cluster: Cluster, tmp_path: Path
+) -> None:
+    log, gate, open_ = tmp_path / "log", tmp_path / "gate", tmp_path / "open"
+    open_.touch()
+    items = [{"i": i, "gate": str(open_ if i < 10 else gate)} for i in range(40)]
+    node = side_effect("b", log, label="${item.i}", gate="${item.gate}")
+    node["batch"] = {"items": "${items}", "chunk_size": 5}
+    run_id = durable.submit({"nodes": [node]}, {"items": items})
+    counts = {"total": 40, "done": 10, "failed": 0}  # items 10 on wait for the gate
+    until(lambda: json.loads(cli(celery_cluster, "status", run_id, "--json").stdout)["batches"].get("b") == counts,
+          60, "the first ten items' outcomes in status")  # fmt: skip
+    text = cli(celery_cluster, "status", run_id).stdout
+    assert f"run {run_id}: running" in text and "b: 10/40 items, 0 failed" in text, text
+    gate.touch()
+    assert durable.wait(run_id, timeout=60).status == "success"
+    assert json.loads(cli(celery_cluster, "status", run_id, "--json").stdout)["batches"]["b"]["done"] == 40
 
 
 def test_results_node_streams_a_cluster_batch_from_its_stored_chunks(celery_cluster: Cluster, tmp_path: Path) -> None:

@@ -1,4 +1,5 @@
-"""The embedded default: batches run in the calling process; a batch cut short keeps its outcomes."""
+"""The embedded default: batches run in the calling process, their outcomes kept as they go (a batch cut short
+resumes with them)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,6 @@ def create(run_id: str, ctx: RunContext) -> LocalBackend:
     return LocalBackend(
         ctx.cancelled,
         ctx.sink,
-        on_partial=lambda job, chunks: runs.save_chunks(run_id, job.key, chunks),
+        keep=lambda job, chunks, counts: runs.save_chunks(run_id, job.key, chunks, counts),
         saved=lambda key: runs.saved_chunks(run_id, key),
     )

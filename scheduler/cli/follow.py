@@ -32,13 +32,14 @@ from rich.text import Text
 from ir.errors import RunCancelled, WaitTimeout
 from scheduler.cli.errors import (
     EXIT_CANCELLED,
+    EXIT_FAILED,
     EXIT_USAGE,
     FAILED_NODE_KEY,
     WorkflowFailed,
     error_text,
     exit_code_for,
 )
-from scheduler.cli.output import print_summary, run_report, stderr_console, stdout_console
+from scheduler.cli.output import failed_branches, print_summary, run_report, stderr_console, stdout_console
 
 
 class SecondsElapsedColumn(ProgressColumn):
@@ -146,25 +147,31 @@ def make_event_handler(meta: dict[str, Any], display: ProgressDisplay | None) ->
     return on_event
 
 
-@contextlib.contextmanager
-def cancel_on_sigint(cancelled: threading.Event) -> Iterator[None]:
-    """Ctrl-C sets the run's cancel flag first (batch threads stop taking items), then interrupts."""
+#: The signals that end a run this process drives as cancelled: Ctrl-C, `kill`, a closed terminal.
+CANCEL_SIGNALS = tuple(getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGHUP") if hasattr(signal, name))
 
-    def on_sigint(signum: int, frame: Any) -> None:
+
+@contextlib.contextmanager
+def cancel_on_signals(cancelled: threading.Event) -> Iterator[None]:
+    """Ctrl-C, SIGTERM and SIGHUP set the run's cancel flag first (batch threads stop taking items), then
+    interrupt: the run ends cancelled, its record says so, and `resume` goes on from its checkpoint."""
+
+    def on_signal(signum: int, frame: Any) -> None:
         cancelled.set()
         raise KeyboardInterrupt
 
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    previous = signal.signal(signal.SIGINT, on_sigint)
+    previous = {signum: signal.signal(signum, on_signal) for signum in CANCEL_SIGNALS}
     try:
         yield
     except KeyboardInterrupt:
         cancelled.set()
         raise
     finally:
-        signal.signal(signal.SIGINT, previous)
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
 
 
 def follow_cluster_run(
@@ -191,26 +198,52 @@ def follow_cluster_run(
     return result
 
 
-def follow(ctx: click.Context, output: str, run_id: str, store: dict[str, Any], start: Callable[..., Any]) -> None:
+def stop_waiting(output: str, run_id: str, store: dict[str, Any]) -> None:
+    """Ctrl-C on a command following a run it does not own: say the run goes on, and how to stop it; exit 130."""
+    stopped = f"stopped waiting; run {run_id} goes on (chordflow cancel {run_id} to stop it)"
+    if output == "json":  # a script reading the report learns the run is not over
+        click.echo(run_report(run_id, "running", stopped, {}, store))
+    click.echo(stopped, err=True)
+    raise click.exceptions.Exit(EXIT_CANCELLED) from None
+
+
+def follow(
+    ctx: click.Context,
+    output: str,
+    run_id: str,
+    store: dict[str, Any],
+    start: Callable[..., Any],
+    *,
+    owns: bool = True,
+) -> None:
     """Drive a run (`start(**hooks)` -> (workflow, RunResult)) with the live display and Ctrl-C handling,
-    then report it: the summary or the JSON report, and the exit code."""
+    then report it: the summary or the JSON report, and the exit code.
+
+    `owns`: this command started the run (`run`, `resume`...): Ctrl-C cancels it. Otherwise (`wait`) Ctrl-C only
+    stops following it, and says so: the run goes on."""
     display = ProgressDisplay(stderr_console()) if output != "json" and sys.stderr.isatty() else None
     cancelled = threading.Event()
     try:
-        with cancel_on_sigint(cancelled), display or contextlib.nullcontext():
+        with cancel_on_signals(cancelled) if owns else contextlib.nullcontext(), display or contextlib.nullcontext():
             wf, result = start(
                 on_event=make_event_handler(ctx.meta, display),
                 on_node_start=display.node_started if display else None,
                 cancelled=cancelled,
             )
     except (Exception, KeyboardInterrupt) as exc:
+        if isinstance(exc, KeyboardInterrupt) and not owns:
+            stop_waiting(output, run_id, store)
         code = exit_code_for(exc)
+        # a node failing after a parallel branch failed (the fan-in missing its values): the branch's error first
+        branches = failed_branches(store) if code == EXIT_FAILED else []
+        for branch in branches:
+            click.echo(f"error: {branch}", err=True)
         if output == "json":  # the error line on stderr comes from ChordflowGroup.invoke
             click.echo(
                 run_report(
                     None if code == EXIT_USAGE else run_id,  # exit 2: the run never started
                     "cancelled" if code == EXIT_CANCELLED else "failed",
-                    error_text(exc, ctx.meta.get(FAILED_NODE_KEY)),
+                    "\n".join([*branches, error_text(exc, ctx.meta.get(FAILED_NODE_KEY))]),
                     {},
                     store,
                 )

@@ -14,6 +14,7 @@ from rich.table import Table
 from rich.text import Text
 
 import ir
+from worker.engine.sections import RESULTS_KEY
 
 MAX_ERROR_ROWS = 20
 _SURROGATE = re.compile("[\ud800-\udfff]")
@@ -77,14 +78,30 @@ def _render(value: Any, limit: int | None = None) -> str:
     return text
 
 
+def failed_branches(store: dict[str, Any]) -> list[str]:
+    """`branch 'bad' failed: JSONDecodeError: ...` for each branch of the run's last parallel section that
+    raised: its own exception, which a run that goes on (or fails later, at the fan-in) would otherwise hide."""
+    results = store.get(RESULTS_KEY)
+    if not isinstance(results, list):
+        return []
+    return [
+        f"branch '{r.get('branch')}' failed: {r.get('error')}"
+        for r in results
+        if isinstance(r, dict) and r.get("ok") is False
+    ]
+
+
 def print_summary(console: Console, wf: ir.Workflow, result: Any) -> None:
-    """The human summary: status, each batch node's counts and errors, the workflow outputs."""
+    """The human summary: status (and the branches that failed), each batch node's counts and errors, the
+    workflow outputs."""
     style = {"success": "bold green", "failed": "bold red"}.get(result.status, "bold yellow")
     line = Text("status: ")
     line.append(result.status, style=style)
     n = len(wf.nodes)
     line.append(f"  ({n} node{'' if n == 1 else 's'}, {result.duration_s:.2f}s, run {result.run_id})")
     console.print(line)
+    for branch in failed_branches(result.shared):
+        console.print(Text(f"  {branch} (the fan-in ran without it)", style="yellow"))
     for spec in wf.nodes:
         agg = result.shared.get(spec.id) if spec.batch else None
         if not isinstance(agg, dict) or "count" not in agg:

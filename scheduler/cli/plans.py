@@ -14,7 +14,7 @@ import threading
 import click
 
 from scheduler.cli.errors import DEBUG_KEY
-from scheduler.cli.follow import ProgressDisplay, cancel_on_sigint, make_event_handler
+from scheduler.cli.follow import ProgressDisplay, cancel_on_signals, make_event_handler
 from scheduler.cli.output import escape_surrogates, jsonable, stderr_console, to_json
 
 
@@ -35,7 +35,7 @@ def run_plan(ctx: click.Context, plan: str, backend: str, debug: bool) -> None:
         ctx.meta[DEBUG_KEY] = True
     display = ProgressDisplay(stderr_console()) if sys.stderr.isatty() else None
     cancelled = threading.Event()
-    with cancel_on_sigint(cancelled), display or contextlib.nullcontext():
+    with cancel_on_signals(cancelled), display or contextlib.nullcontext():
         states = plans.run_plan(
             plan,
             backend=backend,

@@ -46,7 +46,7 @@ def wait(ctx: click.Context, run_id: str, timeout: float | None, output: str) ->
             raise click.exceptions.Exit(EXIT_TIMEOUT) from None
         return ir.load(record.workflow), result
 
-    follow(ctx, output, run_id, store, start)
+    follow(ctx, output, run_id, store, start, owns=False)
 
 
 @click.command()

@@ -40,7 +40,7 @@ from worker import settings
 from worker.cluster.broker.pool import SENT_AT_HEADER
 from worker.cluster.state import connection, heartbeat
 from worker.cluster.state.keys import RUNS, run_key
-from worker.cluster.state.runstate import RunState
+from worker.cluster.state.progress import BatchProgress, StreamProgress
 from worker.datasets.job import RECORDS
 from worker.runs.record import STATUSES
 
@@ -58,22 +58,6 @@ REDIS_SCHEMES = ("redis", "rediss", "unix", connection.SENTINEL_SCHEME)
 
 
 # -- what the cluster is doing ---------------------------------------------------------------------------------
-
-
-@dataclass
-class BatchProgress:
-    """One batch of a run (a dataset job: its records): items, those with an outcome, those that failed."""
-
-    node: str
-    key: str  # `<node>#<step>`, the batch's key in run state
-    total: int
-    done: int = 0
-    failed: int = 0
-    finished: bool = False  # its chord body stored the merged result
-
-    @property
-    def ratio(self) -> float:
-        return self.done / self.total if self.total else 0.0
 
 
 @dataclass
@@ -122,41 +106,6 @@ class ClusterSnapshot:
     queues: list[QueueView]
     unacked: int | None  # None: the broker keeps no such count (not Redis, or no ack emulation)
     workers: dict[str, int]  # hostname -> pool processes
-
-
-class _Progress:
-    """A running run's batches as its progress stream tells them, read on from where the last read stopped."""
-
-    def __init__(self) -> None:
-        self.position = "0-0"
-        self.batches: dict[str, BatchProgress] = {}
-        self.seen: dict[str, bytearray] = {}
-
-    def batch(self, key_: str, total: int) -> BatchProgress:
-        found = self.batches.get(key_)
-        if found is None:
-            found = self.batches[key_] = BatchProgress(key_.split("#", 1)[0], key_, total)
-            self.seen[key_] = bytearray(total)
-        return found
-
-    def read(self, entries: list[tuple[bytes, dict[bytes, bytes]]], totals: dict[str, int]) -> None:
-        for entry_id, fields in entries:
-            self.position = entry_id.decode()
-            batch_key = fields.get(b"batch", b"").decode()
-            if not batch_key or batch_key not in totals:
-                continue  # the run's end marker, or a batch without a total (not one of a cluster run)
-            progress = self.batch(batch_key, totals[batch_key])
-            if b"done" in fields:
-                progress.finished = True
-            packed = fields.get(b"b")
-            if packed is None:
-                continue
-            seen = self.seen[batch_key]
-            for index, ok in RunState.unpack_outcomes(packed):
-                if 0 <= index < len(seen) and not seen[index]:
-                    seen[index] = 1
-                    progress.done += 1
-                    progress.failed += not ok
 
 
 class BrokerQueues:
@@ -234,7 +183,7 @@ class ClusterView:
         options = config(self.settings)["broker_transport_options"]
         self.broker = BrokerQueues(self.settings.broker_url, options, list(queues) or [self.settings.queue])
         self._names: dict[str, str] = {}  # run id -> workflow name (a run's workflow never changes)
-        self._progress: dict[str, _Progress] = {}
+        self._progress: dict[str, StreamProgress] = {}
         self._lock = threading.Lock()
 
     def snapshot(self) -> ClusterSnapshot:
@@ -288,7 +237,7 @@ class ClusterView:
         batch_runs = [v for v in running if not v.dataset]
         pipe = self.redis.pipeline(transaction=False)
         for view in batch_runs:
-            progress = self._progress.setdefault(view.run_id, _Progress())
+            progress = self._progress.setdefault(view.run_id, StreamProgress())
             # The stream first: a batch's total is stored before its chunks are sent, so every batch the entries
             # read name has its total in the read after them.
             pipe.xread({run_key(view.run_id, "events"): progress.position}, count=STREAM_ENTRIES)

@@ -17,6 +17,7 @@ from pocketflow import BaseNode
 from ir.errors import RunCancelled
 from ir.models import BatchSpec, NodeSpec
 from worker.batch.aggregate import BatchResult, ChunkResult, merge
+from worker.batch.checkpoints import Checkpoints
 from worker.batch.executor import ItemExecutor, run_slice
 from worker.batch.middleware import item_middleware, tolerance_of
 
@@ -74,17 +75,19 @@ class LocalBackend:
         self,
         cancelled: threading.Event | None = None,
         emit: Callable[[dict[str, Any]], None] | None = None,
-        on_partial: Callable[[BatchJob, list[ChunkResult]], None] | None = None,
+        keep: Callable[[BatchJob, list[ChunkResult], dict[str, int]], None] | None = None,
         saved: Callable[[str], list[ChunkResult]] | None = None,
     ):
         self.cancelled = cancelled or threading.Event()
         self.emit = emit
-        self.on_partial = on_partial  # told of the outcomes of a batch cut short (kept for `resume`)
+        # told of the outcomes as the items finish, in chunks (worker/batch/checkpoints.py), with the batch's
+        # counts so far ({total, done, failed}: what `status` shows of a batch still running)
+        self.keep = keep
         self.saved = saved  # batch key -> outcomes a cut-short run of this batch kept
 
     def run_batch(self, job: BatchJob) -> BatchResult:
-        if self.saved is not None and not job.done:
-            job.done = self.saved(job.key)
+        if self.saved is not None and not job.done:  # a chunk with a failed item runs again, as on the cluster
+            job.done = [chunk for chunk in self.saved(job.key) if not chunk.failures]
         executor = job.executor()
         done_before = sum(len(c.results) for c in job.done)
         hooks = item_middleware(
@@ -92,12 +95,25 @@ class LocalBackend:
             done_before=done_before, tolerance=tolerance_of(job.batch),
         )  # fmt: skip
         chunks = list(job.done)
+        keep = self._keeper(job, done_before)
         for start, end in job.missing():
-            chunks.append(run_slice(executor, job.items[start:end], start, hooks))
+            kept = [] if keep is None else [Checkpoints(start, end - start, keep)]
+            chunks.append(run_slice(executor, job.items[start:end], start, [*hooks, *kept]))
             if self.cancelled.is_set():
                 break
         if self.cancelled.is_set():
-            if self.on_partial is not None:
-                self.on_partial(job, chunks)
             raise RunCancelled(f"run cancelled during batch node '{job.node_id}'")
         return merge(chunks, len(job.items), job.batch.fail_fast)
+
+    def _keeper(self, job: BatchJob, done_before: int) -> Callable[[list[ChunkResult]], None] | None:
+        """What the batch's Checkpoints hand their chunks to: `keep`, with the batch's counts so far."""
+        if self.keep is None:
+            return None
+        keep, counts = self.keep, {"total": len(job.items), "done": done_before, "failed": 0}
+
+        def kept(chunks: list[ChunkResult]) -> None:  # one slice at a time: its writer thread, then its close
+            counts["done"] += sum(len(c.results) for c in chunks)
+            counts["failed"] += sum(len(c.failures) for c in chunks)
+            keep(job, chunks, dict(counts))
+
+        return kept

@@ -234,7 +234,7 @@ def finish_run(run_id: str, runs: ClusterRuns | None = None) -> str:
         return "fenced"
     dataset, ds = Dataset.from_json(record.dataset), ClusterDataset(run_id)
     counts = ds.counts()
-    status, error = verdict(dataset, counts, RunState(run_id).cancelled())
+    status, error = verdict(dataset, counts, RunState(run_id).cancelled(), ds)
     ds.drop_records()  # first: whoever sees the job ended sees it trimmed (its verdict is made of what stays)
     runs.set_status(run_id, status, error)  # trims the run's keys (ClusterRuns.trim), the per-record progress too
     done, failed = counts["done"], counts["failed"]

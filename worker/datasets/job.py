@@ -14,6 +14,7 @@ running one chunk (`run_chunk`, also for a redrive that re-runs only its failed 
 from __future__ import annotations
 
 import time
+from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, Protocol
@@ -211,8 +212,11 @@ def _not_run(start: int, stop: int) -> Iterator[Row]:
     return ({"index": i, "result": None, "error": NOT_RUN} for i in range(start, stop))
 
 
-def verdict(dataset: Dataset, counts: dict[str, Any], cancelled: bool) -> tuple[str, str | None]:
-    """(record status, error) of a dataset job that ended."""
+def verdict(
+    dataset: Dataset, counts: dict[str, Any], cancelled: bool, store: DatasetStore | None = None
+) -> tuple[str, str | None]:
+    """(record status, error) of a dataset job that ended; when every record failed, the error its `store` holds
+    most often follows (`...; most common error: 200 x TemplateError: ...`): the count alone says nothing."""
     if cancelled:
         return "cancelled", "run cancelled"
     if counts["total"] is None:
@@ -223,7 +227,24 @@ def verdict(dataset: Dataset, counts: dict[str, Any], cancelled: bool) -> tuple[
     error = dataset.tolerance.verdict(counts["failed"], total)
     if not_run:  # stopped by the threshold (or a chunk was lost): say how many never ran
         error = f"{error} ({not_run} not run)" if error else f"{not_run} of {total} records did not run"
+    if error and total and counts["failed"] == total and store is not None and (common := most_common_error(store)):
+        error = f"{error}; most common error: {common}"
     return ("failed", error) if error else ("succeeded", None)
+
+
+def most_common_error(store: DatasetStore) -> str | None:
+    """`200 x TemplateError: ...`: the error most failed records have (the store read a few chunks at a time)."""
+    seen: Counter[str] = Counter()
+    count = store.chunk_count()
+    for first in range(0, count, 8):
+        for chunk in store.outcomes(list(range(first, min(first + 8, count)))):
+            for failure in chunk.failures if chunk is not None else ():
+                kind = failure.exception_type
+                seen[f"{kind}: {failure.error}" if kind else str(failure.error)] += 1
+    if not seen:
+        return None
+    error, times = seen.most_common(1)[0]
+    return f"{times} x {error}"
 
 
 def progress(counts: dict[str, Any], started: float, now: float) -> dict[str, Any]:

@@ -78,10 +78,8 @@ def go_on_under(runs: RunStore, record: RunRecord, flow: WorkflowFlow, source: s
 
 
 def items_from_checkpoint(runs: RunStore, run_id: str, node: str | None, step: int) -> int:
-    """How many items of the batch node a run stopped in already have an outcome that a resume keeps (the
-    local backend keeps every saved chunk; a cluster run runs a chunk with a failed item again)."""
+    """How many items of the batch node a run stopped in already have an outcome that a resume keeps (both
+    backends run a kept chunk with a failed item again: the cause may be fixed now)."""
     if node is None:
         return 0
-    chunks = runs.saved_chunks(run_id, f"{node}#{step}")
-    # The process driving a local run keeps every saved chunk; the cluster runs a chunk with a failed item again.
-    return sum(len(c.results) for c in chunks if not runs.durable or not c.failures)
+    return sum(len(c.results) for c in runs.saved_chunks(run_id, f"{node}#{step}") if not c.failures)

@@ -3,7 +3,8 @@
 One file, `$CHORDFLOW_HOME/runs.db` (default `~/.chordflow`). A checkpoint is one transaction that
 writes only the top-level keys a node changed, fenced on the step number so a stale writer changes
 nothing. Values are stored with the snapshot codec; a value it cannot encode is recorded as such, and
-only resuming that run needs it. Each step's trail entry keeps the node's action and hashes
+only resuming that run needs it. Each record keeps the process that drives it (worker/runs/owner.py): a run
+whose owner is gone reads as failed. Each step's trail entry keeps the node's action and hashes
 (worker/engine/config_hash.py), and an undo log keeps what the keys a step overwrote held before, so a resume
 with an edited workflow can take the run back to before its first changed node (`rewind`).
 """
@@ -26,7 +27,8 @@ from worker import settings
 from worker.batch.aggregate import ChunkResult
 from worker.batch.rows import Row, rows_of_aggregate, rows_of_chunks
 from worker.engine.steps import Step
-from worker.runs.record import RunRecord, TrailStep, trail_action
+from worker.runs.owner import Owner, current_owner
+from worker.runs.record import FINAL, RunRecord, TrailStep, trail_action
 from worker.runs.store import StoreDiskError, StoreFull, Unrecoverable
 
 COLUMNS = "run_id, workflow, backend, status, node, step, error, created, updated, source, batches, dataset"
@@ -34,7 +36,7 @@ SCHEMA = """
 CREATE TABLE IF NOT EXISTS runs (
   run_id TEXT PRIMARY KEY, workflow TEXT NOT NULL, backend TEXT NOT NULL, status TEXT NOT NULL,
   node TEXT, step INTEGER NOT NULL, error TEXT, created REAL NOT NULL, updated REAL NOT NULL,
-  source TEXT, batches TEXT NOT NULL DEFAULT '{}', dataset TEXT);
+  source TEXT, batches TEXT NOT NULL DEFAULT '{}', dataset TEXT, owner TEXT);
 CREATE INDEX IF NOT EXISTS runs_by_created ON runs (created);
 CREATE TABLE IF NOT EXISTS store (run_id TEXT, key TEXT, value BLOB, type TEXT, PRIMARY KEY (run_id, key));
 CREATE TABLE IF NOT EXISTS trail (run_id TEXT, step INTEGER, node TEXT, action TEXT, config TEXT, reads TEXT,
@@ -75,8 +77,10 @@ class LocalRuns:
             self.db.execute("PRAGMA journal_mode=WAL")
             self.db.execute("PRAGMA synchronous=NORMAL")
             self.db.executescript(SCHEMA)
-            if "dataset" not in {row[1] for row in self.db.execute("PRAGMA table_info(runs)")}:  # a file from before
-                self.db.execute("ALTER TABLE runs ADD COLUMN dataset TEXT")
+            columns = {row[1] for row in self.db.execute("PRAGMA table_info(runs)")}
+            for column in ("dataset", "owner"):  # a file from before
+                if column not in columns:
+                    self.db.execute(f"ALTER TABLE runs ADD COLUMN {column} TEXT")
             trail = {row[1] for row in self.db.execute("PRAGMA table_info(trail)")}
             for column in ("action", "config", "reads", "keys"):  # a file from before step hashes
                 if column not in trail:
@@ -122,6 +126,7 @@ class LocalRuns:
                  record.step, record.error, now, now, record.source, "{}",
                  json.dumps(record.dataset) if record.dataset else None),
             )  # fmt: skip
+            self._own(record.run_id)
             self._write_keys(record.run_id, dict(store), [])
             if encoded:
                 rows = [(record.run_id, str(key), value, None) for key, value in encoded.items()]
@@ -131,13 +136,19 @@ class LocalRuns:
     def get(self, run_id: str) -> RunRecord | None:
         with self.lock:
             row = self.db.execute(
-                f"SELECT {COLUMNS} FROM runs WHERE run_id = ?",
+                f"SELECT {COLUMNS}, owner FROM runs WHERE run_id = ?",
                 (run_id,),
             ).fetchone()
-        return _record(row) if row else None
+        return self._alive(row) if row else None
 
     def recent(self, status: str | None = None, limit: int = 20) -> list[RunRecord]:
-        query = f"SELECT {COLUMNS} FROM runs"
+        with self.lock:  # the unfinished runs first (a few): one whose owner is gone is recorded failed
+            unfinished = self.db.execute(
+                f"SELECT {COLUMNS}, owner FROM runs WHERE status NOT IN ({','.join('?' * len(FINAL))})", FINAL
+            ).fetchall()
+        for row in unfinished:
+            self._alive(row)
+        query = f"SELECT {COLUMNS}, owner FROM runs"
         args: tuple[Any, ...] = ()
         if status:
             query, args = query + " WHERE status = ?", (status,)
@@ -145,9 +156,34 @@ class LocalRuns:
             rows = self.db.execute(query + " ORDER BY created DESC LIMIT ?", (*args, limit)).fetchall()
         return [_record(row) for row in rows]
 
+    def _own(self, run_id: str) -> None:
+        """Make this process the run's owner (on creating it, and on setting it running: `resume`, `redrive`)."""
+        me = current_owner()
+        self.db.execute(
+            "UPDATE runs SET owner = ? WHERE run_id = ?", (json.dumps([me.pid, me.host, me.started]), run_id)
+        )
+
+    def _alive(self, row: tuple[Any, ...]) -> RunRecord:
+        """The record of `row`; an unfinished run whose owner is gone is recorded failed first (only if it still
+        has that owner: a resume may have taken it over since it was read)."""
+        record, held = _record(row), row[-1]
+        if record.status in FINAL or held is None or not (gone := Owner(*json.loads(held))).gone():
+            return record
+        record.status, record.error, record.updated = "failed", gone.why(), time.time()
+        update = "UPDATE runs SET status = ?, error = ?, updated = ? WHERE run_id = ? AND owner = ? AND status = ?"
+        args = (record.status, record.error, record.updated, record.run_id, held, row[3])
+        with self.writing():
+            self.db.execute(update, args)
+        return record
+
     def exception(self, run_id: str) -> tuple[str, str, str] | None:
         """None: a local run's exception reaches its caller directly, in the process that ran it."""
         return None
+
+    def owner(self, run_id: str) -> Owner | None:
+        with self.lock:
+            row = self.db.execute("SELECT owner FROM runs WHERE run_id = ?", (run_id,)).fetchone()
+        return Owner(*json.loads(row[0])) if row and row[0] else None
 
     def set_status(self, run_id: str, status: str, error: str | None = None, node: str | None = None) -> None:
         with self.writing():
@@ -155,6 +191,8 @@ class LocalRuns:
                 "UPDATE runs SET status = ?, error = ?, node = COALESCE(?, node), updated = ? WHERE run_id = ?",
                 (status, error, node, time.time(), run_id),
             )
+            if status == "running":
+                self._own(run_id)
             if status == "succeeded":  # only a resume reads the branches kept mid-section
                 self.db.execute("DELETE FROM branches WHERE run_id = ?", (run_id,))
 
@@ -189,13 +227,18 @@ class LocalRuns:
                 "INSERT OR REPLACE INTO trail (run_id, step, node, action, config, reads, keys) VALUES (?,?,?,?,?,?,?)",
                 (run_id, step, *entry),
             )
-            if batch is not None:
-                self.db.execute(
-                    "UPDATE runs SET batches = json_set(batches, '$.' || json_quote(?), json(?)) WHERE run_id = ?",
-                    (result.node, json.dumps(batch), run_id),
-                )
+            if batch is not None:  # its aggregate is in the store now: the outcomes it kept as it ran go
+                self.db.execute("DELETE FROM chunks WHERE run_id = ? AND batch = ?", (run_id, f"{result.node}#{step}"))
+                self._set_batch(run_id, result.node, batch)
             self.db.execute("COMMIT")
             return True
+
+    def _set_batch(self, run_id: str, node: str, counts: dict[str, int]) -> None:
+        """The record's `batches` entry of `node`: {total, done, failed}."""
+        self.db.execute(
+            "UPDATE runs SET batches = json_set(batches, '$.' || json_quote(?), json(?)) WHERE run_id = ?",
+            (node, json.dumps(counts), run_id),
+        )
 
     def _write_keys(self, run_id: str, changed: Mapping[str, Any], deleted: list[str]) -> None:
         rows = []
@@ -296,10 +339,18 @@ class LocalRuns:
             )
 
     # -- batches cut short --------------------------------------------------------------------------
-    def save_chunks(self, run_id: str, batch: str, chunks: list[ChunkResult]) -> None:
+    def save_chunks(
+        self, run_id: str, batch: str, chunks: list[ChunkResult], counts: dict[str, int] | None = None
+    ) -> None:
+        """Keep outcomes of a batch still running; `counts` ({total, done, failed} so far) go in the record's
+        `batches`, which `status` and `runs` show (the step's checkpoint writes the final ones)."""
         rows = [(run_id, batch, c.start, snapshot.encode(c.to_wire())) for c in chunks if c.results]
         with self.writing():
+            self.db.execute("BEGIN")
             self.db.executemany("INSERT OR REPLACE INTO chunks VALUES (?,?,?,?)", rows)
+            if counts is not None:
+                self._set_batch(run_id, batch.rsplit("#", 1)[0], counts)
+            self.db.execute("COMMIT")
 
     def saved_chunks(self, run_id: str, batch: str) -> list[ChunkResult]:
         with self.lock:
@@ -338,7 +389,7 @@ def _disk_error(exc: sqlite3.OperationalError, path: Path) -> StoreDiskError | N
 
 
 def _record(row: tuple[Any, ...]) -> RunRecord:
-    run_id, workflow, backend, status, node, step, error, created, updated, source, batches, dataset = row
+    run_id, workflow, backend, status, node, step, error, created, updated, source, batches, dataset = row[:12]
     return RunRecord(
         run_id, json.loads(workflow), backend, status, node, step, error, created, updated, source,
         json.loads(batches), json.loads(dataset) if dataset else None,

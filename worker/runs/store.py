@@ -16,6 +16,7 @@ from typing import Any, Protocol
 from worker.batch.aggregate import ChunkResult
 from worker.batch.rows import Row
 from worker.engine.steps import Step
+from worker.runs.owner import Owner
 from worker.runs.record import FINAL, RunRecord, TrailStep
 
 
@@ -65,6 +66,10 @@ class RunStore(Protocol):
 
     def exception(self, run_id: str) -> tuple[str, str, str] | None:
         """(module, type, message) of the exception a failed run raised, for `wait` to raise again."""
+        ...
+
+    def owner(self, run_id: str) -> Owner | None:
+        """The process driving the run (a local run: worker/runs/owner.py); None when the workers drive it."""
         ...
 
     def checkpoint(self, run_id: str, step: int, result: Step, batch: dict[str, int] | None = None) -> bool:

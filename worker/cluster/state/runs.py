@@ -166,6 +166,10 @@ class ClusterRuns:
         raw = self.redis.hget(run_key(run_id, "run"), "exception")
         return tuple(json.loads(raw)) if raw else None  # type: ignore[return-value]
 
+    def owner(self, run_id: str) -> None:
+        """None: the workers drive a cluster run, no one process."""
+        return None
+
     # -- checkpoints --------------------------------------------------------------------------------
     def checkpoint(self, run_id: str, step: int, result: Step, batch: dict[str, int] | None = None) -> bool:
         args: list[Any] = [step, result.next_node or "", result.node, time.time(), self.ttl]
