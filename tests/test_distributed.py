@@ -172,7 +172,7 @@ def test_chunk_crash_fails_the_run_with_a_clear_message() -> None:
         scheduler.run(batch_wf("test-scheduler-only"), {"items": [1, 2]}, backend="celery")
 
 
-def test_cancel_from_the_cli_stops_the_run_within_seconds(celery_cluster: Any) -> None:
+def test_cancel_from_the_cli_stops_the_run_within_seconds(broker: Any) -> None:
     run_id = uuid.uuid4().hex[:12]
     started = threading.Event()
     outcome: dict[str, Any] = {}
@@ -192,7 +192,7 @@ def test_cancel_from_the_cli_stops_the_run_within_seconds(celery_cluster: Any) -
     assert started.wait(60)
     cancel = subprocess.run(
         [sys.executable, "-m", "scheduler.cli", "cancel", run_id],
-        env=celery_cluster.env,
+        env=broker.env,
         capture_output=True,
         text=True,
     )

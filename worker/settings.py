@@ -39,7 +39,7 @@ class Settings(BaseSettings):
     model_config = SettingsConfigDict(frozen=True, case_sensitive=True, env_ignore_empty=True, populate_by_name=True)
 
     # The cluster: read together by `load()`.
-    broker_url: str = _var("CHORDFLOW_BROKER_URL", DEFAULT_BROKER, "the Celery broker (Redis)")
+    broker_url: str = _var("CHORDFLOW_BROKER_URL", DEFAULT_BROKER, "the Celery broker: redis://... or amqp://...")
     result_backend: str = _var(
         "CHORDFLOW_RESULT_BACKEND", "", "where run state and results live (Redis); unset: the broker",
         validate_default=True,
@@ -56,6 +56,12 @@ class Settings(BaseSettings):
         "CHORDFLOW_RUN_TTL", 86400, "seconds run state (progress stream, flags, snapshots) stays in Redis"
     )
     queue: str = _var("CHORDFLOW_QUEUE", "chordflow", "the queue chunks are sent to and workers consume")
+    broker_heartbeat: int = _var(
+        "CHORDFLOW_BROKER_HEARTBEAT", 10, "AMQP: seconds between heartbeats; a silent peer is dropped after two"
+    )
+    queue_type: Literal["classic", "quorum"] = _var(
+        "CHORDFLOW_QUEUE_TYPE", "classic", "AMQP: the queue's type, classic (with priorities) or quorum (replicated)"
+    )
     worker_heartbeat: int = _var(
         "CHORDFLOW_WORKER_HEARTBEAT", 10, "seconds between a worker's registry refreshes (its entry lives 3 beats)"
     )
@@ -99,7 +105,7 @@ class Settings(BaseSettings):
     @field_validator(
         "visibility_timeout", "snapshot_inline_bytes", "chunks_per_process", "max_chunk_size", "run_ttl",
         "worker_heartbeat", "snapshot_cache_bytes", "pool_timeout", "max_steps", "http_connections", "outage_seconds",
-        mode="before",
+        "broker_heartbeat", mode="before",
     )  # fmt: skip
     @classmethod
     def _integer(cls, value: Any, info: ValidationInfo) -> Any:
@@ -113,7 +119,7 @@ class Settings(BaseSettings):
             name = cls.variable(str(info.field_name))
             raise ValueError(f"environment variable {name} must be an integer, got {value!r}") from None
 
-    @field_validator("worker_heartbeat", "pool_timeout", "http_connections", "outage_seconds")
+    @field_validator("worker_heartbeat", "pool_timeout", "http_connections", "outage_seconds", "broker_heartbeat")
     @classmethod
     def _at_least_one(cls, value: float) -> float:
         return max(1, value)
@@ -133,14 +139,16 @@ class Settings(BaseSettings):
     def _flag(cls, value: Any) -> Any:
         return value.strip().lower() in ("1", "true", "yes", "on") if isinstance(value, str) else value
 
-    @field_validator("log_format", mode="before")
+    @field_validator("log_format", "queue_type", mode="before")
     @classmethod
-    def _log_format(cls, value: Any) -> Any:
+    def _choice(cls, value: Any, info: ValidationInfo) -> Any:
         if not isinstance(value, str):
             return value
-        value = value.strip().lower() or "text"
-        if value not in ("text", "json"):
-            raise ValueError(f"{cls.variable('log_format')} must be 'text' or 'json', got {value!r}")
+        name = str(info.field_name)
+        choices = {"log_format": ("text", "json"), "queue_type": ("classic", "quorum")}[name]
+        value = value.strip().lower() or choices[0]
+        if value not in choices:
+            raise ValueError(f"{cls.variable(name)} must be '{choices[0]}' or '{choices[1]}', got {value!r}")
         return value
 
 

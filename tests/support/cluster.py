@@ -13,6 +13,7 @@ import pytest
 import redis
 
 from scheduler.localcluster import Cluster
+from tests.support import rabbitmq
 from worker.cluster.state.runstate import RunState
 
 # The workers' environment: the suite's, as it is when conftest loads this plugin — not whatever a
@@ -33,6 +34,36 @@ def celery_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster
         cluster.restore_env(previous)
     finally:
         cluster.stop()
+
+
+@pytest.fixture(scope="session")
+def rabbitmq_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    """The suite's cluster with RabbitMQ as the broker: a vhost of its own on the machine's RabbitMQ
+    (tests/support/rabbitmq.py), its own redis-server for the run state and two solo workers. Not applied to the
+    environment: the `broker` fixture points a test at it."""
+    with rabbitmq.vhost() as url:
+        cluster = Cluster(tmp_path_factory.mktemp("rabbitmq"), plugins=PLUGINS, base_env=BASE_ENV, broker_url=url)
+        try:
+            cluster.start_worker("a1")
+            cluster.start_worker("a2", via="chordflow")
+            yield cluster
+        finally:
+            cluster.stop()
+
+
+@pytest.fixture(params=["redis", "rabbitmq"])
+def broker(request: pytest.FixtureRequest) -> Iterator[Cluster]:
+    """The suite's cluster on each broker, this process pointed at it for the test: broker-dependent cluster
+    tests take it instead of `celery_cluster` and run on Redis and on RabbitMQ."""
+    if request.param == "redis":
+        yield request.getfixturevalue("celery_cluster")
+        return
+    cluster = request.getfixturevalue("rabbitmq_cluster")
+    previous = cluster.apply_env()
+    try:
+        yield cluster
+    finally:
+        cluster.restore_env(previous)
 
 
 @contextlib.contextmanager
