@@ -170,6 +170,11 @@ def load() -> Settings:
     for name, message in errors.items():
         if name not in CHECKED_ON_USE:
             raise ValueError(message)
+    if loaded.result_backend == loaded.broker_url and loaded.broker_url.startswith(("amqp:", "amqps:", "pyamqp:")):
+        raise ValueError(
+            "CHORDFLOW_RESULT_BACKEND must name a Redis server when CHORDFLOW_BROKER_URL is RabbitMQ (amqp://): "
+            "run state lives in Redis"
+        )
     return loaded
 
 

@@ -328,6 +328,7 @@ def _keep_solo_heartbeats(sender: Any, **_: object) -> None:
     solo = type(sender.pool).__module__ == "celery.concurrency.solo"
     if not solo or not heartbeat_seconds or deliveries.has_visibility_timeout(app):
         return
+    log.info("solo pool on RabbitMQ: broker heartbeats sent from a thread while a task runs")
     beats = amqp.SoloHeartbeats(sender, heartbeat_seconds / 3)
     _solo_heartbeats[sender.hostname] = beats
     signals.task_prerun.connect(lambda **_: beats.started(), weak=False)

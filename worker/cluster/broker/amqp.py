@@ -6,7 +6,8 @@ queue at once, so there is no visibility timeout and nothing to renew. What this
 - **Heartbeats** (CHORDFLOW_BROKER_HEARTBEAT, 10 s): a worker host cut off from the broker keeps its TCP
   connection half-open; RabbitMQ drops it after two silent heartbeat intervals and puts its unacknowledged chunk
   back. A `-P solo` worker runs a task inside its consumer loop, which then sends no heartbeats: `SoloHeartbeats`
-  sends them from a thread while a task runs (the loop does not touch the connection meanwhile).
+  sends them from a thread while a task runs, on the consumer's and the event dispatcher's connections (the loop
+  does not touch them meanwhile); without them RabbitMQ drops both after two intervals and the worker hangs.
 - **The queue**: classic with `x-max-priority` (PRIORITY_MAX), so message priorities work; or quorum
   (CHORDFLOW_QUEUE_TYPE=quorum: replicated across broker nodes, no message priorities before RabbitMQ 4.0, and
   Celery detects it and prefetches per consumer instead of a global QoS). Declared with `x-consumer-timeout`
@@ -46,12 +47,15 @@ class AmqpBroker(Broker):
         return {**kind, "x-consumer-timeout": CONSUMER_TIMEOUT_MS}
 
     def app_options(self) -> dict[str, Any]:
-        queue = self.settings.queue
+        queue, quorum = self.settings.queue, self.settings.queue_type == "quorum"
+        # A quorum queue's delayed messages (a retry's countdown) go through Celery's native delayed delivery,
+        # which routes by topic: its exchange is a topic one (a classic queue's worker holds them instead).
+        exchange = Exchange(queue, type="topic" if quorum else "direct")
         return {
             "broker_heartbeat": self.settings.broker_heartbeat,
             "broker_transport_options": {"confirm_publish": True},
-            "task_queues": [Queue(queue, Exchange(queue), routing_key=queue, queue_arguments=self.queue_arguments())],
-            "task_default_priority": None if self.settings.queue_type == "quorum" else PRIORITIES["normal"],
+            "task_queues": [Queue(queue, exchange, routing_key=queue, queue_arguments=self.queue_arguments())],
+            "task_default_priority": None if quorum else PRIORITIES["normal"],
         }
 
     def message_priority(self, level: str) -> int:
@@ -112,13 +116,20 @@ class SoloHeartbeats:
         with self._lock:
             self._running = False
 
+    def connections(self) -> list[Any]:
+        """The py-amqp connections of the worker's main thread: its consumer's and its event dispatcher's (both
+        negotiated heartbeats; the loop would have sent them)."""
+        owners = (self.consumer, getattr(self.consumer, "event_dispatcher", None))
+        found = (getattr(getattr(owner, "connection", None), "connection", None) for owner in owners)
+        return list({id(c): c for c in found if c is not None}.values())
+
     def _run(self) -> None:
         while not self._stopped.wait(self.interval):
             with self._lock:
                 if not self._running:
                     continue
-                connection = getattr(getattr(self.consumer, "connection", None), "connection", None)
-                try:
-                    connection.send_heartbeat()
-                except Exception:  # a broken connection is the consumer loop's to handle
-                    continue
+                for connection in self.connections():
+                    try:
+                        connection.send_heartbeat()
+                    except Exception:  # a broken connection is the consumer loop's to handle
+                        continue

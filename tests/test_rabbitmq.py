@@ -1,0 +1,202 @@
+"""RabbitMQ as the broker (worker/cluster/broker/amqp.py): what only it has. Each test's cluster is on a vhost of
+its own on the machine's RabbitMQ (tests/support/rabbitmq.py), with its own redis-server for the run state and
+real `celery` workers. The suite's broker-dependent cluster tests run on both brokers through the `broker` fixture.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import re
+import signal
+import subprocess
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from celery import Celery
+
+from scheduler import durable
+from scheduler.localcluster import Cluster
+from scheduler.ops.metrics import ClusterView
+from tests.support import rabbitmq
+from tests.support.cluster import PLUGINS
+from tests.test_signing import RUN_CHUNK, chunk_job
+from worker import settings
+from worker.cluster.app import current_app
+from worker.cluster.broker.registry import for_settings as broker_for
+
+IDLE_QUEUE = "rabbit-idle"  # no worker consumes it: what is sent there waits
+
+
+@contextlib.contextmanager
+def own_cluster(workdir: Path, workers: int = 2, **env: str) -> Iterator[Cluster]:
+    """A cluster on a fresh vhost, `workers` solo workers with `env` added; this process points at it meanwhile."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    with rabbitmq.vhost() as url:
+        cluster = Cluster(workdir, plugins=PLUGINS, broker_url=url)
+        cluster.env.update(env)
+        previous = cluster.apply_env()
+        try:
+            for n in range(1, workers + 1):
+                cluster.start_worker(f"r{n}")
+            yield cluster
+        finally:
+            cluster.restore_env(previous)
+            cluster.stop()
+
+
+def until(condition: Callable[[], Any], timeout: float, what: str) -> Any:
+    """Poll `condition` until it is truthy; fail naming `what` after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while not (value := condition()):
+        assert time.monotonic() < deadline, f"timed out after {timeout}s waiting for {what}"
+        time.sleep(0.05)
+    return value
+
+
+def chunks_in(log: Path, word: str) -> list[str]:
+    """Ids of the chunk tasks a worker's log says were `received` or `succeeded`."""
+    return re.findall(rf"Task {re.escape(RUN_CHUNK)}\[([0-9a-f-]+)\] {word}", log.read_text())
+
+
+def side_effects(log: Path, node: str, items: int, seconds: float, chunk_size: int) -> dict[str, Any]:
+    params = {"log": str(log), "label": "${item}", "seconds": seconds}
+    batch = {"items": "${items}", "chunk_size": chunk_size}
+    return {"nodes": [{"id": node, "type": "test-side-effect", "params": params, "batch": batch}]}
+
+
+def test_a_sigkilled_workers_chunk_runs_again_within_seconds_and_the_run_ends_within_30s(tmp_path: Path) -> None:
+    total, log = 60, tmp_path / "effects"
+    with own_cluster(tmp_path) as cluster:
+        run_id = durable.submit(side_effects(log, "b", total, 0.2, 6), {"items": list(range(total))})
+        r1, r2 = cluster.workers["r1"], cluster.workers["r2"]
+        held = until(
+            lambda: set(chunks_in(r1.log, "received")) - set(chunks_in(r1.log, "succeeded")),
+            60,
+            "r1 to be running a chunk",
+        )
+        r1.kill(signal.SIGKILL)  # its connection closes: RabbitMQ puts its unacknowledged chunk back at once
+        killed = time.monotonic()
+        (chunk,) = held
+        until(lambda: chunk in chunks_in(r2.log, "received"), 10, "the killed worker's chunk to reach r2")
+        again = time.monotonic() - killed
+        result = durable.wait(run_id, timeout=30)
+        ended = time.monotonic() - killed
+    assert result.status == "success"
+    assert again < 10 and ended < 30, (again, ended)
+    aggregate = result.shared["b"]
+    assert (aggregate["count"], aggregate["success_count"]) == (total, total)
+    assert [r["label"] for r in aggregate["results"]] == [str(i) for i in range(total)]  # each once, in order
+    ran = log.read_text().split()
+    assert set(ran) == {str(i) for i in range(total)}  # every item ran, the killed chunk's again
+
+
+def test_a_solo_workers_chunk_longer_than_two_heartbeats_is_delivered_once(tmp_path: Path) -> None:
+    """A `-P solo` worker's consumer loop sends no heartbeat while it runs a chunk: without the worker's own
+    heartbeats (SoloHeartbeats) RabbitMQ drops its connection after two silent intervals (here 4 s) and the
+    chunk is delivered again."""
+    log = tmp_path / "effects"
+    with own_cluster(tmp_path, workers=1, CHORDFLOW_BROKER_HEARTBEAT="2") as cluster:
+        run_id = durable.submit(side_effects(log, "b", 3, 4.0, 3), {"items": [0, 1, 2]})  # one 12 s chunk
+        result = durable.wait(run_id, timeout=60)
+        received = chunks_in(cluster.workers["r1"].log, "received")
+        worker_log = cluster.workers["r1"].log.read_text()
+    assert result.status == "success"
+    assert log.read_text().split() == ["0", "1", "2"]  # each item once
+    assert len(received) == len(set(received)) == 1, received
+    assert "missed heartbeats" not in worker_log and "Connection to broker lost" not in worker_log
+
+
+def test_the_queue_is_declared_for_priorities_or_as_a_quorum_queue(tmp_path: Path) -> None:
+    """Classic: `x-max-priority`, so message priorities work. Quorum (CHORDFLOW_QUEUE_TYPE=quorum): replicated,
+    no priorities; Celery prefetches per consumer there (no global QoS) and sends countdowns through RabbitMQ's
+    delayed-delivery exchanges. Durable runs work on both."""
+    with own_cluster(tmp_path / "classic", workers=1) as classic:
+        assert durable.wait(durable.submit(side_effects(tmp_path / "c", "b", 4, 0, 2), {"items": [0, 1, 2, 3]}), 60)
+        classic_queue = queue_row(classic)
+    with own_cluster(tmp_path / "quorum", workers=1, CHORDFLOW_QUEUE_TYPE="quorum") as quorum:
+        result = durable.wait(durable.submit(side_effects(tmp_path / "q", "b", 4, 0, 2), {"items": [0, 1, 2, 3]}), 60)
+        quorum_queue = queue_row(quorum)
+        # A countdown (an advance waiting out a dead holder's lease) goes through native delayed delivery there.
+        later = current_app().send_task("tests.add", (1, 2), countdown=2)
+        quorum.workers["r1"].wait_for_line(f"tests.add[{later.id}] succeeded", 60)
+    assert result.status == "success" and result.shared["b"]["count"] == 4
+    assert classic_queue["type"] == "classic" and "x-max-priority" in classic_queue["arguments"]
+    assert quorum_queue["type"] == "quorum" and "x-max-priority" not in quorum_queue["arguments"]
+
+
+def queue_row(cluster: Cluster) -> dict[str, str]:
+    """`rabbitmqctl list_queues` of chordflow's queue in the cluster's vhost."""
+    vhost = cluster.env["CHORDFLOW_BROKER_URL"].rsplit("/", 1)[1]
+    out = subprocess.run(
+        ["rabbitmqctl", "-q", "list_queues", "-p", vhost, "name", "type", "arguments", "--no-table-headers"],
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    ).stdout
+    for line in out.splitlines():
+        name, kind, arguments = line.split("\t", 2)
+        if name == settings.load().queue:
+            return {"type": kind, "arguments": arguments}
+    raise AssertionError(f"no queue {settings.load().queue} in {out!r}")
+
+
+def test_metrics_read_a_queues_depth_and_its_next_messages_age_from_rabbitmq(tmp_path: Path) -> None:
+    wf = {"name": "rabbit-idle", "nodes": [{"id": "a", "type": "echo", "params": {"v": 1}}]}
+    with own_cluster(tmp_path, workers=1) as cluster:
+        view = ClusterView(queues=["chordflow", IDLE_QUEUE])
+        sent = time.time()
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setenv("CHORDFLOW_QUEUE", IDLE_QUEUE)
+            run_id = durable.submit(wf)
+        first = {q.name: q for q in view.snapshot().queues}
+        assert first[IDLE_QUEUE].messages == 1  # its first advance, waiting
+        age = first[IDLE_QUEUE].oldest_age
+        assert age is not None and 0 <= age <= time.time() - sent
+        later = until(
+            lambda: (q := {q.name: q for q in view.snapshot().queues})[IDLE_QUEUE].oldest_age >= age + 0.5 and q,
+            30,
+            "the waiting message to grow older",
+        )
+        assert later[IDLE_QUEUE].messages == 1  # reading the age left it waiting, in place
+        assert later["chordflow"].messages == 0 and later["chordflow"].oldest_age is None
+        durable.cancel_run(run_id)
+        assert cluster.workers["r1"].proc.poll() is None
+
+
+def test_a_forged_chunk_sent_through_rabbitmq_is_dropped_and_never_runs(tmp_path: Path) -> None:
+    pwned = tmp_path / "pwned"
+    task_id = uuid.uuid4().hex
+    with own_cluster(tmp_path, workers=1) as cluster:
+        forger = Celery("forger", set_as_current=False)
+        options = broker_for(settings.load()).app_options()
+        forger.conf.update(broker_url=cluster.env["CHORDFLOW_BROKER_URL"], task_serializer="msgpack",
+                           task_queues=options["task_queues"], task_default_queue=settings.load().queue)  # fmt: skip
+        try:
+            forger.send_task(RUN_CHUNK, (chunk_job(f"touch {pwned}"),), task_id=task_id)
+        finally:
+            forger.close()
+        line = cluster.workers["r1"].wait_for_line(f"dropped task {RUN_CHUNK}[{task_id}]", 60)
+    assert "WARNING" in line and "no valid signature" in line
+    assert not pwned.exists()
+
+
+def test_rabbitmq_settings_are_checked_with_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CHORDFLOW_BROKER_URL", rabbitmq.SERVER + "/")
+    monkeypatch.delenv("CHORDFLOW_RESULT_BACKEND", raising=False)
+    with pytest.raises(ValueError, match=r"^CHORDFLOW_RESULT_BACKEND must name a Redis server when") as missing:
+        settings.load()
+    assert "\n" not in str(missing.value)
+    monkeypatch.setenv("CHORDFLOW_RESULT_BACKEND", "redis://127.0.0.1:6379/0")
+    monkeypatch.setenv("CHORDFLOW_QUEUE_TYPE", "stream")
+    with pytest.raises(ValueError, match=r"^CHORDFLOW_QUEUE_TYPE must be 'classic' or 'quorum', got 'stream'$"):
+        settings.load()
+    monkeypatch.setenv("CHORDFLOW_QUEUE_TYPE", "Quorum")
+    monkeypatch.setenv("CHORDFLOW_BROKER_HEARTBEAT", "4")
+    options = broker_for(settings.load()).app_options()
+    assert options["broker_heartbeat"] == 4
+    assert options["task_queues"][0].queue_arguments["x-queue-type"] == "quorum"
