@@ -6,6 +6,7 @@ real `celery` workers. The suite's broker-dependent cluster tests run on both br
 from __future__ import annotations
 
 import contextlib
+import os
 import re
 import signal
 import subprocess
@@ -19,10 +20,15 @@ import pytest
 from celery import Celery
 
 from scheduler import durable
-from scheduler.localcluster import Cluster
+from scheduler.localcluster import Cluster, ManagedProcess, free_port
 from scheduler.ops.metrics import ClusterView
-from tests.support import rabbitmq
+from tests.support import (
+    counting_nodes,  # noqa: F401  (the test node type, in this process too)
+    rabbitmq,
+)
 from tests.support.cluster import PLUGINS
+from tests.support.netns import far_host
+from tests.test_dead_workers import Counts, assert_aggregate_once, batch_workflow, chunk_of
 from tests.test_signing import RUN_CHUNK, chunk_job
 from worker import settings
 from worker.cluster.app import current_app
@@ -200,3 +206,56 @@ def test_rabbitmq_settings_are_checked_with_one_line(monkeypatch: pytest.MonkeyP
     options = broker_for(settings.load()).app_options()
     assert options["broker_heartbeat"] == 4
     assert options["task_queues"][0].queue_arguments["x-queue-type"] == "quorum"
+
+
+def test_a_worker_host_cut_off_for_good_has_its_chunk_back_within_the_heartbeat_bound(tmp_path: Path) -> None:
+    """The far worker runs in a network namespace of its own (tests/support/netns.py) and reaches RabbitMQ through
+    a relay on this host (socat: RabbitMQ listens on loopback only) and Redis over the link. Once the link is cut
+    its TCP connections hang half-open: RabbitMQ hears no heartbeat (CHORDFLOW_BROKER_HEARTBEAT, the default
+    10 s), closes the connection after two silent intervals and puts the chunk back; the near worker runs it."""
+    total, chunk_size = 20, 5
+    with rabbitmq.vhost() as url, far_host() as far:
+        cluster = Cluster(
+            tmp_path,
+            plugins=f"{PLUGINS},tests.support.counting_nodes",
+            broker_url=url,
+            redis_args=["--bind", "127.0.0.1", far.gateway, "--protected-mode", "no"],  # a private link
+        )
+        previous = cluster.apply_env()
+        port = free_port()
+        relay = subprocess.Popen(
+            ["socat", f"TCP-LISTEN:{port},bind={far.gateway},fork,reuseaddr", "TCP:127.0.0.1:5672"],
+            start_new_session=True,
+        )
+        try:
+            far_env = {
+                **cluster.env,
+                "CHORDFLOW_BROKER_URL": url.replace("127.0.0.1:5672", f"{far.gateway}:{port}"),
+                "CHORDFLOW_RESULT_BACKEND": f"redis://{far.gateway}:{cluster.redis.port}/0",
+            }
+            argv = far.argv(cluster.worker_argv("far"))
+            cluster.workers["far"] = ManagedProcess(argv, tmp_path / "worker-far.log", "ready.", env=far_env)
+            cluster.start_worker("near")
+            counts = Counts(cluster)
+            run_id = durable.submit(batch_workflow(counts, 0.5, chunk_size), {"items": list(range(total))})
+            until(lambda: len(counts.started_by("far")) >= 2, 60, "the far worker to run items")
+            far.cut()  # for good
+            cut_at = time.monotonic()
+            lost = chunk_of(counts, "far", chunk_size)
+            until(lambda: lost[0] in counts.started_by("near"), 60, "the cut-off worker's chunk to reach `near`")
+            back = time.monotonic() - cut_at
+            result = durable.wait(run_id, timeout=90)
+            ended = time.monotonic() - cut_at
+            effects = counts.effects()
+        finally:
+            os.killpg(relay.pid, signal.SIGKILL)
+            relay.wait(timeout=30)
+            cluster.restore_env(previous)
+            cluster.stop()
+    assert_aggregate_once(result, total)
+    assert 15 <= back <= 45, back  # two to three 10 s heartbeat intervals, plus the worker's last item
+    assert ended <= 90, ended
+    assert set(effects) == set(range(total))
+    assert {i for i, n in effects.items() if n > 1} <= set(lost)  # only the cut chunk's items ran twice
+    print(f"\nRabbitMQ, a worker host cut off for good mid-chunk: its chunk started again {back:.1f}s after the cut,"
+          f" the run ended {ended:.1f}s after it")  # fmt: skip
