@@ -38,8 +38,9 @@ IDLE_QUEUE = "rabbit-idle"  # no worker consumes it: what is sent there waits
 
 
 @contextlib.contextmanager
-def own_cluster(workdir: Path, workers: int = 2, **env: str) -> Iterator[Cluster]:
-    """A cluster on a fresh vhost, `workers` solo workers with `env` added; this process points at it meanwhile."""
+def own_cluster(workdir: Path, workers: int = 2, pool: str = "threads", **env: str) -> Iterator[Cluster]:
+    """A cluster on a fresh vhost, `workers` one-process workers (`pool`: threads, as a solo worker on RabbitMQ
+    stalls up to a second between chunks) with `env` added; this process points at it meanwhile."""
     workdir.mkdir(parents=True, exist_ok=True)
     with rabbitmq.vhost() as url:
         cluster = Cluster(workdir, plugins=PLUGINS, broker_url=url)
@@ -47,7 +48,7 @@ def own_cluster(workdir: Path, workers: int = 2, **env: str) -> Iterator[Cluster
         previous = cluster.apply_env()
         try:
             for n in range(1, workers + 1):
-                cluster.start_worker(f"r{n}")
+                cluster.start_worker(f"r{n}", pool=pool)
             yield cluster
         finally:
             cluster.restore_env(previous)
@@ -105,7 +106,7 @@ def test_a_solo_workers_chunk_longer_than_two_heartbeats_is_delivered_once(tmp_p
     heartbeats (SoloHeartbeats) RabbitMQ drops its connection after two silent intervals (here 4 s) and the
     chunk is delivered again."""
     log = tmp_path / "effects"
-    with own_cluster(tmp_path, workers=1, CHORDFLOW_BROKER_HEARTBEAT="2") as cluster:
+    with own_cluster(tmp_path, workers=1, pool="solo", CHORDFLOW_BROKER_HEARTBEAT="2") as cluster:
         run_id = durable.submit(side_effects(log, "b", 3, 4.0, 3), {"items": [0, 1, 2]})  # one 12 s chunk
         result = durable.wait(run_id, timeout=60)
         received = chunks_in(cluster.workers["r1"].log, "received")
@@ -233,9 +234,9 @@ def test_a_worker_host_cut_off_for_good_has_its_chunk_back_within_the_heartbeat_
                 "CHORDFLOW_BROKER_URL": url.replace("127.0.0.1:5672", f"{far.gateway}:{port}"),
                 "CHORDFLOW_RESULT_BACKEND": f"redis://{far.gateway}:{cluster.redis.port}/0",
             }
-            argv = far.argv(cluster.worker_argv("far"))
+            argv = far.argv(cluster.worker_argv("far", pool="threads"))
             cluster.workers["far"] = ManagedProcess(argv, tmp_path / "worker-far.log", "ready.", env=far_env)
-            cluster.start_worker("near")
+            cluster.start_worker("near", pool="threads")
             counts = Counts(cluster)
             run_id = durable.submit(batch_workflow(counts, 0.5, chunk_size), {"items": list(range(total))})
             until(lambda: len(counts.started_by("far")) >= 2, 60, "the far worker to run items")

@@ -44,8 +44,9 @@ def rabbitmq_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Clust
     with rabbitmq.vhost() as url:
         cluster = Cluster(tmp_path_factory.mktemp("rabbitmq"), plugins=PLUGINS, base_env=BASE_ENV, broker_url=url)
         try:
-            cluster.start_worker("a1")
-            cluster.start_worker("a2", via="chordflow")
+            # Threads, not solo: a solo worker on RabbitMQ stalls up to a second between chunks (README: RabbitMQ).
+            cluster.start_worker("a1", pool="threads")
+            cluster.start_worker("a2", pool="threads", via="chordflow")
             yield cluster
         finally:
             cluster.stop()
