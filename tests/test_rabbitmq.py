@@ -6,10 +6,13 @@ real `celery` workers. The suite's broker-dependent cluster tests run on both br
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import re
+import secrets
 import signal
 import subprocess
+import sys
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -260,3 +263,21 @@ def test_a_worker_host_cut_off_for_good_has_its_chunk_back_within_the_heartbeat_
     assert {i for i, n in effects.items() if n > 1} <= set(lost)  # only the cut chunk's items ran twice
     print(f"\nRabbitMQ, a worker host cut off for good mid-chunk: its chunk started again {back:.1f}s after the cut,"
           f" the run ended {ended:.1f}s after it")  # fmt: skip
+
+
+def test_a_run_with_nothing_at_the_amqp_broker_url_fails_at_once_with_one_line(tmp_path: Path) -> None:
+    port = free_port()  # nothing listens there
+    wf = tmp_path / "wf.json"
+    wf.write_text(json.dumps(side_effects(tmp_path / "log", "b", 2, 0, 1)))
+    env = {
+        **os.environ,
+        "CHORDFLOW_BROKER_URL": f"amqp://guest:s3cret@127.0.0.1:{port}//",
+        "CHORDFLOW_RESULT_BACKEND": f"redis://127.0.0.1:{free_port()}/0",
+        "CHORDFLOW_SECRET_KEY": secrets.token_hex(32),
+    }
+    argv = [sys.executable, "-m", "scheduler.cli", "run", str(wf), "--input", "items=[1,2]", "--backend", "celery"]
+    proc = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 1, proc.stderr
+    assert proc.stderr.strip().splitlines() == [
+        f"error: cannot reach the broker at amqp://guest:**@127.0.0.1:{port}// ([Errno 111] Connection refused)"
+    ]

@@ -299,7 +299,7 @@ def _renew_deliveries(sender: Any, **_: object) -> None:
     app = sender.app
     if sender.hostname in _renewers or not isinstance(app, ChordflowCelery):
         return
-    if not deliveries.has_visibility_timeout(app):
+    if not broker_for(app.chordflow_settings).renews_deliveries:
         return
     bound = app.conf.broker_transport_options.get("visibility_timeout") or deliveries.DEAD_DELIVERY_SECONDS
     renewer = deliveries.DeliveryRenewer(sender, deliveries.renew_interval(bound))
@@ -326,7 +326,7 @@ def _keep_solo_heartbeats(sender: Any, **_: object) -> None:
         return
     heartbeat_seconds = app.conf.broker_heartbeat
     solo = type(sender.pool).__module__ == "celery.concurrency.solo"
-    if not solo or not heartbeat_seconds or deliveries.has_visibility_timeout(app):
+    if not solo or not heartbeat_seconds or broker_for(app.chordflow_settings).renews_deliveries:
         return
     log.info("solo pool on RabbitMQ: broker heartbeats sent from a thread while a task runs")
     beats = amqp.SoloHeartbeats(sender, heartbeat_seconds / 3)

@@ -61,6 +61,10 @@ class AmqpBroker(Broker):
     def message_priority(self, level: str) -> int:
         return PRIORITIES[level]
 
+    def reach(self, timeout: float) -> None:
+        with Connection(self.settings.broker_url, connect_timeout=timeout, heartbeat=0) as conn:
+            conn.ensure_connection(max_retries=1, timeout=timeout)
+
     def read_queues(self, queues: Iterable[str], now: float) -> QueuesView:
         views = []
         with Connection(self.settings.broker_url, connect_timeout=READ_TIMEOUT, heartbeat=0) as conn:

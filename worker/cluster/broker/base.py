@@ -3,7 +3,8 @@
 A broker module (redis.py, amqp.py) implements four primitives: the Celery settings its connections and queue
 need (`app_options`), whether a dead worker's deliveries come back only after a visibility timeout that live
 workers must keep renewing (`renews_deliveries`), the message priority of a run's priority level
-(`message_priority`), and each queue's depth and the age of the message a worker takes next (`read_queues`).
+(`message_priority`), and each queue's depth and the age of the message a worker takes next (`read_queues`);
+`reach` checks a broker the Redis preflight does not.
 Revoking queued chunks (`app.control.revoke`) is Celery's broadcast on both brokers: nothing broker-specific.
 registry.py picks the module by the broker URL's scheme.
 """
@@ -55,6 +56,11 @@ class Broker(ABC):
     @abstractmethod
     def message_priority(self, level: str) -> int:
         """The message priority to send a run's chunks and advances with, for a level of PRIORITY_LEVELS."""
+
+    @abstractmethod
+    def reach(self, timeout: float) -> None:
+        """Connect once within `timeout` seconds, raising the transport's error (kombu's OperationalError, OSError)
+        when the broker is not there: the preflight of a run."""
 
     @abstractmethod
     def read_queues(self, queues: Iterable[str], now: float) -> QueuesView:

@@ -47,6 +47,9 @@ class RedisBroker(Broker):
             },
         }
 
+    def reach(self, timeout: float) -> None:
+        """Nothing: the preflight pings every Redis a run needs, this one with the state store, and names it."""
+
     def message_priority(self, level: str) -> int:
         return PRIORITIES[level]
 
