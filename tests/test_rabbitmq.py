@@ -6,6 +6,7 @@ real `celery` workers. The suite's broker-dependent cluster tests run on both br
 from __future__ import annotations
 
 import contextlib
+import io
 import json
 import os
 import re
@@ -21,9 +22,11 @@ from typing import Any
 
 import pytest
 from celery import Celery
+from rich.console import Console
 
 from scheduler import durable
 from scheduler.localcluster import Cluster, ManagedProcess, free_port
+from scheduler.ops import top
 from scheduler.ops.metrics import ClusterView
 from tests.support import (
     counting_nodes,  # noqa: F401  (the test node type, in this process too)
@@ -155,7 +158,7 @@ def queue_row(cluster: Cluster) -> dict[str, str]:
     raise AssertionError(f"no queue {settings.load().queue} in {out!r}")
 
 
-def test_metrics_read_a_queues_depth_and_its_next_messages_age_from_rabbitmq(tmp_path: Path) -> None:
+def test_metrics_and_top_read_a_queues_depth_and_its_next_messages_age_from_rabbitmq(tmp_path: Path) -> None:
     wf = {"name": "rabbit-idle", "nodes": [{"id": "a", "type": "echo", "params": {"v": 1}}]}
     with own_cluster(tmp_path, workers=1) as cluster:
         view = ClusterView(queues=["chordflow", IDLE_QUEUE])
@@ -174,6 +177,10 @@ def test_metrics_read_a_queues_depth_and_its_next_messages_age_from_rabbitmq(tmp
         )
         assert later[IDLE_QUEUE].messages == 1  # reading the age left it waiting, in place
         assert later["chordflow"].messages == 0 and later["chordflow"].oldest_age is None
+        screen = Console(width=300, record=True, file=io.StringIO())
+        screen.print(top.render(view.snapshot(), top.Rates(), "rabbitmq"))  # what `chordflow top` shows
+        text = screen.export_text()
+        assert f"queue {IDLE_QUEUE}: 1 waiting (oldest " in text and "chunks in flight ?" in text, text
         durable.cancel_run(run_id)
         assert cluster.workers["r1"].proc.poll() is None
 
