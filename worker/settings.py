@@ -159,7 +159,7 @@ Settings.__dataclass_fields__ = dataclasses.make_dataclass("Settings", list(Sett
 CHECKED_ON_USE = frozenset({"plugins", "home", "max_steps", "log_format", "http_connections", "llm_model",
                             "repair_generator", "repair_model", "dashboard_basic_auth"})  # fmt: skip
 #: CHORDFLOW_* variables read by chordflow's own tests and Makefile, not by chordflow: known, so no warning.
-TEST_VARIABLES = frozenset({"CHORDFLOW_FUZZ_EXAMPLES"})
+TEST_VARIABLES = frozenset({"CHORDFLOW_FUZZ_EXAMPLES", "CHORDFLOW_TEST_BROKER"})
 VARIABLES = tuple(Settings.variable(name) for name in Settings.model_fields)
 KNOWN = frozenset(VARIABLES) | TEST_VARIABLES
 

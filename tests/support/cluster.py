@@ -22,18 +22,26 @@ BASE_ENV = dict(os.environ)
 PLUGINS = "tests.support.nodes,tests.support.dist_nodes"
 
 
+#: CHORDFLOW_TEST_BROKER=rabbitmq: the suite's shared cluster (`celery_cluster`) has RabbitMQ as its broker, so the
+#: batch acceptance tests (`backend` fixture) run on it; tests that reach into a Redis broker do not apply then.
+TEST_BROKER = os.environ.get("CHORDFLOW_TEST_BROKER", "redis")
+
+
 @pytest.fixture(scope="session")
 def celery_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    """The suite's shared cluster: its own redis-server on a free port and two solo workers."""
-    cluster = Cluster(tmp_path_factory.mktemp("cluster"), plugins=PLUGINS, base_env=BASE_ENV)
-    try:
-        cluster.start_worker("w1")  # `celery -A worker.app worker`
-        cluster.start_worker("w2", via="chordflow")  # `chordflow worker`: both ways must serve chunks
-        previous = cluster.apply_env()
-        yield cluster
-        cluster.restore_env(previous)
-    finally:
-        cluster.stop()
+    """The suite's shared cluster: its own redis-server on a free port and two solo workers (on RabbitMQ, see
+    TEST_BROKER: a vhost of its own and two threads workers)."""
+    with rabbitmq.vhost() if TEST_BROKER == "rabbitmq" else contextlib.nullcontext() as broker_url:
+        pool = "solo" if broker_url is None else "threads"
+        cluster = Cluster(tmp_path_factory.mktemp("cluster"), plugins=PLUGINS, base_env=BASE_ENV, broker_url=broker_url)
+        try:
+            cluster.start_worker("w1", pool=pool)  # `celery -A worker.app worker`
+            cluster.start_worker("w2", pool=pool, via="chordflow")  # `chordflow worker`: both ways must serve chunks
+            previous = cluster.apply_env()
+            yield cluster
+            cluster.restore_env(previous)
+        finally:
+            cluster.stop()
 
 
 @pytest.fixture(scope="session")
