@@ -16,7 +16,7 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +35,7 @@ from tests.support import (
 from tests.support.cluster import PLUGINS
 from tests.support.netns import far_host
 from tests.test_dead_workers import Counts, assert_aggregate_once, batch_workflow, chunk_of
+from tests.test_long_chunks import until
 from tests.test_signing import RUN_CHUNK, chunk_job
 from worker import settings
 from worker.cluster.app import current_app
@@ -61,21 +62,13 @@ def own_cluster(workdir: Path, workers: int = 2, pool: str = "threads", **env: s
             cluster.stop()
 
 
-def until(condition: Callable[[], Any], timeout: float, what: str) -> Any:
-    """Poll `condition` until it is truthy; fail naming `what` after `timeout` seconds."""
-    deadline = time.monotonic() + timeout
-    while not (value := condition()):
-        assert time.monotonic() < deadline, f"timed out after {timeout}s waiting for {what}"
-        time.sleep(0.05)
-    return value
-
-
 def chunks_in(log: Path, word: str) -> list[str]:
     """Ids of the chunk tasks a worker's log says were `received` or `succeeded`."""
     return re.findall(rf"Task {re.escape(RUN_CHUNK)}\[([0-9a-f-]+)\] {word}", log.read_text())
 
 
-def side_effects(log: Path, node: str, items: int, seconds: float, chunk_size: int) -> dict[str, Any]:
+def side_effects(log: Path, node: str, seconds: float, chunk_size: int) -> dict[str, Any]:
+    """A batch node `node` over `${items}` whose items append their value to `log` after `seconds`."""
     params = {"log": str(log), "label": "${item}", "seconds": seconds}
     batch = {"items": "${items}", "chunk_size": chunk_size}
     return {"nodes": [{"id": node, "type": "test-side-effect", "params": params, "batch": batch}]}
@@ -84,7 +77,7 @@ def side_effects(log: Path, node: str, items: int, seconds: float, chunk_size: i
 def test_a_sigkilled_workers_chunk_runs_again_within_seconds_and_the_run_ends_within_30s(tmp_path: Path) -> None:
     total, log = 60, tmp_path / "effects"
     with own_cluster(tmp_path) as cluster:
-        run_id = durable.submit(side_effects(log, "b", total, 0.2, 6), {"items": list(range(total))})
+        run_id = durable.submit(side_effects(log, "b", 0.2, 6), {"items": list(range(total))})
         r1, r2 = cluster.workers["r1"], cluster.workers["r2"]
         held = until(
             lambda: set(chunks_in(r1.log, "received")) - set(chunks_in(r1.log, "succeeded")),
@@ -113,7 +106,7 @@ def test_a_solo_workers_chunk_longer_than_two_heartbeats_is_delivered_once(tmp_p
     chunk is delivered again."""
     log = tmp_path / "effects"
     with own_cluster(tmp_path, workers=1, pool="solo", CHORDFLOW_BROKER_HEARTBEAT="2") as cluster:
-        run_id = durable.submit(side_effects(log, "b", 3, 4.0, 3), {"items": [0, 1, 2]})  # one 12 s chunk
+        run_id = durable.submit(side_effects(log, "b", 4.0, 3), {"items": [0, 1, 2]})  # one 12 s chunk
         result = durable.wait(run_id, timeout=60)
         received = chunks_in(cluster.workers["r1"].log, "received")
         worker_log = cluster.workers["r1"].log.read_text()
@@ -128,14 +121,15 @@ def test_the_queue_is_declared_for_priorities_or_as_a_quorum_queue(tmp_path: Pat
     no priorities; Celery prefetches per consumer there (no global QoS) and sends countdowns through RabbitMQ's
     delayed-delivery exchanges. Durable runs work on both."""
     with own_cluster(tmp_path / "classic", workers=1) as classic:
-        assert durable.wait(durable.submit(side_effects(tmp_path / "c", "b", 4, 0, 2), {"items": [0, 1, 2, 3]}), 60)
+        classic_run = durable.wait(durable.submit(side_effects(tmp_path / "c", "b", 0, 2), {"items": [0, 1, 2, 3]}), 60)
         classic_queue = queue_row(classic)
     with own_cluster(tmp_path / "quorum", workers=1, CHORDFLOW_QUEUE_TYPE="quorum") as quorum:
-        result = durable.wait(durable.submit(side_effects(tmp_path / "q", "b", 4, 0, 2), {"items": [0, 1, 2, 3]}), 60)
+        result = durable.wait(durable.submit(side_effects(tmp_path / "q", "b", 0, 2), {"items": [0, 1, 2, 3]}), 60)
         quorum_queue = queue_row(quorum)
         # A countdown (an advance waiting out a dead holder's lease) goes through native delayed delivery there.
         later = current_app().send_task("tests.add", (1, 2), countdown=2)
         quorum.workers["r1"].wait_for_line(f"tests.add[{later.id}] succeeded", 60)
+    assert classic_run.status == "success" and classic_run.shared["b"]["count"] == 4
     assert result.status == "success" and result.shared["b"]["count"] == 4
     assert classic_queue["type"] == "classic" and "x-max-priority" in classic_queue["arguments"]
     assert quorum_queue["type"] == "quorum" and "x-max-priority" not in quorum_queue["arguments"]
@@ -275,7 +269,7 @@ def test_a_worker_host_cut_off_for_good_has_its_chunk_back_within_the_heartbeat_
 def test_a_run_with_nothing_at_the_amqp_broker_url_fails_at_once_with_one_line(tmp_path: Path) -> None:
     port = free_port()  # nothing listens there
     wf = tmp_path / "wf.json"
-    wf.write_text(json.dumps(side_effects(tmp_path / "log", "b", 2, 0, 1)))
+    wf.write_text(json.dumps(side_effects(tmp_path / "log", "b", 0, 1)))
     env = {
         **os.environ,
         "CHORDFLOW_BROKER_URL": f"amqp://guest:s3cret@127.0.0.1:{port}//",
