@@ -22,6 +22,7 @@ from typing import Any
 
 import pytest
 from celery import Celery
+from kombu import Connection
 from rich.console import Console
 
 from scheduler import durable
@@ -282,3 +283,20 @@ def test_a_run_with_nothing_at_the_amqp_broker_url_fails_at_once_with_one_line(t
     assert proc.stderr.strip().splitlines() == [
         f"error: cannot reach the broker at amqp://guest:**@127.0.0.1:{port}// ([Errno 111] Connection refused)"
     ]
+
+
+def test_the_classic_queue_hands_out_higher_priority_messages_first(monkeypatch: pytest.MonkeyPatch) -> None:
+    """chordflow's queue as declared (x-max-priority): a run's `high` message overtakes `normal` and `low` ones."""
+    with rabbitmq.vhost() as url:
+        monkeypatch.setenv("CHORDFLOW_BROKER_URL", url)
+        monkeypatch.setenv("CHORDFLOW_RESULT_BACKEND", "redis://127.0.0.1:6379/0")  # not contacted
+        broker = broker_for(settings.load())
+        with Connection(url) as conn:
+            queue = broker.app_options()["task_queues"][0](conn)
+            queue.declare()
+            producer = conn.Producer()
+            for level in ("low", "normal", "high"):
+                producer.publish(level, exchange=queue.exchange, routing_key=queue.routing_key,
+                                 priority=broker.message_priority(level))  # fmt: skip
+            taken = [queue.get(no_ack=True).payload for _ in range(3)]
+    assert taken == ["high", "normal", "low"]
