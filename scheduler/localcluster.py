@@ -136,7 +136,8 @@ class RedisServer(ManagedProcess):
 
 
 class Cluster:
-    """One redis-server plus named Celery workers that use it, and the env that points at it.
+    """One redis-server plus named Celery workers that use it, and the env that points at it. Redis is the broker
+    too unless `broker_url` names another (e.g. a RabbitMQ vhost); it always holds the run state.
 
     The env holds a fresh random CHORDFLOW_SECRET_KEY (worker/cluster/signing.py): the workers and this process,
     once `apply_env` ran, sign and verify task messages with it.
@@ -150,6 +151,7 @@ class Cluster:
         "CHORDFLOW_SECRET_KEY",
         "CHORDFLOW_SECRET_KEY_FILE",
         "CHORDFLOW_INSECURE",
+        "CHORDFLOW_QUEUE_TYPE",
     )
 
     def __init__(
@@ -159,12 +161,13 @@ class Cluster:
         plugins: str = "",
         base_env: dict[str, str] | None = None,
         redis_args: Sequence[str] = (),
+        broker_url: str | None = None,
     ):
         self.workdir = workdir
         self.redis = RedisServer(workdir, redis_args)
         self.env = {
             **(os.environ if base_env is None else base_env),
-            "CHORDFLOW_BROKER_URL": self.redis.url,
+            "CHORDFLOW_BROKER_URL": broker_url or self.redis.url,
             "CHORDFLOW_RESULT_BACKEND": self.redis.url,
             "CHORDFLOW_VISIBILITY_TIMEOUT": str(visibility_timeout),
             "CHORDFLOW_PLUGINS": plugins or settings.get("plugins"),

@@ -307,7 +307,7 @@ def test_resume_does_not_run_a_finished_branch_again(tmp_path: Path) -> None:
 
 
 def test_a_submitted_run_advances_each_branch_on_the_workers_and_joins_at_the_fan_in(
-    celery_cluster: Any, tmp_path: Path
+    broker: Any, tmp_path: Path
 ) -> None:
     wf = section_workflow(tmp_path, fail=("b",))
     batch = {

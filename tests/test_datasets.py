@@ -260,7 +260,7 @@ def test_csv_records_with_fields_as_inputs_and_csv_results(backend: str, tmp_pat
                      ["1", "BOB, JR OF PARIS", "paris", ""]]  # fmt: skip
 
 
-def test_python_api_submits_an_iterable_of_records(celery_cluster: Any, job: dict) -> None:
+def test_python_api_submits_an_iterable_of_records(broker: Any, job: dict) -> None:
     records = ({"id": f"p{i}", "requires": ""} for i in range(30))
     run_id = scheduler.submit(job["wf"], items=records, as_="record", chunk_size=7)
     result = scheduler.wait(run_id, timeout=120)

@@ -113,7 +113,7 @@ def test_value_that_cannot_travel_fails_before_anything_is_enqueued() -> None:
     assert published.messages == []
 
 
-def test_progress_events_cover_every_index_once() -> None:
+def test_progress_events_cover_every_index_once(broker: Any) -> None:
     events = list(scheduler.stream(batch_wf("echo", {"v": "${item}"}, chunk_size=10), {"items": list(range(95))},
                                    backend="celery"))  # fmt: skip
     progress = [e for e in events if e["type"] == "batch_progress"]
@@ -124,7 +124,7 @@ def test_progress_events_cover_every_index_once() -> None:
     assert events[-1]["state"]["b"]["count"] == 95
 
 
-def test_fail_fast_aborts_other_chunks_and_reraises_the_original_type() -> None:
+def test_fail_fast_aborts_other_chunks_and_reraises_the_original_type(broker: Any) -> None:
     run_id = uuid.uuid4().hex[:12]
     wf = {
         "nodes": [
@@ -172,7 +172,7 @@ def test_chunk_crash_fails_the_run_with_a_clear_message() -> None:
         scheduler.run(batch_wf("test-scheduler-only"), {"items": [1, 2]}, backend="celery")
 
 
-def test_cancel_from_the_cli_stops_the_run_within_seconds(celery_cluster: Any) -> None:
+def test_cancel_from_the_cli_stops_the_run_within_seconds(broker: Any) -> None:
     run_id = uuid.uuid4().hex[:12]
     started = threading.Event()
     outcome: dict[str, Any] = {}
@@ -192,7 +192,7 @@ def test_cancel_from_the_cli_stops_the_run_within_seconds(celery_cluster: Any) -
     assert started.wait(60)
     cancel = subprocess.run(
         [sys.executable, "-m", "scheduler.cli", "cancel", run_id],
-        env=celery_cluster.env,
+        env=broker.env,
         capture_output=True,
         text=True,
     )

@@ -104,7 +104,7 @@ def record_status(run_id: str) -> str | None:
 # -- the submitting process goes away ---------------------------------------------------------------------
 
 
-def test_run_completes_after_the_submitting_process_exits(celery_cluster: Cluster, tmp_path: Path) -> None:
+def test_run_completes_after_the_submitting_process_exits(broker: Cluster, tmp_path: Path) -> None:
     total = 50
     prep = {"id": "prep", "type": "echo", "params": {"v": 1}}  # a plain node first: the batch is not step 0
     batch = {
@@ -114,7 +114,7 @@ def test_run_completes_after_the_submitting_process_exits(celery_cluster: Cluste
         "batch": {"items": "${items}", "chunk_size": 10},
     }
     wf = write_wf(tmp_path, {"nodes": [prep, batch]})
-    proc = cli(celery_cluster, "submit", wf, "--input", f"items={json.dumps(list(range(total)))}")
+    proc = cli(broker, "submit", wf, "--input", f"items={json.dumps(list(range(total)))}")
     assert proc.returncode == 0, proc.stderr
     run_id = proc.stdout.strip()
     assert proc.stdout == run_id + "\n" and re.fullmatch(r"[0-9a-f]{12}", run_id), proc.stdout  # the id only
@@ -124,7 +124,7 @@ def test_run_completes_after_the_submitting_process_exits(celery_cluster: Cluste
     aggregate = result.shared["b"]
     assert (aggregate["count"], aggregate["success_count"], aggregate["error_count"]) == (total, total, 0)
     assert [r["index"] for r in aggregate["results"]] == list(range(total))
-    status = cli(celery_cluster, "status", run_id, "--json")
+    status = cli(broker, "status", run_id, "--json")
     assert status.returncode == 0, status.stderr
     info = json.loads(status.stdout)
     assert (info["status"], info["backend"], info["steps"]) == ("succeeded", "celery", 2)
@@ -171,14 +171,14 @@ def test_every_worker_killed_during_a_plain_node_then_new_workers_finish_the_run
 # -- cancel and resume ---------------------------------------------------------------------------------------
 
 
-def test_cancel_mid_batch_then_resume_runs_every_item_exactly_once(celery_cluster: Cluster, tmp_path: Path) -> None:
+def test_cancel_mid_batch_then_resume_runs_every_item_exactly_once(broker: Cluster, tmp_path: Path) -> None:
     total = 300
     log, first_log = tmp_path / "log", tmp_path / "first"
     node = side_effect("b", log, label="${item}", seconds=0.02)
     node["batch"] = {"items": "${items}", "chunk_size": 5}
     run_id = durable.submit({"nodes": [side_effect("first", first_log), node]}, {"items": list(range(total))})
     until(lambda: len(lines(log)) >= 10, 60, "items to run")
-    cancel = cli(celery_cluster, "cancel", run_id)
+    cancel = cli(broker, "cancel", run_id)
     assert cancel.returncode == 0, cancel.stderr
     assert f"cancel requested for run {run_id}" in cancel.stdout
     first = durable.wait(run_id, timeout=60)
@@ -186,7 +186,7 @@ def test_cancel_mid_batch_then_resume_runs_every_item_exactly_once(celery_cluste
     assert record_status(run_id) == "cancelled"
     before = lines(log)
     assert 10 <= len(before) < total, len(before)  # the cancel cut the batch short
-    resumed = cli(celery_cluster, "resume", run_id)
+    resumed = cli(broker, "resume", run_id)
     assert resumed.returncode == 0, resumed.stderr
     assert resumed.stdout == run_id + "\n"
     result = durable.wait(run_id, timeout=90)
@@ -196,7 +196,7 @@ def test_cancel_mid_batch_then_resume_runs_every_item_exactly_once(celery_cluste
     assert after[: len(before)] == before
     assert sorted(map(int, after)) == list(range(total))  # every item exactly once overall
     assert lines(first_log) == ["first"]  # the node before the batch was not run again
-    rows = [json.loads(line) for line in cli(celery_cluster, "results", run_id, "--node", "b").stdout.splitlines()]
+    rows = [json.loads(line) for line in cli(broker, "results", run_id, "--node", "b").stdout.splitlines()]
     assert [r["index"] for r in rows] == list(range(total))  # chunks kept before the cancel + the resumed ones
     assert [r["result"]["label"] for r in rows] == [str(i) for i in range(total)]
 

@@ -39,7 +39,7 @@ class Settings(BaseSettings):
     model_config = SettingsConfigDict(frozen=True, case_sensitive=True, env_ignore_empty=True, populate_by_name=True)
 
     # The cluster: read together by `load()`.
-    broker_url: str = _var("CHORDFLOW_BROKER_URL", DEFAULT_BROKER, "the Celery broker (Redis)")
+    broker_url: str = _var("CHORDFLOW_BROKER_URL", DEFAULT_BROKER, "the Celery broker: redis://... or amqp://...")
     result_backend: str = _var(
         "CHORDFLOW_RESULT_BACKEND", "", "where run state and results live (Redis); unset: the broker",
         validate_default=True,
@@ -64,6 +64,12 @@ class Settings(BaseSettings):
         "CHORDFLOW_RUN_TTL", 86400, "seconds run state (progress stream, flags, snapshots) stays in Redis"
     )
     queue: str = _var("CHORDFLOW_QUEUE", "chordflow", "the queue chunks are sent to and workers consume")
+    broker_heartbeat: int = _var(
+        "CHORDFLOW_BROKER_HEARTBEAT", 10, "AMQP: seconds between heartbeats; a silent peer is dropped after two"
+    )
+    queue_type: Literal["classic", "quorum"] = _var(
+        "CHORDFLOW_QUEUE_TYPE", "classic", "AMQP: the queue's type, classic (with priorities) or quorum (replicated)"
+    )
     worker_heartbeat: int = _var(
         "CHORDFLOW_WORKER_HEARTBEAT", 10, "seconds between a worker's registry refreshes (its entry lives 3 beats)"
     )
@@ -107,7 +113,7 @@ class Settings(BaseSettings):
     @field_validator(
         "visibility_timeout", "snapshot_inline_bytes", "chunks_per_process", "max_chunk_size", "run_ttl",
         "worker_heartbeat", "snapshot_cache_bytes", "pool_timeout", "max_steps", "http_connections", "outage_seconds",
-        "wait_replicas", mode="before",
+        "wait_replicas", "broker_heartbeat", mode="before",
     )  # fmt: skip
     @classmethod
     def _integer(cls, value: Any, info: ValidationInfo) -> Any:
@@ -121,7 +127,7 @@ class Settings(BaseSettings):
             name = cls.variable(str(info.field_name))
             raise ValueError(f"environment variable {name} must be an integer, got {value!r}") from None
 
-    @field_validator("worker_heartbeat", "pool_timeout", "http_connections", "outage_seconds")
+    @field_validator("worker_heartbeat", "pool_timeout", "http_connections", "outage_seconds", "broker_heartbeat")
     @classmethod
     def _at_least_one(cls, value: float) -> float:
         return max(1, value)
@@ -146,14 +152,16 @@ class Settings(BaseSettings):
     def _flag(cls, value: Any) -> Any:
         return value.strip().lower() in ("1", "true", "yes", "on") if isinstance(value, str) else value
 
-    @field_validator("log_format", mode="before")
+    @field_validator("log_format", "queue_type", mode="before")
     @classmethod
-    def _log_format(cls, value: Any) -> Any:
+    def _choice(cls, value: Any, info: ValidationInfo) -> Any:
         if not isinstance(value, str):
             return value
-        value = value.strip().lower() or "text"
-        if value not in ("text", "json"):
-            raise ValueError(f"{cls.variable('log_format')} must be 'text' or 'json', got {value!r}")
+        name = str(info.field_name)
+        choices = {"log_format": ("text", "json"), "queue_type": ("classic", "quorum")}[name]
+        value = value.strip().lower() or choices[0]
+        if value not in choices:
+            raise ValueError(f"{cls.variable(name)} must be '{choices[0]}' or '{choices[1]}', got {value!r}")
         return value
 
 
@@ -164,7 +172,7 @@ Settings.__dataclass_fields__ = dataclasses.make_dataclass("Settings", list(Sett
 CHECKED_ON_USE = frozenset({"plugins", "home", "max_steps", "log_format", "http_connections", "llm_model",
                             "repair_generator", "repair_model", "dashboard_basic_auth"})  # fmt: skip
 #: CHORDFLOW_* variables read by chordflow's own tests and Makefile, not by chordflow: known, so no warning.
-TEST_VARIABLES = frozenset({"CHORDFLOW_FUZZ_EXAMPLES"})
+TEST_VARIABLES = frozenset({"CHORDFLOW_FUZZ_EXAMPLES", "CHORDFLOW_TEST_BROKER"})
 VARIABLES = tuple(Settings.variable(name) for name in Settings.model_fields)
 KNOWN = frozenset(VARIABLES) | TEST_VARIABLES
 
@@ -179,6 +187,11 @@ def load() -> Settings:
     if not loaded.redis_master_name and any(url.split(";", 1)[0].startswith("sentinel:") for url in urls):
         name = Settings.variable("redis_master_name")
         raise ValueError(f"a sentinel:// Redis URL needs {name}, the name of the primary the sentinels watch")
+    if loaded.result_backend == loaded.broker_url and loaded.broker_url.startswith(("amqp:", "amqps:", "pyamqp:")):
+        raise ValueError(
+            "CHORDFLOW_RESULT_BACKEND must name a Redis server when CHORDFLOW_BROKER_URL is RabbitMQ (amqp://): "
+            "run state lives in Redis"
+        )
     return loaded
 
 

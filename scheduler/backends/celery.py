@@ -26,6 +26,7 @@ from worker.batch.remote import stored_batch_result
 from worker.cluster import outage
 from worker.cluster.batches import chunking
 from worker.cluster.batches.dispatch import dispatch_batch
+from worker.cluster.broker.registry import for_settings as broker_for
 from worker.cluster.rate_limits import RedisLimiter
 from worker.cluster.state import connection
 from worker.cluster.state.runstate import RunState, client
@@ -168,10 +169,14 @@ def preflight(s: settings.Settings, timeout: float = PREFLIGHT_TIMEOUT) -> None:
     """One PING to each Redis the run needs (broker, state), before anything else asks them.
 
     A server that is not there then fails the run at once with one clear line, instead of a worker hint
-    and kombu's connection retries. A non-Redis broker (e.g. amqp) is left to report its own errors. Behind
+    and kombu's connection retries. A RabbitMQ broker is connected to once (`Broker.reach`). Behind
     Sentinel, sentinels that name no primary yet are a failover under way: the PING waits up to
     FAILOVER_SECONDS for one.
     """
+    try:
+        broker_for(s).reach(timeout)
+    except (kombu.exceptions.OperationalError, OSError) as exc:
+        raise BackendError(redact.mask(f"cannot reach the broker at {redact.mask_url(s.broker_url)} ({exc})")) from exc
     for url in dict.fromkeys([s.broker_url, s.result_backend]):
         if not url.startswith(("redis://", "rediss://", "unix://", "sentinel://")):
             continue

@@ -8,9 +8,9 @@ in-process metrics of a worker (`chordflow worker --metrics-port`).
   stopped (at most STREAM_ENTRIES entries per run per snapshot), each item outcome counted once per index
   (a redelivered chunk repeats some); a dataset job's record counts (worker/cluster/datasets.py);
 - workers: the worker registry (worker/cluster/state/heartbeat.py);
-- the broker (Redis): each queue's lists (kombu keeps one per priority step), the message at the head of
-  each (`LINDEX -1`: the next one a worker takes) for the time it was sent (`chordflow_sent_at`, stamped by
-  worker/cluster/broker/pool.py), and kombu's `unacked` hash (messages delivered and not yet acknowledged).
+- the broker: each queue's waiting messages and the age of the next one a worker takes (from the time it was
+  sent, `chordflow_sent_at`, stamped by worker/cluster/broker/pool.py), and on Redis the messages delivered and
+  not yet acknowledged: read as each broker allows (worker/cluster/broker/redis.py, amqp.py).
 
 `ClusterCollector` turns a snapshot into Prometheus metrics at scrape time. `WorkerMetrics` counts and times
 what one worker does (chunks, items, advances, time in the queue) in every process of its pool, with
@@ -32,12 +32,13 @@ from collections import Counter
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
-from urllib.parse import urlsplit
 
 import redis
 
 from worker import settings
+from worker.cluster.broker.base import QueueView
 from worker.cluster.broker.pool import SENT_AT_HEADER
+from worker.cluster.broker.registry import for_settings as broker_for
 from worker.cluster.state import connection, heartbeat
 from worker.cluster.state.keys import RUNS, run_key
 from worker.cluster.state.progress import BatchProgress, StreamProgress
@@ -53,8 +54,6 @@ STREAM_ENTRIES = 2000
 ACTIVE = ("queued", "running")
 #: Seconds a Redis command of a snapshot may take (connecting included) before the snapshot fails.
 SCRAPE_TIMEOUT = 5.0
-#: Broker URL schemes of kombu's Redis transport that this module reads.
-REDIS_SCHEMES = ("redis", "rediss", "unix", connection.SENTINEL_SCHEME)
 
 
 # -- what the cluster is doing ---------------------------------------------------------------------------------
@@ -92,13 +91,6 @@ class RunView:
 
 
 @dataclass
-class QueueView:
-    name: str
-    messages: int
-    oldest_age: float | None  # seconds since the message at the head was sent; None: empty or not stamped
-
-
-@dataclass
 class ClusterSnapshot:
     taken: float
     runs: Counter[tuple[str, str]]  # (status, workflow) -> runs recorded in Redis
@@ -108,65 +100,10 @@ class ClusterSnapshot:
     workers: dict[str, int]  # hostname -> pool processes
 
 
-class BrokerQueues:
-    """Queue depth, the age of each queue's head and the unacknowledged messages on a Redis broker, read the way
-    kombu's Redis transport lays them out: its defaults (`kombu.transport.redis.Channel`) overridden by the app's
-    `broker_transport_options` (global_keyprefix, priority_steps, sep, unacked_key, ack_emulation).
-
-    Other brokers (RabbitMQ) have exporters of their own: there, `read` returns no queues.
-    """
-
-    def __init__(self, broker_url: str, transport_options: dict[str, Any], queues: Iterable[str]):
-        from kombu.transport.redis import Channel
-
-        def option(name: str) -> Any:
-            return transport_options.get(name, getattr(Channel, name))
-
-        self.queues = list(dict.fromkeys(queues))
-        self.client = scrape_client(broker_url) if urlsplit(broker_url).scheme in REDIS_SCHEMES else None
-        self.prefix = option("global_keyprefix") or ""
-        self.sep = option("sep")
-        self.steps = sorted(set(option("priority_steps")))
-        self.unacked_key = option("unacked_key") if option("ack_emulation") else None
-
-    def lists(self, queue: str) -> list[str]:
-        """The Redis lists of a queue, one per priority step (kombu pushes on the left, workers pop on the right)."""
-        return [self.prefix + (f"{queue}{self.sep}{step}" if step else queue) for step in self.steps]
-
-    def read(self, now: float) -> tuple[list[QueueView], int | None]:
-        if self.client is None:
-            return [], None
-        pipe = self.client.pipeline(transaction=False)
-        for queue in self.queues:
-            for name in self.lists(queue):
-                pipe.llen(name)
-                pipe.lindex(name, -1)
-        if self.unacked_key is not None:
-            pipe.hlen(self.prefix + self.unacked_key)
-        replies = pipe.execute()
-        views, width = [], 2 * len(self.steps)
-        for position, queue in enumerate(self.queues):
-            mine = replies[position * width : (position + 1) * width]
-            sent = [t for t in (_sent_at(head) for head in mine[1::2]) if t is not None]
-            views.append(QueueView(queue, sum(mine[0::2]), max(0.0, now - min(sent)) if sent else None))
-        return views, (replies[-1] if self.unacked_key is not None else None)
-
-
 def scrape_client(url: str) -> redis.Redis:
     """A Redis client that fails within SCRAPE_TIMEOUT instead of riding out an outage (runstate.client retries for
     a minute): a scrape must answer before Prometheus gives up on it, saying `chordflow_up 0`."""
     return connection.open_client(url, socket_timeout=SCRAPE_TIMEOUT, socket_connect_timeout=SCRAPE_TIMEOUT)
-
-
-def _sent_at(payload: bytes | None) -> float | None:
-    """When the message (kombu's JSON envelope) was sent: its `chordflow_sent_at` header, if it has one."""
-    if payload is None:
-        return None
-    try:
-        value = json.loads(payload).get("headers", {}).get(SENT_AT_HEADER)
-    except (ValueError, AttributeError):
-        return None
-    return float(value) if isinstance(value, int | float) else None
 
 
 class ClusterView:
@@ -176,12 +113,10 @@ class ClusterView:
     measure (default: CHORDFLOW_QUEUE)."""
 
     def __init__(self, s: settings.Settings | None = None, queues: Iterable[str] = ()):
-        from worker.cluster.app import config
-
         self.settings = s or settings.load()
         self.redis = scrape_client(self.settings.result_backend)
-        options = config(self.settings)["broker_transport_options"]
-        self.broker = BrokerQueues(self.settings.broker_url, options, list(queues) or [self.settings.queue])
+        self.broker = broker_for(self.settings)
+        self.queues = list(queues) or [self.settings.queue]
         self._names: dict[str, str] = {}  # run id -> workflow name (a run's workflow never changes)
         self._progress: dict[str, StreamProgress] = {}
         self._lock = threading.Lock()
@@ -190,8 +125,8 @@ class ClusterView:
         with self._lock:  # concurrent scrapes: one reads the streams at a time
             now = time.time()
             runs, active = self._runs()
-            queues, unacked = self.broker.read(now)
-            return ClusterSnapshot(now, runs, active, queues, unacked, heartbeat.pool_sizes(self.redis))
+            broker = self.broker.read_queues(self.queues, now)
+            return ClusterSnapshot(now, runs, active, broker.queues, broker.unacked, heartbeat.pool_sizes(self.redis))
 
     def _runs(self) -> tuple[Counter[tuple[str, str]], list[RunView]]:
         ids = [raw.decode() for raw in self.redis.zrange(RUNS, 0, -1)]

@@ -13,6 +13,7 @@ import pytest
 import redis
 
 from scheduler.localcluster import Cluster
+from tests.support import rabbitmq
 from worker.cluster.state.runstate import RunState
 
 # The workers' environment: the suite's, as it is when conftest loads this plugin — not whatever a
@@ -21,18 +22,57 @@ BASE_ENV = dict(os.environ)
 PLUGINS = "tests.support.nodes,tests.support.dist_nodes"
 
 
+#: CHORDFLOW_TEST_BROKER=rabbitmq: the suite's shared cluster (`celery_cluster`) has RabbitMQ as its broker, so the
+#: batch acceptance tests (`backend` fixture) run on it; tests that reach into a Redis broker do not apply then.
+TEST_BROKER = os.environ.get("CHORDFLOW_TEST_BROKER", "redis")
+
+
 @pytest.fixture(scope="session")
 def celery_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    """The suite's shared cluster: its own redis-server on a free port and two solo workers."""
-    cluster = Cluster(tmp_path_factory.mktemp("cluster"), plugins=PLUGINS, base_env=BASE_ENV)
+    """The suite's shared cluster: its own redis-server on a free port and two solo workers (on RabbitMQ, see
+    TEST_BROKER: a vhost of its own and two threads workers)."""
+    with rabbitmq.vhost() if TEST_BROKER == "rabbitmq" else contextlib.nullcontext() as broker_url:
+        pool = "solo" if broker_url is None else "threads"
+        cluster = Cluster(tmp_path_factory.mktemp("cluster"), plugins=PLUGINS, base_env=BASE_ENV, broker_url=broker_url)
+        try:
+            cluster.start_worker("w1", pool=pool)  # `celery -A worker.app worker`
+            cluster.start_worker("w2", pool=pool, via="chordflow")  # `chordflow worker`: both ways must serve chunks
+            previous = cluster.apply_env()
+            yield cluster
+            cluster.restore_env(previous)
+        finally:
+            cluster.stop()
+
+
+@pytest.fixture(scope="session")
+def rabbitmq_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    """The suite's cluster with RabbitMQ as the broker: a vhost of its own on the machine's RabbitMQ
+    (tests/support/rabbitmq.py), its own redis-server for the run state and two solo workers. Not applied to the
+    environment: the `broker` fixture points a test at it."""
+    with rabbitmq.vhost() as url:
+        cluster = Cluster(tmp_path_factory.mktemp("rabbitmq"), plugins=PLUGINS, base_env=BASE_ENV, broker_url=url)
+        try:
+            # Threads, not solo: a solo worker on RabbitMQ stalls up to a second between chunks (README: RabbitMQ).
+            cluster.start_worker("a1", pool="threads")
+            cluster.start_worker("a2", pool="threads", via="chordflow")
+            yield cluster
+        finally:
+            cluster.stop()
+
+
+@pytest.fixture(params=["redis", "rabbitmq"])
+def broker(request: pytest.FixtureRequest) -> Iterator[Cluster]:
+    """The suite's cluster on each broker, this process pointed at it for the test: broker-dependent cluster
+    tests take it instead of `celery_cluster` and run on Redis and on RabbitMQ."""
+    if request.param == "redis":
+        yield request.getfixturevalue("celery_cluster")
+        return
+    cluster = request.getfixturevalue("rabbitmq_cluster")
+    previous = cluster.apply_env()
     try:
-        cluster.start_worker("w1")  # `celery -A worker.app worker`
-        cluster.start_worker("w2", via="chordflow")  # `chordflow worker`: both ways must serve chunks
-        previous = cluster.apply_env()
         yield cluster
-        cluster.restore_env(previous)
     finally:
-        cluster.stop()
+        cluster.restore_env(previous)
 
 
 @contextlib.contextmanager

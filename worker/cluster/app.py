@@ -32,7 +32,8 @@ from celery.local import Proxy
 
 from worker import settings
 from worker.cluster import logs, outage, signing
-from worker.cluster.broker import deliveries
+from worker.cluster.broker import amqp, deliveries
+from worker.cluster.broker.registry import for_settings as broker_for
 from worker.cluster.rate_limits import RedisLimiter
 from worker.cluster.state import connection, heartbeat, runstate
 from worker.engine import rate_limits
@@ -41,13 +42,7 @@ from worker.nodes import registry
 log = logging.getLogger(__name__)
 
 
-def _sentinel_options(s: settings.Settings, url: str) -> dict[str, Any]:
-    """What Celery's broker or result backend needs besides a `sentinel://` URL: the primary's name."""
-    return {"master_name": s.redis_master_name} if connection.is_sentinel(url) else {}
-
-
 def config(s: settings.Settings) -> dict:
-    bound = deliveries.dead_delivery_seconds(s.visibility_timeout)
     return {
         "broker_url": s.broker_url,
         "result_backend": s.result_backend,
@@ -58,26 +53,12 @@ def config(s: settings.Settings) -> dict:
         "task_acks_late": True,
         "task_reject_on_worker_lost": True,
         "worker_prefetch_multiplier": 1,
-        # Deliveries (worker/cluster/broker/deliveries.py): each worker renews every message it holds every few seconds,
-        # so the visibility timeout is a short dead-delivery bound, at most 30 s: a dead worker's chunks, advances
-        # and dataset chunks come back within it, a live worker's are never delivered twice. Swept messages get a
-        # fresh delivery tag (the transport there), so a paused worker that wakes up is fenced.
-        **deliveries.broker_options(s.broker_url),
-        "broker_transport_options": {
-            "visibility_timeout": bound,
-            # Sweep for deliveries past the bound every few seconds, scanning each time (kombu's default sweep is
-            # ~100 s apart), and never wait long on the mutex of a sweeper that died mid-sweep (kombu's: 300 s).
-            "unacked_restore_interval": deliveries.sweep_interval(bound),
-            "unacked_restore_throttle": 1,
-            "unacked_mutex_expire": deliveries.SWEEP_MUTEX_SECONDS,
-            # A broker that vanishes without closing the socket must not hang a publish forever.
-            "socket_timeout": 15,
-            "socket_connect_timeout": 5,
-            **_sentinel_options(s, s.broker_url),
-        },
+        # What differs between Redis and RabbitMQ (broker/redis.py, broker/amqp.py): the transport and how a dead
+        # worker's deliveries come back (a renewed visibility timeout, or heartbeats), the queue's declaration.
+        **broker_for(s).app_options(),
         "result_backend_transport_options": {
             "retry_policy": {"timeout": float(s.outage_seconds)},
-            **_sentinel_options(s, s.result_backend),
+            **connection.transport_options(s.result_backend, s),
         },
         "result_chord_ordered": True,
         "result_expires": s.run_ttl,
@@ -330,7 +311,7 @@ def _renew_deliveries(sender: Any, **_: object) -> None:
     app = sender.app
     if sender.hostname in _renewers or not isinstance(app, ChordflowCelery):
         return
-    if not deliveries.has_visibility_timeout(app):
+    if not broker_for(app.chordflow_settings).renews_deliveries:
         return
     bound = app.conf.broker_transport_options.get("visibility_timeout") or deliveries.DEAD_DELIVERY_SECONDS
     renewer = deliveries.DeliveryRenewer(sender, deliveries.renew_interval(bound))
@@ -342,3 +323,32 @@ def _renew_deliveries(sender: Any, **_: object) -> None:
 def _stop_renewing(**_: object) -> None:
     while _renewers:
         _renewers.popitem()[1].stop()
+
+
+_solo_heartbeats: dict[str, amqp.SoloHeartbeats] = {}
+
+
+@signals.worker_ready.connect
+def _keep_solo_heartbeats(sender: Any, **_: object) -> None:
+    """A `-P solo` worker on RabbitMQ runs each task inside its consumer loop, which sends no heartbeat meanwhile:
+    without these, RabbitMQ would drop the connection of a worker running a chunk longer than two heartbeat
+    intervals and deliver its chunk again (worker/cluster/broker/amqp.py)."""
+    app = sender.app
+    if sender.hostname in _solo_heartbeats or not isinstance(app, ChordflowCelery):
+        return
+    heartbeat_seconds = app.conf.broker_heartbeat
+    solo = type(sender.pool).__module__ == "celery.concurrency.solo"
+    if not solo or not heartbeat_seconds or broker_for(app.chordflow_settings).renews_deliveries:
+        return
+    log.info("solo pool on RabbitMQ: broker heartbeats sent from a thread while a task runs")
+    beats = amqp.SoloHeartbeats(sender, heartbeat_seconds / 3)
+    _solo_heartbeats[sender.hostname] = beats
+    signals.task_prerun.connect(lambda **_: beats.started(), weak=False)
+    signals.task_postrun.connect(lambda **_: beats.finished(), weak=False)
+    beats.start()
+
+
+@signals.worker_shutdown.connect
+def _stop_solo_heartbeats(**_: object) -> None:
+    while _solo_heartbeats:
+        _solo_heartbeats.popitem()[1].stop()

@@ -61,6 +61,11 @@ def master_name() -> str:
     return settings.load().redis_master_name
 
 
+def transport_options(url: str, s: settings.Settings) -> dict[str, Any]:
+    """What Celery's broker or result backend needs besides a `sentinel://` URL: the primary's name."""
+    return {"master_name": s.redis_master_name} if is_sentinel(url) else {}
+
+
 def open_client(url: str, *, blocking: bool = False, **options: Any) -> redis.Redis:
     """A client of the Redis at `url` (a Sentinel URL: of its current primary); `options` go to its connection
     pool (timeouts, retry, max_connections; `timeout` only with `blocking`, a pool that waits for a connection)."""
