@@ -46,6 +46,11 @@ def shown(value: object, limit: int = 60) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
+def shown_key(name: str) -> str:
+    """A param name inside a location (`nodes[0] (id 'a').params.<name>`): as written, or quoted and cut when long."""
+    return name if len(name) <= 40 else shown(name, 40)
+
+
 class ChordflowError(Exception):
     """Base of chordflow's own errors."""
 
