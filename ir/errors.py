@@ -74,6 +74,21 @@ class ValidationError(ChordflowError, ValueError):
         super().__init__(message)
 
 
+class UnknownRun(ChordflowError, LookupError):
+    """No run store holds the run asked for (the message says where it looked; `run_id` is the id asked for)."""
+
+    def __init__(self, message: str, run_id: str = ""):
+        super().__init__(message)
+        self.run_id = run_id
+
+    def __str__(self) -> str:  # LookupError's would quote the message as a key
+        return str(self.args[0]) if self.args else ""
+
+
+class AmbiguousRunId(UnknownRun):
+    """A run id prefix (4 characters or more) that starts several runs' ids: the message lists them."""
+
+
 class TemplateError(ChordflowError, ValueError):
     """A template could not be resolved at run time."""
 

@@ -291,22 +291,51 @@ def runs(status_: str | None, limit: int, as_json: bool, prune: bool, older_than
     if as_json:
         click.echo(to_json([r.status_dict() for r in records]))
         return
+    rows = [_run_row(r, datasets) for r in records]
+    console = stdout_console()
+    if not sys.stdout.isatty():  # a pipe or a file: whole values, one tab-separated line per run
+        for row in [RUNS_COLUMNS, *rows]:
+            click.echo("\t".join(cell.replace("\t", " ") for cell in row))
+        return
+    shown = _fitting_columns(rows, console.width)
     table = Table(title="runs", title_justify="left")
-    for column in ("run", "workflow", "backend", "status", "progress", "started", "duration"):
-        table.add_column(column)
-    for r in records:
-        done = sum(c["done"] for c in r.batches.values())
-        total = sum(c["total"] for c in r.batches.values())
-        progress = f"{done}/{total} items" if total else f"{r.step} steps"
-        if r.dataset is not None:  # a dataset job: its records (one read of its counts)
-            with contextlib.suppress(Exception):
-                counts = datasets.progress(r)
-                progress = f"{counts['done']}/{counts['total'] if counts['total'] is not None else '?'} records"
-        started = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(r.created))
-        table.add_row(
-            r.run_id, Text(r.name), r.backend, r.status, progress, started, f"{r.updated - r.created:.1f}s"
-        )  # fmt: skip
-    stdout_console().print(table)
+    for column in shown:
+        if column == "run":  # a whole id always: it is what every other command takes
+            table.add_column(column, no_wrap=True, min_width=max([len(row[0]) for row in rows] + [3]))
+        else:
+            table.add_column(column, overflow="fold")
+    for row in rows:
+        table.add_row(*(Text(cell) for column, cell in zip(RUNS_COLUMNS, row, strict=True) if column in shown))
+    console.print(table)
+
+
+#: The columns of `runs`; in a narrow terminal the last of DROPPED_FIRST go first, `run` and `status` never.
+RUNS_COLUMNS = ("run", "workflow", "backend", "status", "progress", "started", "duration")
+DROPPED_FIRST = ("backend", "duration", "started", "progress", "workflow")
+
+
+def _run_row(r: Any, datasets: Any) -> tuple[str, ...]:
+    done = sum(c["done"] for c in r.batches.values())
+    total = sum(c["total"] for c in r.batches.values())
+    progress = f"{done}/{total} items" if total else f"{r.step} steps"
+    if r.dataset is not None:  # a dataset job: its records (one read of its counts)
+        with contextlib.suppress(Exception):
+            counts = datasets.progress(r)
+            progress = f"{counts['done']}/{counts['total'] if counts['total'] is not None else '?'} records"
+    started = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(r.created))
+    return r.run_id, r.name, r.backend, r.status, progress, started, f"{r.updated - r.created:.1f}s"
+
+
+def _fitting_columns(rows: list[tuple[str, ...]], width: int) -> list[str]:
+    """The columns whose whole values fit in `width` (each takes its widest cell and 3 for the borders), dropping
+    DROPPED_FIRST in order until they do; a narrower terminal still gets `run` and `status` whole."""
+    widths = {column: max([len(column)] + [len(row[i]) for row in rows]) + 3 for i, column in enumerate(RUNS_COLUMNS)}
+    shown = list(RUNS_COLUMNS)
+    for column in DROPPED_FIRST:
+        if sum(widths[c] for c in shown) + 1 <= width:
+            break
+        shown.remove(column)
+    return shown
 
 
 #: Seconds per unit of `--older-than`.

@@ -145,6 +145,13 @@ class LocalRuns:
             rows = self.db.execute(query + " ORDER BY created DESC LIMIT ?", (*args, limit)).fetchall()
         return [_record(row) for row in rows]
 
+    def ids_starting(self, prefix: str, limit: int) -> list[str]:
+        with self.lock:
+            rows = self.db.execute(
+                "SELECT run_id FROM runs WHERE substr(run_id, 1, ?) = ? LIMIT ?", (len(prefix), prefix, limit)
+            ).fetchall()
+        return [row[0] for row in rows]
+
     def exception(self, run_id: str) -> tuple[str, str, str] | None:
         """None: a local run's exception reaches its caller directly, in the process that ran it."""
         return None
