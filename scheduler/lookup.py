@@ -6,6 +6,7 @@ The one place that knows both stores exist; everything after a lookup speaks to 
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable
 from typing import Any
 
 from ir.errors import AmbiguousRunId, BackendError, UnknownRun
@@ -79,9 +80,15 @@ def full_run_id(run_id: str) -> str:
     return matches.pop() if matches else run_id
 
 
-def recent(status: str | None = None, limit: int = 20) -> list[RunRecord]:
-    """Recent runs from both stores, newest first (the cluster's only when its Redis answers)."""
+def recent(
+    status: str | None = None, limit: int = 20, unreachable: Callable[[BackendError], None] | None = None
+) -> list[RunRecord]:
+    """Recent runs from both stores, newest first (the cluster's only when its Redis answers: else `unreachable`
+    is told why, for `chordflow runs` to say the list is the local runs only)."""
     records = local_runs().recent(status, limit)
-    with contextlib.suppress(BackendError):
+    try:
         records += cluster_runs().recent(status, limit)
+    except BackendError as exc:
+        if unreachable is not None:
+            unreachable(exc)
     return sorted(records, key=lambda r: r.created, reverse=True)[:limit]

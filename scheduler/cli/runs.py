@@ -287,7 +287,7 @@ def runs(status_: str | None, limit: int, as_json: bool, prune: bool, older_than
     if prune or older_than is not None:
         _prune(prune, older_than, status_)
         return
-    records = lookup.recent(status_, limit)
+    records = lookup.recent(status_, limit, unreachable=_warn_local_only)
     if as_json:
         click.echo(to_json([r.status_dict() for r in records]))
         return
@@ -307,6 +307,10 @@ def runs(status_: str | None, limit: int, as_json: bool, prune: bool, older_than
     for row in rows:
         table.add_row(*(Text(cell) for column, cell in zip(RUNS_COLUMNS, row, strict=True) if column in shown))
     console.print(table)
+
+
+def _warn_local_only(exc: Exception) -> None:
+    click.echo(f"warning: local runs only: {exc}", err=True)
 
 
 #: The columns of `runs`; in a narrow terminal the last of DROPPED_FIRST go first, `run` and `status` never.
