@@ -22,7 +22,7 @@ import scheduler
 from ir.errors import BatchItemsError, RemoteError, TemplateError, ValidationError
 from scheduler.cli.errors import CliUsageError, WorkflowFailed, error_lines, exit_code_for
 from scheduler.cli.follow import ProgressDisplay
-from scheduler.cli.running import _params_text
+from scheduler.cli.workflows import _params_text
 from worker.runs.record import RUN_ID_RULE
 from worker.runs.store import StoreFull
 
@@ -447,3 +447,30 @@ def test_progress_display_applies_out_of_order_events_monotonically() -> None:
     (task,) = display.progress.tasks
     assert (task.description, task.completed, task.total, task.fields["errors"]) == ("b", 3, 3, 1)
     assert "3/3" in console.file.getvalue()
+
+
+def test_version_prints_the_package_version() -> None:
+    from importlib.metadata import version
+
+    proc = run_cli("--version")
+    assert (proc.returncode, proc.stdout) == (0, f"chordflow {version('chordflow')}\n")
+
+
+def test_validate_loads_neither_the_run_machinery_nor_rich(tmp_path: Path) -> None:
+    """Why `chordflow validate` starts fast: its process imports only what checking a workflow needs."""
+    code = (
+        "import sys; from scheduler.cli import main\n"
+        "try:\n    main(['validate', sys.argv[1]])\nexcept SystemExit:\n    pass\n"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in ('rich', 'celery', 'redis') "
+        "or m in ('scheduler.api', 'scheduler.driver', 'worker.runs.sqlite')))"
+    )
+    path = write_wf(tmp_path, {"nodes": [{"id": "a", "type": "echo"}]})
+    proc = subprocess.run(
+        [sys.executable, "-c", code, str(path)],
+        cwd=ROOT,
+        env=cli_env(CHORDFLOW_PLUGINS=""),  # the suite's plugin node types import Celery themselves
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.stdout.splitlines() == ["ok: 1 nodes", "[]"], proc.stderr
