@@ -474,3 +474,27 @@ def test_validate_loads_neither_the_run_machinery_nor_rich(tmp_path: Path) -> No
         timeout=60,
     )
     assert proc.stdout.splitlines() == ["ok: 1 nodes", "[]"], proc.stderr
+
+
+@pytest.mark.parametrize(
+    ("args", "problem"),
+    [
+        (
+            ("--detach",),
+            "--detach: only with --backend celery and without --stream (a local run lives in this process)",
+        ),
+        (("--backend", "celery", "--detach", "--stream"), "--detach: only with --backend celery and without --stream"),
+    ],
+)
+def test_detach_is_refused_where_it_means_nothing(tmp_path: Path, args: tuple[str, ...], problem: str) -> None:
+    proc = run_cli("run", write_wf(tmp_path, {"nodes": [{"id": "a", "type": "echo"}]}), *args)
+    assert proc.returncode == 2 and proc.stderr.startswith(f"error: {problem}") and proc.stdout == ""
+
+
+def test_runs_takes_the_status_word_of_a_run_report_and_refuses_a_negative_limit() -> None:
+    env = cli_env(CHORDFLOW_BROKER_URL="redis://127.0.0.1:1/0")
+    assert scheduler.run({"nodes": [{"id": "a", "type": "echo"}]}).status == "success"
+    listed = json.loads(run_cli("runs", "--status", "success", "--limit", "50", "--json", env=env).stdout)
+    assert listed and {run["status"] for run in listed} == {"succeeded"}
+    negative = run_cli("runs", "--limit", "-1", env=env)
+    assert negative.returncode == 2 and "-1 is not in the range x>=1" in negative.stderr

@@ -87,6 +87,12 @@ def test_a_percentage_passed_only_by_the_last_item_still_fails(backend: str) -> 
     assert message == "batch node 'b': failed 1 of 10 items (10.0%), tolerated 5%"
 
 
+def test_a_share_just_over_the_percentage_is_shown_with_the_digits_that_say_so(backend: str) -> None:
+    """3 of 149 is 2.013%: `2.0%, tolerated 2%` would read as within the bound."""
+    message, _ = run_failing(backend, 149, {1, 50, 100}, tolerated_failure_percent=2)
+    assert message == "batch node 'b': failed 3 of 149 items (2.01%), tolerated 2%"
+
+
 @pytest.mark.parametrize("parallel", [False, True])
 def test_past_the_count_the_batch_stops_starting_items(backend: str, tmp_path: Path, parallel: bool) -> None:
     # One failure in every block of 10 (the first item of each chunk): no chunk passes `count=1` on its

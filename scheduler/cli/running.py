@@ -52,6 +52,9 @@ def run(
     import scheduler
     from worker.engine.loader import load
 
+    if detach and (backend == "local" or as_stream):
+        why = "it follows the run's events" if as_stream else "a local run lives in this process"
+        raise CliUsageError(f"--detach: only with --backend celery and without --stream ({why})")
     store: dict[str, Any] = {}  # passed as `shared`, so still readable when the run raises
     run_id = uuid.uuid4().hex[:12]
     dataset = dataset_job(items, job)

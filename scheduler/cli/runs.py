@@ -275,8 +275,11 @@ def status(run_id: str, as_json: bool) -> None:
 
 
 @click.command()
-@click.option("--status", "status_", type=click.Choice(["queued", "running", "succeeded", "failed", "cancelled"]))
-@click.option("--limit", type=int, default=20, show_default=True)
+@click.option(
+    "--status", "status_", type=click.Choice(["queued", "running", "succeeded", "success", "failed", "cancelled"]),
+    help="Only runs with this status (`success`, as a run's report says it, is `succeeded`).",
+)  # fmt: skip
+@click.option("--limit", type=click.IntRange(min=1), default=20, show_default=True)
 @click.option("--json", "as_json", is_flag=True, help="Print a list of status objects.")
 @click.option("--prune", is_flag=True, help="Delete the ended runs (both stores) not updated for --older-than D.")
 @click.option("--older-than", metavar="D", default=None, help="With --prune: an age, like 7d, 12h, 30m or 90s.")
@@ -284,6 +287,7 @@ def runs(status_: str | None, limit: int, as_json: bool, prune: bool, older_than
     """Recent runs, newest first; with --prune --older-than D, delete the old ones instead (never a running one)."""
     from scheduler import datasets, lookup
 
+    status_ = "succeeded" if status_ == "success" else status_
     if prune or older_than is not None:
         _prune(prune, older_than, status_)
         return
