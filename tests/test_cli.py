@@ -498,3 +498,23 @@ def test_runs_takes_the_status_word_of_a_run_report_and_refuses_a_negative_limit
     assert listed and {run["status"] for run in listed} == {"succeeded"}
     negative = run_cli("runs", "--limit", "-1", env=env)
     assert negative.returncode == 2 and "-1 is not in the range x>=1" in negative.stderr
+
+
+def test_the_python_api_imports_modules_of_the_working_directory_as_the_cli_does(tmp_path: Path) -> None:
+    """`scheduler.run("wf.json")` from a script elsewhere: a `python` node's module in the working directory."""
+    project, scripts = tmp_path / "project", tmp_path / "scripts"
+    project.mkdir(), scripts.mkdir()
+    (project / "cwd_helpers_21b.py").write_text("def double(x):\n    return 2 * x\n")
+    wf = {"nodes": [{"id": "d", "type": "python", "params": {"function": "cwd_helpers_21b:double", "x": 21}}]}
+    (project / "wf.json").write_text(json.dumps(wf))
+    script = scripts / "go.py"  # sys.path[0] is the script's directory, not the working directory
+    script.write_text("import scheduler\nprint(scheduler.run('wf.json').shared['d']['result'])\n")
+    proc = subprocess.run(
+        [sys.executable, str(script)],
+        cwd=project,
+        env=cli_env(CHORDFLOW_PLUGINS="worker.nodes.python_call"),  # not the suite's: `tests` is not importable there
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert (proc.returncode, proc.stdout) == (0, "42\n"), proc.stderr

@@ -15,6 +15,7 @@ from typing import Any
 import click
 
 from scheduler.cli.errors import DEBUG_KEY, EXIT_OK, FAILED_NODE_KEY, report_error
+from scheduler.cwd import use_cwd_modules
 
 
 class ChordflowGroup(click.Group):
@@ -45,13 +46,6 @@ class ChordflowGroup(click.Group):
             raise click.exceptions.Exit(code) from None
 
 
-def _use_cwd_modules() -> None:
-    """Like `python -m`: modules in the working directory (e.g. `examples.wordcount`) are importable."""
-    cwd = os.getcwd()
-    if cwd not in sys.path and "" not in sys.path:
-        sys.path.insert(0, cwd)
-
-
 @click.group(cls=ChordflowGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="chordflow", prog_name="chordflow", message="%(prog)s %(version)s")
 @click.option("--debug", is_flag=True, help="Print full tracebacks instead of one-line errors.")
@@ -59,7 +53,7 @@ def _use_cwd_modules() -> None:
 def cli(ctx: click.Context, debug: bool) -> None:
     """chordflow: run JSON workflows of PocketFlow nodes, with batch fan-out locally or on Celery."""
     ctx.meta[DEBUG_KEY] = debug
-    _use_cwd_modules()
+    use_cwd_modules()
 
 
 #: Every command: the module of scheduler/cli that defines it and the function's name. A command's module is
