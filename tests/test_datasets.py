@@ -113,6 +113,8 @@ def test_failed_records_fail_the_job_saying_how_many_and_redrive_reruns_only_the
     assert len(logged(job["log"])) == 17  # the three failing ones raise before logging
     errors = result_rows(run_id, "--errors")
     assert [r["index"] for r in errors] == [3, 7, 15] and "missing" in errors[0]["error"]
+    shown = cli("status", run_id).stdout  # its records say where it stands, not `steps: 0  node: -`
+    assert "records: 20/20 done, 3 failed" in shown and "steps:" not in shown and "(reading)" not in shown
 
     job["missing"].write_text("now it exists")
     again = cli("redrive", run_id)

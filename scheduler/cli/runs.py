@@ -258,7 +258,8 @@ def status(run_id: str, as_json: bool) -> None:
         return
     console = stdout_console()
     console.print(Text(f"run {info['run_id']}: {info['status']}  ({info['workflow']}, {info['backend']})"))
-    console.print(Text(f"  steps: {info['steps']}  node: {info['node'] or '-'}"))
+    if "records" not in info:  # a dataset job's progress is its records (`steps: 0  node: -` says nothing)
+        console.print(Text(f"  steps: {info['steps']}  node: {info['node'] or '-'}"))
     for node, counts in info["batches"].items():
         console.print(Text(f"  {node}: {counts['done']}/{counts['total']} items, {counts['failed']} failed"))
     if "records" in info:
