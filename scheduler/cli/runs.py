@@ -62,12 +62,13 @@ def resume(ctx: click.Context, run_id: str, output: str, edited: str | None) -> 
     A local run resumes here, to the end; a cluster run is handed back to the workers (follow it with `wait`).
     """
     import scheduler
-    from scheduler import api
-    from worker.runs.record import resumable
+    from scheduler import api, lookup
+    from worker.runs.record import resume_refusal
 
+    record, _ = lookup.find_run(run_id)
+    if refusal := resume_refusal(record, edited):  # before the plan: a dataset job has no steps to go on from
+        raise CliUsageError(refusal)
     plan = api.plan_resume(run_id, edited)
-    if plan.record.status not in resumable(edited):
-        raise CliUsageError(f"run {run_id} is {plan.record.status}; only a failed or cancelled run can be resumed")
     if output != "json":
         for cached in dict.fromkeys(plan.kept):
             stderr_console().print(Text(f"↻ cached {cached}", style="dim"))
