@@ -67,6 +67,7 @@ def test_failures_up_to_the_threshold_succeed_with_errors_listed(backend: str, t
     aggregate = result.shared["b"]
     assert (aggregate["count"], aggregate["success_count"], aggregate["error_count"]) == (20, 18, 2)
     assert [(e["index"], e["error"]) for e in aggregate["errors"]] == [(3, "boom 3"), (17, "boom 17")]
+    assert [e.get("exception_type") for e in aggregate["errors"]] == ["ValueError", "ValueError"]  # both backends
     assert [r and r["value"] for r in aggregate["results"]] == [None if i in failed else i for i in range(total)]
 
 
