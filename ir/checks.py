@@ -10,7 +10,7 @@ import difflib
 from collections.abc import Collection, Iterator
 
 from ir.branches import parallel_problems
-from ir.errors import TemplateError, shown
+from ir.errors import TemplateError, shown, shown_key
 from ir.loops import endless_loops, loops_left_only_by_actions
 from ir.models import NodeSpec, Workflow
 from ir.subworkflows import is_sub_param
@@ -29,11 +29,6 @@ def _did_you_mean(name: str, candidates: Collection[str]) -> str:
         return ""
     close = difflib.get_close_matches(name, [c for c in candidates if len(c) <= MAX_SUGGESTED], n=1)
     return f" (did you mean '{close[0]}'?)" if close else ""
-
-
-def _key(name: str) -> str:
-    """A param name inside a location: as written, or quoted and cut when long."""
-    return name if len(name) <= 40 else shown(name, 40)
 
 
 def duplicate_ids(wf: Workflow) -> Iterator[str]:
@@ -109,7 +104,9 @@ def _node_refs(node: NodeSpec) -> Iterator[tuple[str, Reference | TemplateError]
     """(where, reference) for each template of the node; a template that cannot be parsed comes as its error.
 
     A sub-workflow's templates are its own (checked when it is loaded), not the node's."""
-    values = [(f"params.{_key(name)}", value) for name, value in node.params.items() if not is_sub_param(node, name)]
+    values = [
+        (f"params.{shown_key(name)}", value) for name, value in node.params.items() if not is_sub_param(node, name)
+    ]
     if node.batch and node.batch.items:
         values.append(("batch.items", node.batch.items))
     for where, value in values:

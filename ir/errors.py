@@ -46,6 +46,11 @@ def shown(value: object, limit: int = 60) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
+def shown_key(name: str) -> str:
+    """A param name inside a location (`nodes[0] (id 'a').params.<name>`): as written, or quoted and cut when long."""
+    return name if len(name) <= 40 else shown(name, 40)
+
+
 class ChordflowError(Exception):
     """Base of chordflow's own errors."""
 
@@ -67,6 +72,21 @@ class ValidationError(ChordflowError, ValueError):
             lines = "\n".join(f"  - {p}" for p in self.problems)
             message = f"{prefix}{len(self.problems)} problems:\n{lines}"
         super().__init__(message)
+
+
+class UnknownRun(ChordflowError, LookupError):
+    """No run store holds the run asked for (the message says where it looked; `run_id` is the id asked for)."""
+
+    def __init__(self, message: str, run_id: str = ""):
+        super().__init__(message)
+        self.run_id = run_id
+
+    def __str__(self) -> str:  # LookupError's would quote the message as a key
+        return str(self.args[0]) if self.args else ""
+
+
+class AmbiguousRunId(UnknownRun):
+    """A run id prefix (4 characters or more) that starts several runs' ids: the message lists them."""
 
 
 class TemplateError(ChordflowError, ValueError):

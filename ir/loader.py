@@ -5,7 +5,7 @@ from __future__ import annotations
 import codecs
 import json
 import os
-from collections.abc import Collection, Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -169,16 +169,22 @@ def _pydantic_problems(exc: pydantic.ValidationError, raw: Any) -> list[str]:
     return problems
 
 
-def load(source: Any, *, node_types: Collection[str] | None = None) -> Workflow:
+def load(
+    source: Any,
+    *,
+    node_types: Collection[str] | None = None,
+    node_checks: Callable[[Workflow], Iterable[str]] | None = None,
+) -> Workflow:
     """Parse and statically check a workflow, and include its sub-workflows (ir/subworkflows.py).
 
     `source` is a dict, JSON text, a path or a Workflow. With `node_types`, unknown node types are
     reported too (the scheduler passes the registry's names; `ir` itself knows no node types but
-    `workflow`). What is suspicious but valid is returned in `workflow.warnings` (never serialized).
+    `workflow`); `node_checks` adds the node types' own problems (their params), reported with the rest.
+    What is suspicious but valid is returned in `workflow.warnings` (never serialized).
     """
     raw, label, path = _read(source)
     doc = subworkflows.Document.top(label, path)
-    workflow = _document(raw, doc, node_types)
+    workflow = _document(raw, doc, node_types, node_checks)
     if workflow is not None:
         _check_included_depth(workflow, doc)
     problems = doc.loading.problems
@@ -190,28 +196,67 @@ def load(source: Any, *, node_types: Collection[str] | None = None) -> Workflow:
     return workflow
 
 
-def _document(raw: Any, doc: subworkflows.Document, node_types: Collection[str] | None) -> Workflow | None:
-    """One workflow document (the top one or a sub-workflow): its problems go to `doc`; None when it has any."""
+def _document(
+    raw: Any,
+    doc: subworkflows.Document,
+    node_types: Collection[str] | None,
+    node_checks: Callable[[Workflow], Iterable[str]] | None = None,
+) -> Workflow | None:
+    """One workflow document (the top one or a sub-workflow): its problems go to `doc`; None when it has any.
+
+    A document some fields of which are malformed is checked further without them, so one pass reports every
+    problem (a bad batch field does not hide an unknown node type or a bad reference)."""
     before = len(doc.loading.problems)
     if not isinstance(raw, dict):
         doc.problem(f"the workflow must be a JSON object, got {type(raw).__name__}")
         return None
+    context = {BAD_NAMES: _bad_names(raw)}
     try:
-        workflow = Workflow.model_validate(raw, context={BAD_NAMES: _bad_names(raw)})
+        workflow = Workflow.model_validate(raw, context=context)
     except pydantic.ValidationError as exc:
         for problem in _pydantic_problems(exc, raw):
             doc.problem(problem)
-        return None
+        salvaged = _without_malformed(raw, exc, context)
+        if salvaged is None:
+            return None
+        workflow = salvaged
     for problem in (p for check in checks.ALL_CHECKS for p in check(workflow)):
         doc.problem(problem)
     if node_types is not None:
         for problem in checks.node_types(workflow, node_types):
             doc.problem(problem)
     subworkflows.include(workflow, doc, node_types, load=_document, read=_read_file)
+    for problem in node_checks(workflow) if node_checks is not None else ():  # on the sub-workflows included
+        doc.problem(problem)
     if len(doc.loading.problems) > before:
         return None
     workflow.warnings.extend(doc.name(w) for check in checks.ALL_WARNINGS for w in check(workflow))
     return workflow
+
+
+#: Fields a node or an edge cannot be checked without: a malformed one stops the checks after pydantic's.
+_ESSENTIAL = {"nodes": ("id", "type"), "edges": ("from", "to")}
+
+
+def _without_malformed(raw: dict[str, Any], exc: pydantic.ValidationError, context: dict[str, Any]) -> Workflow | None:
+    """The workflow without the fields pydantic refused (a node's `batch`, an edge's `fan_in`, a top-level
+    `max_steps`), for the other checks to look at; None when what is malformed is a node's or an edge's
+    identity or the lists themselves (the other checks would only report what follows from it)."""
+    trimmed = dict(raw)
+    for err in exc.errors():
+        loc = err["loc"]
+        if len(loc) == 1 and loc[0] not in _ESSENTIAL:
+            trimmed.pop(str(loc[0]), None)
+        elif len(loc) >= 3 and loc[0] in _ESSENTIAL and isinstance(loc[1], int) and loc[2] not in _ESSENTIAL[loc[0]]:
+            items = trimmed[loc[0]] = list(trimmed[loc[0]])
+            element = items[loc[1]] = dict(items[loc[1]])
+            element.pop(loc[2], None)
+        else:
+            return None
+    try:
+        return Workflow.model_validate(trimmed, context=context)
+    except pydantic.ValidationError:
+        return None
 
 
 def _check_included_depth(workflow: Workflow, doc: subworkflows.Document) -> None:

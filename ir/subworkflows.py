@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ir.errors import ValidationError, shown
+from ir.errors import ValidationError, shown, shown_key
 from ir.inputs import unknown_input
 from ir.models import NodeSpec, Workflow
 from ir.templates import TEMPLATE_RE, is_single_template
@@ -123,7 +123,9 @@ def _sub_workflow(
     params = node.params
     for name in params:
         if name not in (WORKFLOW, INPUTS, SOURCE):
-            doc.problem(f"{where}.{_key(name)}: unknown param of a workflow node (it takes 'workflow' and 'inputs')")
+            doc.problem(
+                f"{where}.{shown_key(name)}: unknown param of a workflow node (it takes 'workflow' and 'inputs')"
+            )
     value = params.get(WORKFLOW)
     if value is None or value == "":
         doc.problem(f"{where}.workflow is required: a path to a workflow file, or a workflow object")
@@ -218,10 +220,6 @@ def _check_inputs(inputs: Any, sub: Workflow, where: str, doc: Document) -> None
     for name, spec in (sub.inputs or {}).items():
         if spec.required and spec.default is None and name not in inputs:
             doc.problem(f"{where}.inputs: required input '{name}' of the sub-workflow is not given")
-
-
-def _key(name: str) -> str:
-    return name if len(name) <= 40 else shown(name, 40)
 
 
 def _resolved(path: Path) -> Path:

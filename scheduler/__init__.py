@@ -1,14 +1,36 @@
 """Compile workflows, run and stream them, submit and follow durable runs, and the `chordflow` CLI.
 
 The public functions come from scheduler/api.py, which loads the cluster half (Celery, Redis) only when
-a call needs it: a local run never imports it. `scheduler` may import `worker` and `ir`, never the reverse.
+a call needs it: a local run never imports it. They are imported on first use (`scheduler.run`), so the CLI's
+`validate` does not load the run machinery. `scheduler` may import `worker` and `ir`, never the reverse.
 """
 
-from ir.errors import RemoteError, RunCancelled
-from scheduler.api import redrive, resume, run, status, stream, submit, update, wait
-from scheduler.compiler import compile
-from worker.runs.record import RunResult
+from __future__ import annotations
 
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from ir.errors import RemoteError, RunCancelled
+    from scheduler.api import redrive, resume, run, status, stream, submit, update, wait
+    from scheduler.compiler import compile
+    from worker.runs.record import RunResult
+
+#: Each public name and the module it comes from.
+_PUBLIC = {
+    "RemoteError": "ir.errors",
+    "RunCancelled": "ir.errors",
+    "RunResult": "worker.runs.record",
+    "compile": "scheduler.compiler",
+    "redrive": "scheduler.api",
+    "resume": "scheduler.api",
+    "run": "scheduler.api",
+    "status": "scheduler.api",
+    "stream": "scheduler.api",
+    "submit": "scheduler.api",
+    "update": "scheduler.api",
+    "wait": "scheduler.api",
+}
 __all__ = [
     "RemoteError",
     "RunCancelled",
@@ -23,3 +45,11 @@ __all__ = [
     "update",
     "wait",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _PUBLIC:
+        raise AttributeError(f"module 'scheduler' has no attribute {name!r}")
+    value = getattr(importlib.import_module(_PUBLIC[name]), name)
+    globals()[name] = value
+    return value

@@ -19,6 +19,7 @@ from typing import Any
 
 from ir.errors import BackendError, ValidationError
 from scheduler import driver, lookup
+from scheduler.cwd import use_cwd_modules
 from scheduler.records import Items
 from worker import events, redact
 from worker.engine.flow import build_flow
@@ -50,6 +51,7 @@ def run(
     `items`: a dataset job, the workflow once per record (scheduler/datasets.py; `as_`, `format`... in
     `options`); its RunResult's outputs are the record counts, `results` streams the rest.
     """
+    use_cwd_modules()  # `examples.*` and `python` functions of the working directory, as the CLI imports them
     if items is None:
         return driver.run(
             workflow, inputs, shared=shared, backend=backend, on_event=on_event, run_id=run_id,
@@ -88,6 +90,7 @@ def submit(
     with its options (`as_`, `format`, `skip_bad_records`, `tolerated_failure_percent`,
     `tolerated_failure_count`, `chunk_size`, `max_record_bytes`); returns once every record is stored in Redis.
     """
+    use_cwd_modules()
     if items is not None:
         from scheduler import datasets
 
@@ -255,6 +258,7 @@ def stream(
     `final` carries `status`, `error`, `outputs` and `run_id` like RunResult. Closing the generator
     early cancels the run.
     """
+    use_cwd_modules()
     queue_: queue.Queue[dict[str, Any] | None] = queue.Queue(maxsize=STREAM_BUFFER)
     cancelled = threading.Event()
 

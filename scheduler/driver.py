@@ -13,7 +13,7 @@ import warnings
 from collections.abc import Callable
 from typing import Any
 
-from ir.errors import Fenced, RunCancelled, ValidationError
+from ir.errors import Fenced, RunCancelled, UnknownRun, ValidationError
 from scheduler import backends
 from scheduler.compiler import compile
 from scheduler.inputs import apply_inputs
@@ -25,7 +25,7 @@ from worker.engine.loader import load, source_of
 from worker.engine.sections import StoredBranches
 from worker.engine.stepper import ThreadedSections, batch_nodes, drive, ending
 from worker.engine.steps import Cursor
-from worker.runs.record import RECORD_STATUS, RunRecord, RunResult, StepJournal, new_run_id, resumable
+from worker.runs.record import RECORD_STATUS, RunRecord, RunResult, StepJournal, new_run_id, resume_refusal
 from worker.runs.resume_point import go_on_under
 from worker.runs.sqlite import LocalRuns
 
@@ -78,9 +78,9 @@ def resume(
     runs = LocalRuns.default()
     record = runs.get(run_id)
     if record is None:
-        raise ValidationError(f"run {run_id}: unknown run (not in {runs.where})")
-    if record.status not in resumable(workflow):
-        raise ValidationError(f"run {run_id} is {record.status}; only a failed or cancelled run can be resumed")
+        raise UnknownRun(f"unknown run '{run_id}' (not in {runs.where})", run_id)
+    if refusal := resume_refusal(record, workflow):
+        raise ValidationError(refusal)
     if workflow is None:
         flow = compile(load(record.workflow))
         cursor = Cursor(record.node, record.step)

@@ -33,7 +33,7 @@ from worker.engine.flow import build_flow
 from worker.engine.loader import load, source_of
 from worker.engine.stepper import outputs as recorded_outputs
 from worker.nodes.llm import usage_totals
-from worker.runs.record import FINAL, RESULT_STATUS, RunRecord, RunResult, new_run_id, resumable
+from worker.runs.record import FINAL, RESULT_STATUS, RunRecord, RunResult, new_run_id, resume_refusal
 from worker.runs.resume_point import go_on_under
 from worker.runs.store import RunStore, Unrecoverable
 
@@ -257,8 +257,8 @@ def resume_cluster(run_id: str, workflow: Any = None) -> None:
     `workflow`: an edited workflow (any finished run, a succeeded one too): it goes into the run record,
     the run is rewound to its first changed node (worker/runs/resume_point.py), then the advance is enqueued."""
     record, runs = find_run(run_id, signing.publishing_signer(current_app()))  # an edited workflow goes in signed
-    if record.status not in resumable(workflow):
-        raise ValidationError(f"run {run_id} is {record.status}; only a failed or cancelled run can be resumed")
+    if refusal := resume_refusal(record, workflow):
+        raise ValidationError(refusal)
     step = record.step
     if workflow is not None:
         step = go_on_under(runs, record, build_flow(load(workflow)), source_of(workflow)).step

@@ -136,17 +136,25 @@ def _unreadable(label: str, exc: OSError) -> ValidationError:
 
 
 def _jsonl(path: Path, label: str, limit: int) -> Iterator[Any]:
+    """A record per line, so that a record's index is always its line less one: a blank line before the last
+    record is a bad record (refused, or a failed record with skip_bad); blank lines after it end the file."""
+    blank: list[int] = []  # blank lines not yet followed by a record
     with path.open("rb") as f:  # bytes: only b"\n" ends a line (a str would also break on \u2028)
         for number in count(1):
             raw = _line(f, limit)
             if raw == b"":
                 return
+            if not isinstance(raw, int) and number == 1 and raw.startswith(_BOM):
+                raw = raw[len(_BOM) :]
+            if not isinstance(raw, int) and (not raw or raw.isspace()):
+                blank.append(number)
+                continue
+            for empty in blank:
+                yield BadRecord(empty, f"{label} line {empty}: a blank line, expected one JSON value per line")
+            blank.clear()
             if isinstance(raw, int):
                 yield BadRecord(number, _too_large(f"{label} line {number}", raw, limit))
-                continue
-            if number == 1 and raw.startswith(_BOM):
-                raw = raw[len(_BOM) :]
-            if not raw.isspace():
+            else:
                 yield _json_line(raw, number, label)
 
 

@@ -22,7 +22,7 @@ import scheduler
 from ir.errors import BatchItemsError, RemoteError, TemplateError, ValidationError
 from scheduler.cli.errors import CliUsageError, WorkflowFailed, error_lines, exit_code_for
 from scheduler.cli.follow import ProgressDisplay
-from scheduler.cli.running import _params_text
+from scheduler.cli.workflows import _params_text
 from worker.runs.record import RUN_ID_RULE
 from worker.runs.store import StoreFull
 
@@ -447,3 +447,74 @@ def test_progress_display_applies_out_of_order_events_monotonically() -> None:
     (task,) = display.progress.tasks
     assert (task.description, task.completed, task.total, task.fields["errors"]) == ("b", 3, 3, 1)
     assert "3/3" in console.file.getvalue()
+
+
+def test_version_prints_the_package_version() -> None:
+    from importlib.metadata import version
+
+    proc = run_cli("--version")
+    assert (proc.returncode, proc.stdout) == (0, f"chordflow {version('chordflow')}\n")
+
+
+def test_validate_loads_neither_the_run_machinery_nor_rich(tmp_path: Path) -> None:
+    """Why `chordflow validate` starts fast: its process imports only what checking a workflow needs."""
+    code = (
+        "import sys; from scheduler.cli import main\n"
+        "try:\n    main(['validate', sys.argv[1]])\nexcept SystemExit:\n    pass\n"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in ('rich', 'celery', 'redis') "
+        "or m in ('scheduler.api', 'scheduler.driver', 'worker.runs.sqlite')))"
+    )
+    path = write_wf(tmp_path, {"nodes": [{"id": "a", "type": "echo"}]})
+    proc = subprocess.run(
+        [sys.executable, "-c", code, str(path)],
+        cwd=ROOT,
+        env=cli_env(CHORDFLOW_PLUGINS=""),  # the suite's plugin node types import Celery themselves
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.stdout.splitlines() == ["ok: 1 nodes", "[]"], proc.stderr
+
+
+@pytest.mark.parametrize(
+    ("args", "problem"),
+    [
+        (
+            ("--detach",),
+            "--detach: only with --backend celery and without --stream (a local run lives in this process)",
+        ),
+        (("--backend", "celery", "--detach", "--stream"), "--detach: only with --backend celery and without --stream"),
+    ],
+)
+def test_detach_is_refused_where_it_means_nothing(tmp_path: Path, args: tuple[str, ...], problem: str) -> None:
+    proc = run_cli("run", write_wf(tmp_path, {"nodes": [{"id": "a", "type": "echo"}]}), *args)
+    assert proc.returncode == 2 and proc.stderr.startswith(f"error: {problem}") and proc.stdout == ""
+
+
+def test_runs_takes_the_status_word_of_a_run_report_and_refuses_a_negative_limit() -> None:
+    env = cli_env(CHORDFLOW_BROKER_URL="redis://127.0.0.1:1/0")
+    assert scheduler.run({"nodes": [{"id": "a", "type": "echo"}]}).status == "success"
+    listed = json.loads(run_cli("runs", "--status", "success", "--limit", "50", "--json", env=env).stdout)
+    assert listed and {run["status"] for run in listed} == {"succeeded"}
+    negative = run_cli("runs", "--limit", "-1", env=env)
+    assert negative.returncode == 2 and "-1 is not in the range x>=1" in negative.stderr
+
+
+def test_the_python_api_imports_modules_of_the_working_directory_as_the_cli_does(tmp_path: Path) -> None:
+    """`scheduler.run("wf.json")` from a script elsewhere: a `python` node's module in the working directory."""
+    project, scripts = tmp_path / "project", tmp_path / "scripts"
+    project.mkdir(), scripts.mkdir()
+    (project / "cwd_helpers_21b.py").write_text("def double(x):\n    return 2 * x\n")
+    wf = {"nodes": [{"id": "d", "type": "python", "params": {"function": "cwd_helpers_21b:double", "x": 21}}]}
+    (project / "wf.json").write_text(json.dumps(wf))
+    script = scripts / "go.py"  # sys.path[0] is the script's directory, not the working directory
+    script.write_text("import scheduler\nprint(scheduler.run('wf.json').shared['d']['result'])\n")
+    proc = subprocess.run(
+        [sys.executable, str(script)],
+        cwd=project,
+        env=cli_env(CHORDFLOW_PLUGINS="worker.nodes.python_call"),  # not the suite's: `tests` is not importable there
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert (proc.returncode, proc.stdout) == (0, "42\n"), proc.stderr

@@ -25,13 +25,13 @@ SLEEPY_WF = {
 }
 
 
-def run_in_terminal(*args: str, timeout: float = 60) -> tuple[int, str]:
+def run_in_terminal(*args: str, timeout: float = 60, columns: int = 120) -> tuple[int, str]:
     """Run the CLI with stdout and stderr on a pty; return its exit code and everything the terminal got."""
     master, slave = pty.openpty()
     proc = subprocess.Popen(
         [sys.executable, "-m", "scheduler.cli", *args],
         cwd=ROOT,
-        env=cli_env(TERM="xterm", COLUMNS="120"),
+        env=cli_env(TERM="xterm", COLUMNS=str(columns)),
         stdin=subprocess.DEVNULL,
         stdout=slave,
         stderr=slave,

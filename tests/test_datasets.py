@@ -108,10 +108,19 @@ def test_failed_records_fail_the_job_saying_how_many_and_redrive_reruns_only_the
     done = cli("run", job["wf"], "--items", items, "--chunk-size", 4, "--output", "json", *backend_args(backend))
     assert done.returncode == 1, done.stderr
     assert "failed 3 of 20 records (15.0%)" in done.stderr
+    assert " -> failed" not in done.stderr  # no worker log line in the client (issue 21, item 8)
     run_id = json.loads(done.stdout)["run_id"]
     assert len(logged(job["log"])) == 17  # the three failing ones raise before logging
     errors = result_rows(run_id, "--errors")
     assert [r["index"] for r in errors] == [3, 7, 15] and "missing" in errors[0]["error"]
+    shown = cli("status", run_id).stdout  # its records say where it stands, not `steps: 0  node: -`
+    assert "records: 20/20 done, 3 failed" in shown and "steps:" not in shown and "(reading)" not in shown
+    refused = cli("resume", run_id)  # a job goes on with redrive: resume would turn it failed, running nothing
+    assert refused.returncode == 2
+    assert refused.stderr == (
+        f"error: run {run_id} is a dataset job (--items): `chordflow redrive {run_id}` runs its failed and "
+        "unfinished records again\n"
+    )
 
     job["missing"].write_text("now it exists")
     again = cli("redrive", run_id)

@@ -83,7 +83,8 @@ def commands() -> dict[str, click.Command]:
     """The `chordflow` commands (`chordflow --help`)."""
     from scheduler.cli import cli
 
-    return dict(cli.commands)
+    ctx = click.Context(cli)
+    return {name: cli.get_command(ctx, name) for name in cli.list_commands(ctx)}
 
 
 def names_read_by_code() -> set[str]:

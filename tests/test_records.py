@@ -92,27 +92,40 @@ def test_jsonl_gives_every_json_value_in_file_order() -> None:
     assert [type(v) for v in got] == [type(v) for v in values]  # 7 stays an int, -0.25 a float
 
 
-def test_jsonl_blank_lines_are_not_records() -> None:
-    write("items.jsonl", '\n{"a": 1}\n\n   \n\t\r\n{"a": 2}\r\n\n{"a": 3}')  # the last line has no newline
+def test_jsonl_blank_lines_at_the_end_are_not_records() -> None:
+    write("items.jsonl", '{"a": 1}\n{"a": 2}\r\n{"a": 3}\n\n  \n\t\r\n')
     assert list(read_records("items.jsonl")) == [{"a": 1}, {"a": 2}, {"a": 3}]
+
+
+def test_a_blank_jsonl_line_between_records_is_refused_or_a_failed_record_keeping_index_and_line_together() -> None:
+    """A record's index is always its line less one: a blank line is named by its line, never skipped."""
+    write("items.jsonl", '{"a": 1}\n\n   \r\n{"a": 2}\n{"a": 3}')  # the last line has no newline
+    assert error_of("items.jsonl") == "items.jsonl line 2: a blank line, expected one JSON value per line"
+    got = list(read_records("items.jsonl", skip_bad=True))
+    assert got == [
+        {"a": 1},
+        BadRecord(2, "items.jsonl line 2: a blank line, expected one JSON value per line"),
+        BadRecord(3, "items.jsonl line 3: a blank line, expected one JSON value per line"),
+        {"a": 2},
+        {"a": 3},
+    ]
 
 
 def test_a_jsonl_line_that_is_not_json_is_named_by_its_line() -> None:
     lines = [json.dumps({"id": i}) for i in range(1, 57)]  # lines 1 to 56
-    lines[30] = ""  # a blank line still counts as a line of the file
     lines.append('{"id": 123 "x": 1}')  # line 57
     write("items.jsonl", "\n".join(lines) + "\n")
     assert error_of("items.jsonl") == "items.jsonl line 57: not JSON (Expecting ',' delimiter, column 12)"
 
 
 def test_skip_bad_yields_a_bad_record_in_place_so_later_indexes_stay_positions() -> None:
-    write("items.jsonl", '{"i": 0}\n\n{"i": 1}\n{"i": \n{"i": 3}\n[1, 2\n{"i": 5}\n')
+    write("items.jsonl", '{"i": 0}\n{"i": 1}\n{"i": \n{"i": 3}\n[1, 2\n{"i": 5}\n')
     got = list(read_records("items.jsonl", skip_bad=True))
     assert len(got) == 6
     assert got[0] == {"i": 0} and got[1] == {"i": 1} and got[3] == {"i": 3} and got[5] == {"i": 5}
-    assert got[2] == BadRecord(4, "items.jsonl line 4: not JSON (Expecting value, column 7)")
-    assert isinstance(got[4], BadRecord) and got[4].line == 6
-    assert got[4].error.startswith("items.jsonl line 6: not JSON (")
+    assert got[2] == BadRecord(3, "items.jsonl line 3: not JSON (Expecting value, column 7)")
+    assert isinstance(got[4], BadRecord) and got[4].line == 5
+    assert got[4].error.startswith("items.jsonl line 5: not JSON (")
 
 
 def test_without_skip_bad_the_good_records_before_a_bad_one_are_given_first() -> None:
@@ -519,7 +532,7 @@ def through_a_pipe(content: bytes, fmt: str) -> tuple[list[Any] | None, str | No
 
 
 def test_records_stream_from_a_pipe_and_a_json_error_there_names_where_reading_stopped() -> None:
-    assert through_a_pipe(b"1\n\n2\n", "jsonl") == ([1, 2], None)
+    assert through_a_pipe(b"1\n2\n\n", "jsonl") == ([1, 2], None)
     assert through_a_pipe(b"id\n1\n", "csv") == ([{"id": "1"}], None)
     assert through_a_pipe(b"[1, 2]", "json") == ([1, 2], None)
     got, error = through_a_pipe(b"[1,\n2,\n3 4]", "json")

@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 
 import scheduler
+from ir.errors import ValidationError
 from scheduler.api import cached_nodes
 from scheduler.localcluster import Cluster
 from scheduler.repair import Failure, RepairRequest, Runner, diagnose, register_generator, repair
@@ -221,14 +222,16 @@ def test_workflow_that_never_ran_is_repaired_and_run(tmp_path: Path) -> None:
     assert "repair: 0 nodes from the checkpoint" not in proc.stderr  # there was none
 
 
-def test_param_name_misspelt_against_the_declared_params_is_repaired_at_run_time(tmp_path: Path) -> None:
+def test_param_name_misspelt_against_the_declared_params_fails_validation_and_is_repaired(tmp_path: Path) -> None:
     log = tmp_path / "log"
     wf = {"nodes": [side_effect("n1", log), {"id": "sh", "type": "shell", "params": {"comand": "echo done"}}]}
-    failure = failed_run(wf, "param-name")
-    assert failure.error == "ValueError: shell: param 'command' is required"
-    outcome = repair(wf, failure)
+    with pytest.raises(ValidationError) as refused:
+        scheduler.run(wf, run_id="param-name")
+    assert "nodes[1] (id 'sh').params.comand: unknown param (did you mean 'command'?)" in str(refused.value)
+    assert LocalRuns.default().get("param-name") is None and not log.exists()  # refused before anything ran
+    outcome = repair(wf, Failure.from_exception(refused.value))
     assert outcome.repaired and outcome.workflow["nodes"][1]["params"] == {"command": "echo done"}
-    assert outcome.cached == ["n1"] and lines(log) == ["n1"]
+    assert outcome.cached == [] and lines(log) == ["n1"]
 
 
 def test_three_failed_attempts_end_with_max_attempts_and_the_original_error(tmp_path: Path) -> None:

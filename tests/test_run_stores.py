@@ -190,3 +190,11 @@ def test_prune_deletes_ended_runs_last_updated_before_the_cutoff_never_a_running
     assert prune(runs, time.time() + 60) == 2
     assert [r.run_id for r in runs.recent()] == ["going"]
     assert held_of(runs, "done") == [] and held_of(runs, "failed") == []
+
+
+def test_ids_starting_finds_the_runs_a_prefix_names(runs: RunStore) -> None:
+    for run_id in ("pfx-one", "pfx-two", "other"):
+        runs.create(record(run_id), {})
+    assert sorted(runs.ids_starting("pfx-", 10)) == ["pfx-one", "pfx-two"]
+    assert runs.ids_starting("pfx-o", 10) == ["pfx-one"] and len(runs.ids_starting("pfx-", 1)) == 1
+    assert runs.ids_starting("pfx_", 10) == []  # '_' is a character of an id, not a wildcard

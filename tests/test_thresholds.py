@@ -67,6 +67,7 @@ def test_failures_up_to_the_threshold_succeed_with_errors_listed(backend: str, t
     aggregate = result.shared["b"]
     assert (aggregate["count"], aggregate["success_count"], aggregate["error_count"]) == (20, 18, 2)
     assert [(e["index"], e["error"]) for e in aggregate["errors"]] == [(3, "boom 3"), (17, "boom 17")]
+    assert [e.get("exception_type") for e in aggregate["errors"]] == ["ValueError", "ValueError"]  # both backends
     assert [r and r["value"] for r in aggregate["results"]] == [None if i in failed else i for i in range(total)]
 
 
@@ -85,6 +86,12 @@ def test_a_percentage_passed_only_by_the_last_item_still_fails(backend: str) -> 
     # Nothing is left to stop when the last item fails: the verdict is taken on the merged outcomes.
     message, _ = run_failing(backend, 10, {9}, tolerated_failure_percent=5, chunk_size=10)
     assert message == "batch node 'b': failed 1 of 10 items (10.0%), tolerated 5%"
+
+
+def test_a_share_just_over_the_percentage_is_shown_with_the_digits_that_say_so(backend: str) -> None:
+    """3 of 149 is 2.013%: `2.0%, tolerated 2%` would read as within the bound."""
+    message, _ = run_failing(backend, 149, {1, 50, 100}, tolerated_failure_percent=2)
+    assert message == "batch node 'b': failed 3 of 149 items (2.01%), tolerated 2%"
 
 
 @pytest.mark.parametrize("parallel", [False, True])

@@ -48,12 +48,37 @@ def test_top_shows_a_running_runs_progress_and_quits_on_q(celery_cluster: Cluste
     )
     try:
         # Item 0 waits at its gate on one worker; the other worker ran items 1-5 (item 5 failed).
-        screen = read_until(master, re.compile(rf"{run_id}.*top-gated.*running.* b .*5/6 83%.* 1 "))
-        assert "workers (2)" in screen and "chunks in flight 1" in screen
+        frame = rf"{run_id}.*top-gated.*running.* b .*5/6 83%.* 1 (?s:.*)workers \(2\)(?s:.*)chunks in flight 1"
+        read_until(master, re.compile(frame))  # the whole frame (workers, queues): a read may end mid-frame
         assert termios.tcgetattr(slave)[3] & (termios.ICANON | termios.ECHO) == 0  # cbreak, no echo
         os.write(master, b"q")
         assert top.wait(timeout=30) == 0
         assert termios.tcgetattr(slave)[3] == cooked[3]  # the terminal's mode is back
+    finally:
+        if top.poll() is None:
+            top.kill()
+        os.close(master)
+        os.close(slave)
+        gate.write_text("open")
+    assert scheduler.wait(run_id, timeout=60).status == "success"
+
+
+def test_top_in_an_80x24_terminal_shows_whole_run_ids_and_the_progress(celery_cluster: Cluster, tmp_path: Path) -> None:
+    """The columns that do not fit are dropped (workflow, node first), not the run id cut to `d4070b62…`."""
+    wf, inputs, gate = gated_batch(tmp_path, "top-narrow")
+    run_id = scheduler.submit(wf, inputs)
+    master, slave = pty.openpty()
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 80, 0, 0))  # rows, columns
+    env = {**celery_cluster.env, "TERM": "xterm", "COLUMNS": "80", "LINES": "24"}
+    top = subprocess.Popen(
+        [sys.executable, "-m", "scheduler.cli", "top"], cwd=ROOT, env=env, stdin=slave, stdout=slave, stderr=slave
+    )
+    try:
+        screen = read_until(master, re.compile(rf"{run_id} +. running .*5/6 83%.* 1 .(?s:.*)workers \(2\)"))
+        assert "top-narrow" not in screen  # the workflow column made room
+        assert max(len(line) for line in screen.splitlines()) <= 80
+        os.write(master, b"q")
+        assert top.wait(timeout=30) == 0
     finally:
         if top.poll() is None:
             top.kill()

@@ -393,3 +393,82 @@ def test_missing_ir_version_means_the_current_one():
     wf = ir.load({"nodes": [_echo("a")]})
     assert wf.ir_version == "0.1.0"
     assert "omitted means 0.1.0" in ir.json_schema()["properties"]["ir_version"]["description"]
+
+
+# --- params declared by each node type (worker/nodes/params.py) ----------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("node_type", "params", "problem"),
+    [
+        ("http", {"ulr": "https://example.com"}, "params.ulr: unknown param (did you mean 'url'?)"),
+        ("shell", {"comand": "ls"}, "params.comand: unknown param (did you mean 'command'?)"),
+        ("read-file", {"pth": "/tmp/x"}, "params.pth: unknown param (did you mean 'path'?)"),
+        ("llm", {"promt": "hi"}, "params.promt: unknown param (did you mean 'prompt'?)"),
+        (
+            "http",
+            {"url": "ftp://example.com/x"},
+            "params.url: must be an http:// or https:// URL, got 'ftp://example.com/x'",
+        ),
+        (
+            "shell",
+            {"command": "ls", "timeout": "soon"},
+            "params.timeout: must be a positive number of seconds, got str",
+        ),
+        ("http", {"method": "GET"}, "params.url: is required"),
+        ("write-file", {"path": "/tmp/x", "content": "", "append": "yes"}, "params.append: must be a boolean, got str"),
+    ],
+)
+def test_node_params_are_checked_against_the_node_types_declarations(node_type, params, problem):
+    err = _problems(workflow({"id": "a", "type": node_type, "params": params}))
+    assert err.problems == [f"nodes[0] (id 'a').{problem}"]
+
+
+def test_a_templated_param_value_is_checked_when_resolved_not_at_validation():
+    wf = workflow(
+        _echo("src", url="ftp://x", timeout="soon"),
+        {"id": "a", "type": "http", "params": {"url": "${src.url}", "timeout": "${src.timeout}"}},
+    )
+    assert [node.id for node in compiler_load(wf).nodes] == ["src", "a"]
+    with pytest.raises(ValueError, match=r"^http: param 'url' must be an http:// or https:// URL, got 'ftp://x'$"):
+        scheduler.run(wf)
+
+
+def test_node_types_taking_any_param_accept_any_name():
+    wf = workflow(_echo("a", anything=1), {"id": "p", "type": "python", "params": {"function": "json:dumps", "obj": 1}})
+    assert len(compiler_load(wf).nodes) == 2
+
+
+def test_chordflow_nodes_shows_the_declarations_validation_checks():
+    from worker.nodes import all_types
+
+    shell = all_types()["shell"].PARAMS
+    assert str(shell["command"]).startswith("(required)") and shell["command"].required
+    assert shell["timeout"].problem("soon") == "must be a positive number of seconds, got str"
+
+
+def test_every_problem_is_reported_in_the_first_pass_bad_batch_fields_included(tmp_path: Path):
+    """Malformed batch fields no longer hide the checks after them: one pass names every problem."""
+    wf = {
+        "nodes": [
+            {"id": "a", "type": "http", "params": {"ulr": "https://example.com"}},
+            {"id": "b", "type": "echo", "batch": {"items": "${a.items}", "error_handling": "ignore", "max_retries": 0}},
+            {"id": "b", "type": "ecko", "params": {"x": "${nope.x}"}},
+        ],
+        "edges": [{"from": "a", "to": "b"}, {"from": "b", "to": "zz"}],
+    }
+    path = tmp_path / "wf.json"
+    path.write_text(json.dumps(wf))
+    err = _problems(str(path))
+    assert err.source == str(path)
+    assert sorted(err.problems) == sorted(
+        [
+            "nodes[1] (id 'b').batch.error_handling: batch.error_handling must be 'fail_fast' or 'continue', "
+            "got 'ignore'",
+            "nodes[1] (id 'b').batch.max_retries: Input should be greater than or equal to 1",
+            "nodes[2] (id 'b'): duplicate node id (first used by nodes[1])",
+            "edges[1].to: unknown node 'zz'",
+            "nodes[2] (id 'b').type: unknown node type 'ecko' (did you mean 'echo'?)",
+            "nodes[0] (id 'a').params.ulr: unknown param (did you mean 'url'?)",
+        ]
+    )

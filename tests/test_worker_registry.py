@@ -18,7 +18,7 @@ import redis
 from celery import signals
 
 import scheduler
-from scheduler.localcluster import Cluster
+from scheduler.localcluster import Cluster, ManagedProcess
 from tests.support import dist_nodes  # noqa: F401  (the test node types, in this process too)
 from worker.cluster.batches import chunking
 from worker.cluster.state import heartbeat, keys
@@ -176,3 +176,20 @@ def test_a_send_that_finds_the_broker_pool_busy_fails_clearly_instead_of_hanging
         for resource in held:
             resource.release()
     assert durable.wait(durable.submit(wf), timeout=60).status == "success"  # the pool serves again
+
+
+def test_two_workers_started_without_a_name_on_one_host_are_two_in_the_registry(fast_cluster: Cluster) -> None:
+    """Without `-n` a worker is `chordflow-<pid>@<host>` (not Celery's `celery@<host>` for both): both ways of
+    starting one, side by side, count as two."""
+    started = []
+    for via in ("chordflow", "celery"):
+        argv = fast_cluster.worker_argv(f"unnamed-{via}", via=via)
+        at = argv.index("-n")
+        del argv[at : at + 2]
+        worker = ManagedProcess(
+            argv, fast_cluster.workdir / f"worker-unnamed-{via}.log", "ready.", env=fast_cluster.env
+        )
+        fast_cluster.workers[f"unnamed-{via}"] = worker  # killed with the cluster
+        started.append(worker)
+    client = redis.Redis.from_url(fast_cluster.redis.url)
+    assert heartbeat.pool_sizes(client) == {f"chordflow-{worker.pid}@{HOST}": 1 for worker in started}

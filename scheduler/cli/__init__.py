@@ -4,7 +4,7 @@ May import `scheduler` (its api and ops), `worker` and `ir`; a command module ne
 command module's names (shared helpers live in a module of their own).
 
 - group.py: the `cli` group and `main`, assembled from the command modules (nothing imports it back)
-- running.py: run, submit, validate, schema, nodes
+- running.py: run, submit; workflows.py: validate, schema, nodes (they run nothing)
 - runs.py: status, runs, wait, results, cancel, resume, redrive, repair (runs found by run id)
 - workers.py: worker, flower; ops.py: metrics, top; dashboard.py: dashboard; plans.py: run-plan, plan-to-ir
 - shared helpers: errors.py (exit codes, error lines), output.py (printing), follow.py (following a run),

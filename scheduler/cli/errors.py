@@ -15,7 +15,15 @@ import traceback
 
 import click
 
-from ir.errors import BackendError, NodeTypeError, RemoteError, RunCancelled, StepLimitExceeded, ValidationError
+from ir.errors import (
+    BackendError,
+    NodeTypeError,
+    RemoteError,
+    RunCancelled,
+    StepLimitExceeded,
+    UnknownRun,
+    ValidationError,
+)
 from worker.runs.store import StoreDiskError
 
 #: ctx.meta key: print tracebacks (`--debug`, on the group or on a command).
@@ -40,7 +48,7 @@ def _one_line(text: str) -> str:
 def exit_code_for(exc: BaseException) -> int:
     if isinstance(exc, KeyboardInterrupt | RunCancelled):
         return EXIT_CANCELLED
-    if isinstance(exc, CliUsageError | ValidationError | NodeTypeError):
+    if isinstance(exc, CliUsageError | ValidationError | NodeTypeError | UnknownRun):
         return EXIT_USAGE
     return EXIT_FAILED
 
@@ -55,7 +63,7 @@ def error_lines(exc: BaseException, node: str | None = None) -> list[str]:
     if isinstance(exc, ValidationError):
         first, *rest = message.splitlines() or [type(exc).__name__]
         return [f"error: {first}", *rest]
-    if isinstance(exc, CliUsageError | NodeTypeError | WorkflowFailed | StepLimitExceeded | BackendError):
+    if isinstance(exc, CliUsageError | NodeTypeError | UnknownRun | WorkflowFailed | StepLimitExceeded | BackendError):
         return [f"error: {_one_line(message)}"]
     if isinstance(exc, StoreDiskError):  # `<CHORDFLOW_HOME>/runs.db: disk full`: the store's, not the node's
         return [f"error: {_one_line(message)}"]

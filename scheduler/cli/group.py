@@ -1,24 +1,37 @@
 """The `chordflow` click group: every command module's commands, under one group that turns any
 exception into one error line and an exit code (scheduler/cli/errors.py).
 
-The only module that imports the command modules; none imports it back, so no command depends on the
-group being assembled.
+The only module that imports the command modules (lazily, by name: COMMANDS); none imports it back, so no
+command depends on the group being assembled.
 """
 
 from __future__ import annotations
 
+import importlib
 import os
 import sys
 from typing import Any
 
 import click
 
-from scheduler.cli import dashboard, ops, plans, running, runs, workers
 from scheduler.cli.errors import DEBUG_KEY, EXIT_OK, FAILED_NODE_KEY, report_error
+from scheduler.cwd import use_cwd_modules
 
 
 class ChordflowGroup(click.Group):
-    """A click group whose `invoke` turns any command's exception into a message and an exit code."""
+    """A click group of the COMMANDS, each imported when asked for, whose `invoke` turns any command's exception
+    into a message and an exit code."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted(COMMANDS)
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        if cmd_name not in COMMANDS:
+            return None
+        module, name = COMMANDS[cmd_name].split(":")
+        command = getattr(importlib.import_module(f"scheduler.cli.{module}"), name)
+        assert command.name == cmd_name, (command.name, cmd_name)
+        return command
 
     def invoke(self, ctx: click.Context) -> Any:
         try:
@@ -33,47 +46,43 @@ class ChordflowGroup(click.Group):
             raise click.exceptions.Exit(code) from None
 
 
-def _use_cwd_modules() -> None:
-    """Like `python -m`: modules in the working directory (e.g. `examples.wordcount`) are importable."""
-    cwd = os.getcwd()
-    if cwd not in sys.path and "" not in sys.path:
-        sys.path.insert(0, cwd)
-
-
 @click.group(cls=ChordflowGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="chordflow", prog_name="chordflow", message="%(prog)s %(version)s")
 @click.option("--debug", is_flag=True, help="Print full tracebacks instead of one-line errors.")
 @click.pass_context
 def cli(ctx: click.Context, debug: bool) -> None:
     """chordflow: run JSON workflows of PocketFlow nodes, with batch fan-out locally or on Celery."""
     ctx.meta[DEBUG_KEY] = debug
-    _use_cwd_modules()
+    use_cwd_modules()
 
 
-for _command in (
-    running.run,
-    running.submit,
-    runs.wait,
-    runs.resume,
-    runs.redrive,
-    runs.results,
-    runs.status,
-    runs.runs,
-    running.validate,
-    running.schema,
-    running.nodes,
-    workers.worker,
-    runs.update,
-    runs.cancel,
-    runs.purge,
-    workers.flower,
-    plans.run_plan,
-    runs.repair_run,
-    plans.plan_to_ir,
-    ops.metrics,
-    ops.top,
-    dashboard.dashboard,
-):
-    cli.add_command(_command)
+#: Every command: the module of scheduler/cli that defines it and the function's name. A command's module is
+#: imported when the command runs (or `--help` lists it), so `chordflow validate` loads no Celery, Rich or run
+#: stores.
+COMMANDS = {
+    "run": "running:run",
+    "submit": "running:submit",
+    "validate": "workflows:validate",
+    "schema": "workflows:schema",
+    "nodes": "workflows:nodes",
+    "wait": "runs:wait",
+    "resume": "runs:resume",
+    "redrive": "runs:redrive",
+    "results": "runs:results",
+    "status": "runs:status",
+    "runs": "runs:runs",
+    "update": "runs:update",
+    "cancel": "runs:cancel",
+    "purge": "runs:purge",
+    "repair": "runs:repair_run",
+    "worker": "workers:worker",
+    "flower": "workers:flower",
+    "run-plan": "plans:run_plan",
+    "plan-to-ir": "plans:plan_to_ir",
+    "metrics": "ops:metrics",
+    "top": "ops:top",
+    "dashboard": "dashboard:dashboard",
+}
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -23,10 +23,13 @@ def _checked_run_id(ctx: click.Context, param: click.Parameter, value: str) -> s
     if not valid_run_id(value):
         shown = repr(value) if len(value) <= 64 else f"({len(value)} characters)"
         raise CliUsageError(f"invalid run id {shown}: a run id is {RUN_ID_RULE}")
-    return value
+    from scheduler import lookup  # the stores: only once a command taking a run id runs
+
+    return lookup.full_run_id(value)
 
 
-#: The RUN_ID argument of `status`, `wait`, `results`, `cancel`, `resume`, `redrive`, `repair`.
+#: The RUN_ID argument of `status`, `wait`, `results`, `cancel`, `resume`, `redrive`, `repair`, `purge`: a whole
+#: id, or a unique prefix of 4 characters or more (scheduler/lookup.py full_run_id).
 run_id_argument = click.argument("run_id", callback=_checked_run_id)
 
 

@@ -3,13 +3,11 @@
 from __future__ import annotations
 
 import contextlib
-import json
 import uuid
 from collections.abc import Callable
 from typing import Any
 
 import click
-from rich.table import Table
 from rich.text import Text
 
 import ir
@@ -17,7 +15,7 @@ from scheduler.cli import repair as cli_repair
 from scheduler.cli.errors import DEBUG_KEY, EXIT_CANCELLED, EXIT_FAILED, EXIT_OK, CliUsageError
 from scheduler.cli.follow import follow, follow_cluster_run
 from scheduler.cli.options import dataset_job, dataset_options, parse_inputs
-from scheduler.cli.output import stderr_console, stdout_console, to_json
+from scheduler.cli.output import stderr_console, to_json
 
 
 @click.command()
@@ -54,6 +52,9 @@ def run(
     import scheduler
     from worker.engine.loader import load
 
+    if detach and (backend == "local" or as_stream):
+        why = "it follows the run's events" if as_stream else "a local run lives in this process"
+        raise CliUsageError(f"--detach: only with --backend celery and without --stream ({why})")
     store: dict[str, Any] = {}  # passed as `shared`, so still readable when the run raises
     run_id = uuid.uuid4().hex[:12]
     dataset = dataset_job(items, job)
@@ -158,53 +159,3 @@ def submit(
         click.echo(
             f"warning: no chordflow worker is registered; run {run_id} waits in the queue until one starts", err=True
         )
-
-
-@click.command()
-@click.argument("workflow", metavar="WF.json")
-@click.option("--debug", is_flag=True, help="Print full tracebacks instead of one-line errors.")
-@click.pass_context
-def validate(ctx: click.Context, workflow: str, debug: bool) -> None:
-    """Check a workflow (shape, edges, templates, node types) without running it."""
-    if debug:
-        ctx.meta[DEBUG_KEY] = True
-    from worker.engine.loader import load
-
-    wf = load(workflow)
-    for warning in wf.warnings:
-        click.echo(f"warning: {warning}", err=True)
-    click.echo(f"ok: {len(wf.nodes)} nodes")
-
-
-@click.command()
-def schema() -> None:
-    """Print the JSON Schema of the workflow IR."""
-    click.echo(json.dumps(ir.json_schema(), indent=2))
-
-
-def _first_doc_line(cls: type) -> str:
-    doc = (cls.__dict__.get("__doc__") or "").strip()
-    return doc.splitlines()[0] if doc else ""
-
-
-def _params_text(cls: type) -> str:
-    params = getattr(cls, "PARAMS", None)
-    if isinstance(params, dict):
-        return "\n".join(f"{name}: {desc}" if desc else str(name) for name, desc in params.items())
-    if isinstance(params, list | tuple | set):
-        return "\n".join(str(name) for name in params)
-    return ""
-
-
-@click.command()
-def nodes() -> None:
-    """List the registered node types with their params."""
-    from worker.nodes import all_types
-
-    table = Table(title="node types", title_justify="left")
-    table.add_column("type", no_wrap=True)
-    table.add_column("params", overflow="fold")
-    table.add_column("description", overflow="fold")
-    for name, cls in all_types().items():
-        table.add_row(Text(name), Text(_params_text(cls)), Text(_first_doc_line(cls)))
-    stdout_console().print(table)

@@ -62,12 +62,13 @@ def resume(ctx: click.Context, run_id: str, output: str, edited: str | None) -> 
     A local run resumes here, to the end; a cluster run is handed back to the workers (follow it with `wait`).
     """
     import scheduler
-    from scheduler import api
-    from worker.runs.record import resumable
+    from scheduler import api, lookup
+    from worker.runs.record import resume_refusal
 
+    record, _ = lookup.find_run(run_id)
+    if refusal := resume_refusal(record, edited):  # before the plan: a dataset job has no steps to go on from
+        raise CliUsageError(refusal)
     plan = api.plan_resume(run_id, edited)
-    if plan.record.status not in resumable(edited):
-        raise CliUsageError(f"run {run_id} is {plan.record.status}; only a failed or cancelled run can be resumed")
     if output != "json":
         for cached in dict.fromkeys(plan.kept):
             stderr_console().print(Text(f"↻ cached {cached}", style="dim"))
@@ -258,7 +259,8 @@ def status(run_id: str, as_json: bool) -> None:
         return
     console = stdout_console()
     console.print(Text(f"run {info['run_id']}: {info['status']}  ({info['workflow']}, {info['backend']})"))
-    console.print(Text(f"  steps: {info['steps']}  node: {info['node'] or '-'}"))
+    if "records" not in info:  # a dataset job's progress is its records (`steps: 0  node: -` says nothing)
+        console.print(Text(f"  steps: {info['steps']}  node: {info['node'] or '-'}"))
     for node, counts in info["batches"].items():
         console.print(Text(f"  {node}: {counts['done']}/{counts['total']} items, {counts['failed']} failed"))
     if "records" in info:
@@ -282,8 +284,11 @@ def status(run_id: str, as_json: bool) -> None:
 
 
 @click.command()
-@click.option("--status", "status_", type=click.Choice(["queued", "running", "succeeded", "failed", "cancelled"]))
-@click.option("--limit", type=int, default=20, show_default=True)
+@click.option(
+    "--status", "status_", type=click.Choice(["queued", "running", "succeeded", "success", "failed", "cancelled"]),
+    help="Only runs with this status (`success`, as a run's report says it, is `succeeded`).",
+)  # fmt: skip
+@click.option("--limit", type=click.IntRange(min=1), default=20, show_default=True)
 @click.option("--json", "as_json", is_flag=True, help="Print a list of status objects.")
 @click.option("--prune", is_flag=True, help="Delete the ended runs (both stores) not updated for --older-than D.")
 @click.option("--older-than", metavar="D", default=None, help="With --prune: an age, like 7d, 12h, 30m or 90s.")
@@ -291,29 +296,63 @@ def runs(status_: str | None, limit: int, as_json: bool, prune: bool, older_than
     """Recent runs, newest first; with --prune --older-than D, delete the old ones instead (never a running one)."""
     from scheduler import datasets, lookup
 
+    status_ = "succeeded" if status_ == "success" else status_
     if prune or older_than is not None:
         _prune(prune, older_than, status_)
         return
-    records = lookup.recent(status_, limit)
+    records = lookup.recent(status_, limit, unreachable=_warn_local_only)
     if as_json:
         click.echo(to_json([r.status_dict() for r in records]))
         return
+    rows = [_run_row(r, datasets) for r in records]
+    console = stdout_console()
+    if not sys.stdout.isatty():  # a pipe or a file: whole values, one tab-separated line per run
+        for row in [RUNS_COLUMNS, *rows]:
+            click.echo("\t".join(cell.replace("\t", " ") for cell in row))
+        return
+    shown = _fitting_columns(rows, console.width)
     table = Table(title="runs", title_justify="left")
-    for column in ("run", "workflow", "backend", "status", "progress", "started", "duration"):
-        table.add_column(column)
-    for r in records:
-        done = sum(c["done"] for c in r.batches.values())
-        total = sum(c["total"] for c in r.batches.values())
-        progress = f"{done}/{total} items" if total else f"{r.step} steps"
-        if r.dataset is not None:  # a dataset job: its records (one read of its counts)
-            with contextlib.suppress(Exception):
-                counts = datasets.progress(r)
-                progress = f"{counts['done']}/{counts['total'] if counts['total'] is not None else '?'} records"
-        started = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(r.created))
-        table.add_row(
-            r.run_id, Text(r.name), r.backend, r.status, progress, started, f"{r.updated - r.created:.1f}s"
-        )  # fmt: skip
-    stdout_console().print(table)
+    for column in shown:
+        if column == "run":  # a whole id always: it is what every other command takes
+            table.add_column(column, no_wrap=True, min_width=max([len(row[0]) for row in rows] + [3]))
+        else:
+            table.add_column(column, overflow="fold")
+    for row in rows:
+        table.add_row(*(Text(cell) for column, cell in zip(RUNS_COLUMNS, row, strict=True) if column in shown))
+    console.print(table)
+
+
+def _warn_local_only(exc: Exception) -> None:
+    click.echo(f"warning: local runs only: {exc}", err=True)
+
+
+#: The columns of `runs`; in a narrow terminal the last of DROPPED_FIRST go first, `run` and `status` never.
+RUNS_COLUMNS = ("run", "workflow", "backend", "status", "progress", "started", "duration")
+DROPPED_FIRST = ("backend", "duration", "started", "progress", "workflow")
+
+
+def _run_row(r: Any, datasets: Any) -> tuple[str, ...]:
+    done = sum(c["done"] for c in r.batches.values())
+    total = sum(c["total"] for c in r.batches.values())
+    progress = f"{done}/{total} items" if total else f"{r.step} steps"
+    if r.dataset is not None:  # a dataset job: its records (one read of its counts)
+        with contextlib.suppress(Exception):
+            counts = datasets.progress(r)
+            progress = f"{counts['done']}/{counts['total'] if counts['total'] is not None else '?'} records"
+    started = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(r.created))
+    return r.run_id, r.name, r.backend, r.status, progress, started, f"{r.updated - r.created:.1f}s"
+
+
+def _fitting_columns(rows: list[tuple[str, ...]], width: int) -> list[str]:
+    """The columns whose whole values fit in `width` (each takes its widest cell and 3 for the borders), dropping
+    DROPPED_FIRST in order until they do; a narrower terminal still gets `run` and `status` whole."""
+    widths = {column: max([len(column)] + [len(row[i]) for row in rows]) + 3 for i, column in enumerate(RUNS_COLUMNS)}
+    shown = list(RUNS_COLUMNS)
+    for column in DROPPED_FIRST:
+        if sum(widths[c] for c in shown) + 1 <= width:
+            break
+        shown.remove(column)
+    return shown
 
 
 #: Seconds per unit of `--older-than`.

@@ -69,9 +69,15 @@ def flower(port: int, address: str, unauthenticated: bool) -> None:
     """Start Flower on the configured broker, with basic auth from FLOWER_BASIC_AUTH (user:password)."""
     from worker.cluster.app import current_app
 
+    try:
+        import flower  # noqa: F401  an extra: without it Celery would print its usage text
+    except ImportError:
+        raise CliUsageError("flower is not installed: make install (or pip install flower)") from None
     auth = os.environ.get("FLOWER_BASIC_AUTH", "")
-    if not auth and not unauthenticated:
-        raise CliUsageError("set FLOWER_BASIC_AUTH=user:password (or pass --unauthenticated) to start Flower")
+    if not auth and not unauthenticated:  # no `NAME=value` in the hint: the secret filter would mask the placeholder
+        raise CliUsageError(
+            "FLOWER_BASIC_AUTH is not set: set it to user:password (or pass --unauthenticated) to start Flower"
+        )
     if auth and not all(":" in pair for pair in auth.split(",")):
         raise CliUsageError("FLOWER_BASIC_AUTH must be user:password[,user2:password2]")
     argv = ["flower", f"--port={port}", f"--address={address}"]

@@ -73,14 +73,47 @@ def duration(seconds: float | None) -> str:
     return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
 
 
-def _runs_table(snap: ClusterSnapshot, rates: Rates) -> Table:
-    table = Table(title=f"active runs ({len(snap.active)})", title_justify="left", expand=False)
-    for column in ("run", "workflow", "status", "node", "progress", "items", "items/s", "ETA", "failed"):
+#: The runs table's columns; a narrow terminal drops them in DROPPED_FIRST's order, never the run's whole id.
+RUN_COLUMNS = ("run", "workflow", "status", "node", "progress", "items", "items/s", "ETA", "failed")
+DROPPED_FIRST = ("workflow", "node", "items/s", "ETA")
+#: The progress bar's width: at most WIDEST, narrowed down to NARROWEST to leave room for the other columns.
+WIDEST_BAR, NARROWEST_BAR = 24, 8
+#: Screen lines the runs table may not take (the header, the table's frame, the workers' table, the cluster line).
+OTHER_LINES = 12
+
+
+def _runs_table(snap: ClusterSnapshot, rates: Rates, width: int, height: int) -> Table:
+    rows = [_run_row(view, rates.rate(view.run_id)) for view in snap.active]
+    room = max(1, height - OTHER_LINES - max(1, len(snap.workers)))
+    shown, bar = _layout(rows, width)
+    more = f", {len(rows) - room} more not shown" if len(rows) > room else ""
+    table = Table(title=f"active runs ({len(snap.active)}{more})", title_justify="left", expand=False)
+    for column in shown:
         justify = "right" if column in ("items/s", "ETA", "failed") else "left"
-        table.add_column(column, no_wrap=True, justify=justify, min_width=12 if column == "run" else None)
-    for view in snap.active:
-        table.add_row(*_run_row(view, rates.rate(view.run_id)))
+        table.add_column(column, no_wrap=True, justify=justify, overflow="ellipsis")
+    for row in rows[:room]:
+        cells = dict(zip(RUN_COLUMNS, row, strict=True))
+        if isinstance(cells["progress"], ProgressBar):
+            cells["progress"].width = bar
+        table.add_row(*(cells[column] for column in shown))
     return table
+
+
+def _layout(rows: list[list[str | Text | ProgressBar]], width: int) -> tuple[list[str], int]:
+    """The columns that fit in `width` (each its widest cell and 3 for the frame) and the progress bar's width."""
+    widths = {column: len(column) for column in RUN_COLUMNS}
+    for row in rows:
+        for column, cell in zip(RUN_COLUMNS, row, strict=True):
+            if not isinstance(cell, ProgressBar):
+                widths[column] = max(widths[column], len(cell.plain if isinstance(cell, Text) else cell))
+    shown = list(RUN_COLUMNS)
+    for column in (None, *DROPPED_FIRST):
+        if column is not None:
+            shown.remove(column)
+        rest = sum(widths[c] + 3 for c in shown if c != "progress") + 4
+        if rest + NARROWEST_BAR <= width:
+            break
+    return shown, max(NARROWEST_BAR, min(WIDEST_BAR, width - rest))
 
 
 def _run_row(view: RunView, rate: float | None) -> list[str | Text | ProgressBar]:
@@ -90,7 +123,7 @@ def _run_row(view: RunView, rate: float | None) -> list[str | Text | ProgressBar
         items = f"{view.done} done" if view.done else "-"
         eta = None
     else:
-        bar = ProgressBar(total=max(batch.total, 1), completed=batch.done, width=24)
+        bar = ProgressBar(total=max(batch.total, 1), completed=batch.done, width=WIDEST_BAR)
         total = f"{batch.total}" if view.total_known else f"{batch.total}+"
         items = f"{batch.done}/{total} {batch.ratio:.0%}"
         left = batch.total - batch.done
@@ -124,10 +157,12 @@ def _cluster_line(snap: ClusterSnapshot) -> Text:
     return Text(" | ".join(parts))
 
 
-def render(snap: ClusterSnapshot, rates: Rates, source: str) -> Group:
+def render(snap: ClusterSnapshot, rates: Rates, source: str, width: int = 120, height: int = 40) -> Group:
+    """One view laid out for a terminal of `width` x `height` (80x24 included: whole run ids, fewer columns)."""
     stamp = time.strftime("%H:%M:%S", time.localtime(snap.taken))
     header = Text.assemble(("chordflow top", "bold"), f"  {source}  {stamp}  ", ("q", "bold"), " quits")
-    return Group(header, _runs_table(snap, rates), _workers_table(snap), _cluster_line(snap))
+    runs = _runs_table(snap, rates, width, height)
+    return Group(header, runs, _workers_table(snap), _cluster_line(snap))
 
 
 @contextlib.contextmanager
@@ -174,7 +209,7 @@ def run(interval: float = 1.0, queues: Iterable[str] = ()) -> None:
         except Exception as exc:  # Redis away: say so, and try again at the next refresh
             return Text(f"chordflow top  {source}: cannot read the cluster: {redact.mask(str(exc))}", style="red")
         rates.add(snap)
-        return render(snap, rates, source)
+        return render(snap, rates, source, console.width, console.height)
 
     if not console.is_terminal:  # one view; Redis away is an error (one line on stderr, exit 1)
         try:
@@ -182,7 +217,7 @@ def run(interval: float = 1.0, queues: Iterable[str] = ()) -> None:
         except Exception as exc:
             raise BackendError(f"chordflow top: cannot read the cluster at {source}: {exc}") from None
         rates.add(snap)
-        console.print(render(snap, rates, source))
+        console.print(render(snap, rates, source, console.width, console.height))
         return
     with keys(sys.stdin) as read_key, Live(console=console, auto_refresh=False, screen=True) as live:
         try:

@@ -33,7 +33,7 @@ class Tolerance:
         (3.1%), tolerated 2%`). Without any bound, one failure is not tolerated."""
         if failed == 0 or (self.set and not self.exceeded(failed, total)):
             return None
-        text = f"failed {failed} of {total} {noun} ({_percent(failed, total)})"
+        text = f"failed {failed} of {total} {noun} ({_percent(failed, total, self.percent)})"
         bounds = [
             f"{self.percent:g}%" if self.percent is not None else "",
             f"{self.count}" if self.count is not None else "",
@@ -42,6 +42,18 @@ class Tolerance:
         return f"{text}, tolerated {' and '.join(bounds)}" if bounds else text
 
 
-def _percent(failed: int, total: int) -> str:
+#: The most decimals a share is shown with, to read as over its bound (2.01% of a 2% bound, not 2.0%).
+MAX_DECIMALS = 6
+
+
+def _percent(failed: int, total: int, bound: float | None = None) -> str:
+    """`3.1%`; with the decimals it takes to read as over `bound` when it is (`2.01%`, tolerated 2%)."""
     share = 100 * failed / total if total else 100.0
-    return f"{share:.1f}%" if share >= 0.1 or share == 0 else f"{share:.2g}%"
+    if share < 0.1 and share != 0:
+        return f"{share:.2g}%"
+    text = f"{share:.1f}"
+    for decimals in range(2, MAX_DECIMALS + 1):
+        if bound is None or share <= bound or float(text) > bound:
+            break
+        text = f"{share:.{decimals}f}"
+    return text + "%"

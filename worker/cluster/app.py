@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
+import os
 import threading
 import weakref
 from collections.abc import Callable, Iterator
@@ -29,6 +30,7 @@ from typing import Any
 from celery import Celery, signals
 from celery.backends.redis import RedisBackend, SentinelBackend
 from celery.local import Proxy
+from celery.utils.nodenames import default_nodename, nodesplit
 
 from worker import settings
 from worker.cluster import logs, outage, signing
@@ -230,6 +232,14 @@ def _refuse_to_start_unsigned(instance: Any, **_: object) -> None:
         signing.worker_may_start(instance.app)
     except signing.SigningKeyError as exc:
         raise SystemExit(f"error: {exc}") from None
+
+
+@signals.celeryd_init.connect
+def _unique_default_name(instance: Any, **_: object) -> None:
+    """A worker started without `-n` is `chordflow-<pid>@<host>`, not Celery's `celery@<host>`: two such workers on
+    one host stay two in the registry (chunk sizing, `top`, `chordflow_workers`) and in Celery's own mingle."""
+    if isinstance(instance.app, ChordflowCelery) and instance.hostname == default_nodename(None):
+        instance.hostname = default_nodename(f"chordflow-{os.getpid()}@{nodesplit(instance.hostname)[1]}")
 
 
 @signals.celeryd_init.connect

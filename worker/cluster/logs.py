@@ -30,6 +30,9 @@ from typing import Any
 from worker import redact, settings
 
 log = logging.getLogger("chordflow")
+# Not Python's last-resort handler in a client (a dataset job's reader ends it): only a worker, whose logging
+# Celery sets up, prints these lines (`run X: running -> failed ...`).
+log.addHandler(logging.NullHandler())
 
 #: The environment variable that selects the format of a worker's log lines: `text` (default) or `json`.
 FORMAT_VARIABLE = "CHORDFLOW_LOG_FORMAT"

@@ -21,10 +21,11 @@ from typing import Any
 import pydantic
 
 import ir
-from ir.errors import NodeTypeError, TemplateError, ValidationError
+from ir.errors import NodeTypeError, TemplateError, ValidationError, shown_key
 from ir.models import NodeSpec
 from ir.templates import references
 from worker.nodes import registry
+from worker.nodes.params import static_problems
 
 #: Workflows validated per process, by content: every execution of a sub-workflow, every task of a cluster run.
 CACHE_SIZE = 32
@@ -44,10 +45,7 @@ def load(workflow: Any) -> ir.Workflow:
             if loaded is not None:
                 _loaded.move_to_end(key)
                 return loaded
-    loaded = ir.load(workflow, node_types=registry.names())
-    problems = node_problems(loaded)
-    if problems:
-        raise ValidationError(problems, source=source_of(workflow))
+    loaded = ir.load(workflow, node_types=registry.names(), node_checks=node_problems)
     if key is not None:
         with _lock:
             _loaded[key] = loaded
@@ -71,11 +69,13 @@ def _key(workflow: dict[str, Any]) -> str | None:
 
 
 def node_problems(workflow: ir.Workflow) -> list[str]:
-    """What each node type's own param check finds in a workflow, every node's problems together."""
+    """What each node's type finds in its params, every node's problems together (an unknown type is ir's problem)."""
+    known = registry.all_types()
     return [
         problem
         for i, spec in enumerate(workflow.nodes)
-        for problem in param_problems(registry.get(spec.type), spec.params, f"nodes[{i}] (id '{spec.id}').params")
+        if spec.type in known
+        for problem in param_problems(known[spec.type], spec.params, f"nodes[{i}] (id '{spec.id}').params")
     ]
 
 
@@ -104,16 +104,20 @@ def checked_spec(wire: Any) -> NodeSpec:
 
 
 def param_problems(cls: type, params: dict[str, Any], where: str) -> list[str]:
-    """What a node type's own `check_params(raw_params)` finds, each problem prefixed with `where`.
+    """What a node type's declared params (`PARAMS`, worker/nodes/params.py) and its own `check_params(raw_params)`
+    find, each problem prefixed with `where`; a param is named once, by the declaration first.
 
     The check returns None, a problem with the params as a whole, or `{param name: problem}`; one that
     raises is a problem too, never a traceback. `load` and `checked_spec` both ask.
     """
+    declared = static_problems(getattr(cls, "PARAMS", None), params)
     check = getattr(cls, "check_params", None)
     try:
         found = check(params) if check else None
     except Exception as exc:
         found = f"cannot be checked ({type(exc).__name__}: {' '.join(str(exc).split())[:200]})"
     if isinstance(found, dict):
-        return [f"{where}.{name}: {problem}" for name, problem in found.items()]
-    return [f"{where}: {found}"] if found else []
+        declared.update((name, problem) for name, problem in found.items() if name not in declared)
+        found = None
+    problems = [f"{where}.{shown_key(name)}: {problem}" for name, problem in declared.items()]
+    return problems + ([f"{where}: {found}"] if found else [])

@@ -6,6 +6,7 @@ from typing import Any
 
 from pocketflow import Node
 
+from worker.nodes.params import ANY, Param
 from worker.nodes.registry import register
 
 
@@ -13,7 +14,7 @@ from worker.nodes.registry import register
 class EchoNode(Node):
     """Writes each of its params into its namespace unchanged (`${...}` already resolved)."""
 
-    PARAMS = {"*": "any params; each is written to the namespace under the same key"}
+    PARAMS = {ANY: Param("any params; each is written to the namespace under the same key")}
 
     def prep(self, shared: Any) -> dict[str, Any]:
         return dict(self.params)
@@ -31,4 +32,4 @@ class EchoNode(Node):
 class NoopNode(Node):
     """Does nothing and writes nothing: measures the engine's own per-item cost."""
 
-    PARAMS: dict[str, str] = {}
+    PARAMS: dict[str, Param] = {}

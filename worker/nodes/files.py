@@ -17,17 +17,31 @@ from typing import Any
 
 from pocketflow import Node
 
-from worker.nodes.params import param
+from worker.nodes.params import Param
 from worker.nodes.registry import register
 
 
+def _path_param(doc: str) -> Param:
+    return Param(doc, (str, os.PathLike), required=True, empty_is_missing=True, what="a string")
+
+
+#: The params of both node types (worker/nodes/params.py): shown by `chordflow nodes`, checked by validation.
+ENCODING = Param("text encoding (default utf-8)", str, default="utf-8")
+READ_PARAMS = {"path": _path_param("(required) file to read; written back as an absolute `path`"), "encoding": ENCODING}
+WRITE_PARAMS = {
+    "path": _path_param("(required) file to write; written back as an absolute `path`"),
+    "content": Param("(required) text to write; any other value is written as JSON", object, required=True),
+    "append": Param("bool: append instead of replacing the file atomically (default false)", bool, default=False),
+    "encoding": ENCODING,
+}
+
+
 def _path(node_type: str, params: dict[str, Any]) -> str:
-    path = param(node_type, params, "path", (str, os.PathLike), required=True, empty_is_missing=True, what="a string")
-    return os.path.abspath(os.fspath(path))
+    return os.path.abspath(os.fspath(READ_PARAMS["path"].get(node_type, params, "path")))
 
 
 def _encoding(node_type: str, params: dict[str, Any]) -> str:
-    encoding = param(node_type, params, "encoding", str, default="utf-8")
+    encoding = ENCODING.get(node_type, params, "encoding")
     try:
         return codecs.lookup(encoding).name
     except LookupError:
@@ -56,10 +70,7 @@ def atomic_write(path: str, data: bytes) -> None:
 class ReadFileNode(Node):
     """Reads a text file into `content`; a missing file raises FileNotFoundError (retryable)."""
 
-    PARAMS = {
-        "path": "(required) file to read; written back as an absolute `path`",
-        "encoding": "text encoding (default utf-8)",
-    }
+    PARAMS = READ_PARAMS
 
     def prep(self, shared: Any) -> tuple[str, str]:
         return _path("read-file", self.params), _encoding("read-file", self.params)
@@ -81,17 +92,11 @@ class ReadFileNode(Node):
 class WriteFileNode(Node):
     """Writes `content` (non-strings as JSON) to a file, creating parent directories."""
 
-    PARAMS = {
-        "path": "(required) file to write; written back as an absolute `path`",
-        "content": "(required) text to write; any other value is written as JSON",
-        "append": "bool: append instead of replacing the file atomically (default false)",
-        "encoding": "text encoding (default utf-8)",
-    }
+    PARAMS = WRITE_PARAMS
 
     def prep(self, shared: Any) -> tuple[str, bytes, bool]:
         path, encoding = _path("write-file", self.params), _encoding("write-file", self.params)
-        content = param("write-file", self.params, "content", object, required=True)
-        append = param("write-file", self.params, "append", bool, default=False)
+        content, append = (WRITE_PARAMS[name].get("write-file", self.params, name) for name in ("content", "append"))
         text = content if isinstance(content, str) else json.dumps(content, indent=2, ensure_ascii=False)
         try:
             return path, text.encode(encoding), append

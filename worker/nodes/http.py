@@ -26,7 +26,7 @@ from pocketflow import Node
 from ir.errors import Throttled
 from worker import redact, settings
 from worker.engine.rate_limits import DEFAULT_MAX_WAIT
-from worker.nodes.params import param
+from worker.nodes.params import Param
 from worker.nodes.registry import register
 
 if TYPE_CHECKING:
@@ -106,18 +106,41 @@ def _scalar(node_param: str, value: Any) -> str:
     raise ValueError(f"http: param '{node_param}' values must be strings or numbers, got {type(value).__name__}")
 
 
+#: The http node's params (worker/nodes/params.py): shown by `chordflow nodes`, checked by validation and in prep.
+PARAMS = {
+    "url": Param(
+        "(required) http:// or https:// URL", str, required=True, empty_is_missing=True, what=URL_WHAT, check=_web_url
+    ),
+    "method": Param(
+        "HTTP method (default GET)", str, default="GET", empty_is_missing=True, what=METHOD_WHAT, check=_method
+    ),
+    "headers": Param("dict of request headers", dict, default={}),
+    "params": Param("dict of query-string parameters (a list value repeats the key)", dict, default={}),
+    "json": Param("any value, sent as a JSON body with Content-Type application/json"),
+    "body": Param(
+        "string body, sent as UTF-8 (exclusive with json; Content-Type application/x-www-form-urlencoded unless a "
+        "header gives one)",
+        str,
+    ),
+    "timeout": Param(
+        "seconds to wait for the server (default 30); exceeding it raises TimeoutError",
+        (int, float), default=30, what=TIMEOUT_WHAT, check=lambda t: t > 0,
+    ),
+    "max_throttle_wait": Param(
+        "seconds (number > 0, default 300) this call may spend in all waiting out 429s and 503s with Retry-After "
+        "before its item fails",
+        (int, float), default=DEFAULT_MAX_WAIT, what=TIMEOUT_WHAT, check=lambda t: t > 0,
+    ),
+}  # fmt: skip
+_CALL_PARAMS = ("url", "method", "timeout", "max_throttle_wait")
+
+
 def build_request(params: dict[str, Any]) -> Call:
     """Validate the params and turn them into one Call."""
-    url = param("http", params, "url", str, required=True, empty_is_missing=True, what=URL_WHAT, check=_web_url)
-    method = param("http", params, "method", str, default="GET", empty_is_missing=True, what=METHOD_WHAT, check=_method)
-    timeout = param("http", params, "timeout", (int, float), default=30, what=TIMEOUT_WHAT, check=lambda t: t > 0)
-    max_wait = param(
-        "http", params, "max_throttle_wait", (int, float), default=DEFAULT_MAX_WAIT, what=TIMEOUT_WHAT,
-        check=lambda t: t > 0,
-    )  # fmt: skip
+    url, method, timeout, max_wait = (PARAMS[name].get("http", params, name) for name in _CALL_PARAMS)
     query = [
         (str(k), _scalar("params", v))
-        for k, value in param("http", params, "params", dict, default={}).items()
+        for k, value in PARAMS["params"].get("http", params, "params").items()
         for v in (value if isinstance(value, list) else [value])
         if v is not None
     ]
@@ -125,7 +148,7 @@ def build_request(params: dict[str, Any]) -> Call:
         url += ("&" if urllib.parse.urlsplit(url).query else ("" if url.endswith("?") else "?")) + (
             urllib.parse.urlencode(query)
         )
-    headers = {str(k): _scalar("headers", v) for k, v in param("http", params, "headers", dict, default={}).items()}
+    headers = {str(k): _scalar("headers", v) for k, v in PARAMS["headers"].get("http", params, "headers").items()}
     data = None
     if params.get("json") is not None and params.get("body") is not None:
         raise ValueError("http: params 'json' and 'body' are exclusive; give one")
@@ -134,7 +157,7 @@ def build_request(params: dict[str, Any]) -> Call:
         if not any(k.lower() == "content-type" for k in headers):
             headers["Content-Type"] = "application/json"
     elif params.get("body") is not None:
-        data = param("http", params, "body", str).encode("utf-8")
+        data = PARAMS["body"].get("http", params, "body").encode("utf-8")
         if not any(k.lower() == "content-type" for k in headers):  # what urllib sent: kept for servers relying on it
             headers["Content-Type"] = "application/x-www-form-urlencoded"
     return Call(method.upper(), url, headers, data, float(timeout), float(max_wait))
@@ -221,18 +244,7 @@ class HttpNode(Node):
     """Sends a request; non-2xx is the `error` action, no response at all raises (retryable), and a 429 (or a
     503 with Retry-After) raises Throttled so the engine waits and asks again."""
 
-    PARAMS = {
-        "url": "(required) http:// or https:// URL",
-        "method": "HTTP method (default GET)",
-        "headers": "dict of request headers",
-        "params": "dict of query-string parameters (a list value repeats the key)",
-        "json": "any value, sent as a JSON body with Content-Type application/json",
-        "body": "string body, sent as UTF-8 (exclusive with json; Content-Type "
-        "application/x-www-form-urlencoded unless a header gives one)",
-        "timeout": "seconds to wait for the server (default 30); exceeding it raises TimeoutError",
-        "max_throttle_wait": "seconds (number > 0, default 300) this call may spend in all waiting out 429s and "
-        "503s with Retry-After before its item fails",
-    }
+    PARAMS = PARAMS
 
     def prep(self, shared: Any) -> Call:
         call = build_request(self.params)

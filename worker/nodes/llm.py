@@ -26,7 +26,7 @@ from ir.errors import Throttled
 from worker import settings
 from worker.engine.rate_limits import DEFAULT_MAX_WAIT
 from worker.nodes.http import parse_retry_after
-from worker.nodes.params import param
+from worker.nodes.params import Param
 from worker.nodes.registry import register
 
 FAKE = "fake"
@@ -147,31 +147,35 @@ def _fake_call(model: str | None, system: str | None, prompt: str, max_wait: flo
     return {"response": response, "model": FAKE, "input_tokens": input_tokens, "output_tokens": output_tokens}
 
 
+#: The llm node's params, in the order prep reads them (worker/nodes/params.py).
+PARAMS = {
+    "prompt": Param("(required) the prompt text", str, required=True),
+    "temperature": Param("sampling temperature (number), passed to the model when given", (int, float)),
+    "model": Param(
+        "model name for the `llm` package (default: CHORDFLOW_LLM_MODEL, else llm's default); 'fake' gives a "
+        "deterministic offline answer ('fake-throttled:N': throttled N times first, a test aid)",
+        str,
+    ),
+    "system": Param("system prompt", str),
+    "max_throttle_wait": Param(
+        "seconds (number > 0, default 300) this call may spend in all waiting out the model's rate-limit errors "
+        "before its item fails",
+        (int, float), default=DEFAULT_MAX_WAIT, what="a positive number of seconds", check=lambda t: t > 0,
+    ),
+}  # fmt: skip
+
+
 @register("llm")
 class LlmNode(Node):
     """Writes the model's `response`; the call happens in exec so the node's retries apply."""
 
-    PARAMS = {
-        "prompt": "(required) the prompt text",
-        "model": "model name for the `llm` package (default: CHORDFLOW_LLM_MODEL, else llm's default); "
-        "'fake' gives a deterministic offline answer ('fake-throttled:N': throttled N times first, a test aid)",
-        "system": "system prompt",
-        "temperature": "sampling temperature (number), passed to the model when given",
-        "max_throttle_wait": "seconds (number > 0, default 300) this call may spend in all waiting out the "
-        "model's rate-limit errors before its item fails",
-    }
+    PARAMS = PARAMS
 
     def prep(self, shared: Any) -> dict[str, Any]:
-        prompt = param("llm", self.params, "prompt", str, required=True)
-        temperature = param("llm", self.params, "temperature", (int, float))
-        model = param("llm", self.params, "model", str) or settings.get("llm_model")
+        prompt, temperature, model, system, max_wait = (PARAMS[name].get("llm", self.params, name) for name in PARAMS)
+        model = model or settings.get("llm_model")
         if model is not None and not _fake_throttles(model):
             raise ValueError(f"llm: model {model!r} must be 'fake-throttled:N' with N a whole number")
-        system = param("llm", self.params, "system", str)
-        max_wait = param(
-            "llm", self.params, "max_throttle_wait", (int, float), default=DEFAULT_MAX_WAIT,
-            what="a positive number of seconds", check=lambda t: t > 0,
-        )  # fmt: skip
         return {"prompt": prompt, "model": model, "system": system, "temp": temperature, "max_wait": float(max_wait)}
 
     def exec(self, prep_res: dict[str, Any]) -> dict[str, Any]:

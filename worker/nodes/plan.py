@@ -15,6 +15,7 @@ from typing import Any
 from pocketflow import Node
 
 from ir.errors import TemplateError, shown
+from worker.nodes.params import Param
 from worker.nodes.registry import register
 
 #: The store key holding the plan's states by `_uid` (a root dunder key: nodes write it at the root).
@@ -160,8 +161,8 @@ def _calls(params: Mapping[str, Any]) -> Iterator[tuple[str, str, dict[str, Any]
 
 #: The params both plan nodes read the plan and its states from.
 _PLAN_PARAMS = {
-    "plan": "the plan ({'calls': [...]}, usually '${plan}')",
-    "states": "the states by _uid (usually '${__states__}')",
+    "plan": Param("the plan ({'calls': [...]}, usually '${plan}')", required=True),
+    "states": Param("the states by _uid (usually '${__states__}')", required=True),
 }
 
 
@@ -178,8 +179,8 @@ class GatherNode(_PlanCallsNode):
 
     PARAMS = {
         **_PLAN_PARAMS,
-        "calls": "[call index, _uid] pairs, one per item, in item order",
-        "keys": "{param name: item key} of the params that vary between the calls",
+        "calls": Param("[call index, _uid] pairs, one per item, in item order", required=True),
+        "keys": Param("{param name: item key} of the params that vary between the calls"),
     }
 
     def exec(self, params: dict[str, Any]) -> list[dict[str, Any]]:
@@ -202,8 +203,8 @@ class ScatterNode(_PlanCallsNode):
 
     PARAMS = {
         **_PLAN_PARAMS,
-        "calls": "[call index, _uid] pairs, in the order of `results`",
-        "results": "the batch node's results (one namespace per call)",
+        "calls": Param("[call index, _uid] pairs, in the order of `results`", required=True),
+        "results": Param("the batch node's results (one namespace per call)", required=True),
     }
 
     def exec(self, params: dict[str, Any]) -> dict[str, Any]:

@@ -14,7 +14,7 @@ from typing import Any
 from pocketflow import Node
 
 from ir.templates import references
-from worker.nodes.params import param
+from worker.nodes.params import ANY, Param
 from worker.nodes.registry import register
 
 
@@ -24,9 +24,7 @@ def _is_reference(reference: str) -> bool:
 
 def resolve_function(reference: Any) -> Callable[..., Any]:
     """'package.module:function' (or 'module:Class.method') -> the callable, or ValueError naming it."""
-    reference = param(
-        "python", {"function": reference}, "function", str, required=True, what="'module:function'", check=_is_reference
-    )
+    reference = PythonNode.PARAMS["function"].get("python", {"function": reference}, "function")
     module_name, attr_path = reference.split(":")
     try:
         target: Any = importlib.import_module(module_name)
@@ -88,9 +86,12 @@ class PythonNode(Node):
     """Calls `function(**other_params)` and writes its return value as `result`."""
 
     PARAMS = {
-        "function": "(required) 'module:function' to call; the module must be importable on every worker",
-        "*": "every other param is passed to the function as a keyword argument",
-    }
+        "function": Param(
+            "(required) 'module:function' to call; the module must be importable on every worker",
+            str, required=True, what="'module:function'", check=_is_reference,
+        ),
+        ANY: Param("every other param is passed to the function as a keyword argument"),
+    }  # fmt: skip
 
     check_params = staticmethod(check_function_param)  # static validation hook (worker/engine/loader.py)
 

@@ -27,7 +27,7 @@ from typing import Any
 from pocketflow import Node
 
 from ir.templates import references
-from worker.nodes.params import param
+from worker.nodes.params import Param
 from worker.nodes.registry import register
 
 ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -240,7 +240,7 @@ def env_value(value: Any) -> str:
 
 
 def _env_dict(params: dict[str, Any], name: str) -> dict[str, str]:
-    value = param("shell", params, name, dict, default={})
+    value = PARAMS[name].get("shell", params, name)
     for key in value:
         if not isinstance(key, str) or not ENV_NAME_RE.match(key):
             raise ValueError(f"shell: param '{name}' has an invalid variable name {key!r}")
@@ -255,9 +255,32 @@ def _is_command(command: str | list[Any]) -> bool:
     return bool(command) and all(isinstance(a, str | int | float) for a in command)
 
 
+#: The shell node's params (worker/nodes/params.py): shown by `chordflow nodes`, checked by validation and in prep.
+PARAMS = {
+    "command": Param(
+        "(required) string run by /bin/sh -c, or a list of argv run without a shell; no ${...} templates inside a "
+        "string or after a shell's -c - use vars",
+        (str, list), required=True, what="a non-empty string or list of strings", check=_is_command,
+    ),
+    "vars": Param(
+        "dict; each entry becomes an environment variable: the only way store values reach a shell string (not "
+        "BASH_ENV, ENV, PS1-PS4, PROMPT_COMMAND, SHELLOPTS, BASHOPTS: shells run those)",
+        dict, default={},
+    ),
+    "stdin": Param(
+        "string fed to the command's standard input; no ${...} templates when a shell reads it as its script", str
+    ),
+    "env": Param("dict of environment variables added to the worker's environment", dict, default={}),
+    "cwd": Param("working directory", (str, os.PathLike), what="a path string"),
+    "timeout": Param(
+        "seconds before the command is killed and TimeoutError raised (default 60)",
+        (int, float), default=60, what="a positive number of seconds", check=lambda t: t > 0,
+    ),
+}  # fmt: skip
+
+
 def _argv(params: dict[str, Any]) -> list[str]:
-    what = "a non-empty string or list of strings"
-    command = param("shell", params, "command", (str, list), required=True, what=what, check=_is_command)
+    command = PARAMS["command"].get("shell", params, "command")
     return ["/bin/sh", "-c", command] if isinstance(command, str) else [str(a) for a in command]
 
 
@@ -265,24 +288,12 @@ def _argv(params: dict[str, Any]) -> list[str]:
 class ShellNode(Node):
     """Runs a command; a non-zero exit is an `error` action (data), a timeout raises (retryable)."""
 
-    PARAMS = {
-        "command": "(required) string run by /bin/sh -c, or a list of argv run without a shell; "
-        "no ${...} templates inside a string or after a shell's -c - use vars",
-        "vars": "dict; each entry becomes an environment variable: the only way store values reach a shell string "
-        "(not BASH_ENV, ENV, PS1-PS4, PROMPT_COMMAND, SHELLOPTS, BASHOPTS: shells run those)",
-        "stdin": "string fed to the command's standard input; no ${...} templates when a shell reads it as its script",
-        "env": "dict of environment variables added to the worker's environment",
-        "cwd": "working directory",
-        "timeout": "seconds before the command is killed and TimeoutError raised (default 60)",
-    }
+    PARAMS = PARAMS
     check_params = staticmethod(check_command_param)  # static validation hook (worker/engine/loader.py)
 
     def prep(self, shared: Any) -> dict[str, Any]:
         params = self.params
-        stdin = param("shell", params, "stdin", str)
-        cwd = param("shell", params, "cwd", (str, os.PathLike), what="a path string")
-        what = "a positive number of seconds"
-        timeout = param("shell", params, "timeout", (int, float), default=60, what=what, check=lambda t: t > 0)
+        stdin, cwd, timeout = (PARAMS[name].get("shell", params, name) for name in ("stdin", "cwd", "timeout"))
         env = {**os.environ, **_env_dict(params, "env"), **_env_dict(params, "vars")}
         return {"argv": _argv(params), "stdin": stdin, "cwd": cwd, "timeout": timeout, "env": env}
 

@@ -63,9 +63,12 @@ class WorkflowNode(Node):
     @staticmethod
     def check_params(params: dict[str, Any]) -> str | None:
         """The sub-workflow validated again with this process's node types, and its nodes' own param checks
-        (`check_params`, recursively): what validation and workers check for a node of the parent."""
+        (`check_params`, recursively): what validation and workers check for a node of the parent. A file ir.load
+        could not include is not read again here: its problem is reported once."""
         from worker.engine import loader  # it imports the registry, which imports this module
 
+        if not isinstance(params.get(subworkflows.WORKFLOW), Mapping):  # not included: ir.load named why
+            return None
         source = params.get(subworkflows.SOURCE)
         named = f"{source}: " if isinstance(source, str) and source else "sub-workflow: "
         try:

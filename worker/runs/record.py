@@ -45,9 +45,18 @@ def valid_run_id(run_id: object) -> bool:
     return isinstance(run_id, str) and RUN_ID_RE.fullmatch(run_id) is not None
 
 
-def resumable(workflow: Any = None) -> tuple[str, ...]:
-    """The statuses a run can be resumed from (with an edited workflow, a succeeded run too)."""
-    return ("failed", "cancelled") if workflow is None else ("failed", "cancelled", "succeeded")
+def resume_refusal(record: RunRecord, workflow: Any = None) -> str | None:
+    """Why `resume` refuses the run, or None: it must have ended failed or cancelled (with an edited `workflow`,
+    succeeded too), and not be a dataset job, which goes on with `redrive` (its records have no checkpoint)."""
+    if record.dataset is not None:
+        return (
+            f"run {record.run_id} is a dataset job (--items): `chordflow redrive {record.run_id}` runs its failed "
+            "and unfinished records again"
+        )
+    resumable = ("failed", "cancelled") if workflow is None else ("failed", "cancelled", "succeeded")
+    if record.status not in resumable:
+        return f"run {record.run_id} is {record.status}; only a failed or cancelled run can be resumed"
+    return None
 
 
 @dataclass

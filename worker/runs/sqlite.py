@@ -176,6 +176,13 @@ class LocalRuns:
             self.db.execute(update, args)
         return record
 
+    def ids_starting(self, prefix: str, limit: int) -> list[str]:
+        with self.lock:
+            rows = self.db.execute(
+                "SELECT run_id FROM runs WHERE substr(run_id, 1, ?) = ? LIMIT ?", (len(prefix), prefix, limit)
+            ).fetchall()
+        return [row[0] for row in rows]
+
     def exception(self, run_id: str) -> tuple[str, str, str] | None:
         """None: a local run's exception reaches its caller directly, in the process that ran it."""
         return None

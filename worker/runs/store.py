@@ -57,6 +57,10 @@ class RunStore(Protocol):
 
     def recent(self, status: str | None = None, limit: int = 20) -> list[RunRecord]: ...
 
+    def ids_starting(self, prefix: str, limit: int) -> list[str]:
+        """Up to `limit` ids of recorded runs that start with `prefix` (a run id given cut short)."""
+        ...
+
     def set_status(self, run_id: str, status: str, error: str | None = None, node: str | None = None) -> None: ...
 
     def purge(self, run_id: str) -> None:

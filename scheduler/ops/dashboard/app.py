@@ -23,8 +23,7 @@ from starlette.responses import HTMLResponse, Response, StreamingResponse
 from starlette.routing import Route
 from starlette.types import ASGIApp
 
-from ir.errors import BackendError, ValidationError
-from scheduler.lookup import UnknownRun
+from ir.errors import BackendError, UnknownRun, ValidationError
 from scheduler.ops.dashboard.actions import ACTIONS
 from scheduler.ops.dashboard.auth import ACTION_HEADER, BasicAuth, FrameGuard
 from scheduler.ops.dashboard.page import HTML
@@ -83,7 +82,7 @@ def _takes_run_id(endpoint: Callable[[Request], Awaitable[Response]]) -> Callabl
 async def _blocking(work: Callable[[], Any]) -> Response:
     try:
         return _json(await run_in_threadpool(work))
-    except (ValidationError, BackendError, ConnectionError, OSError) as exc:
+    except (ValidationError, UnknownRun, BackendError, ConnectionError, OSError) as exc:
         return _failure(exc)
 
 
@@ -156,7 +155,7 @@ async def _events(build: Callable[[], Any], refresh: float) -> AsyncIterator[str
     while True:
         try:
             data = await run_in_threadpool(build)
-        except (ValidationError, BackendError, ConnectionError, OSError) as exc:
+        except (ValidationError, UnknownRun, BackendError, ConnectionError, OSError) as exc:
             data = {"error": _public(exc)[1], "at": time.time()}
         yield f"data: {json.dumps(data, default=str)}\n\n"
         await asyncio.sleep(refresh)

@@ -97,6 +97,15 @@ class ClusterRuns:
                     break
         return found
 
+    def ids_starting(self, prefix: str, limit: int) -> list[str]:
+        """From the index of runs (a run id holds no glob character: valid_run_id)."""
+        found: list[str] = []
+        for run_id, _ in self.redis.zscan_iter(RUNS, match=f"{prefix}*", count=1000):
+            found.append(run_id.decode())
+            if len(found) >= limit:
+                break
+        return found
+
     def set_status(self, run_id: str, status: str, error: str | None = None, node: str | None = None) -> None:
         fields: dict[str, Any] = {"status": status, "error": error or "", "updated": time.time()}
         if status in ("queued", "running"):
