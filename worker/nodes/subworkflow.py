@@ -90,13 +90,13 @@ class WorkflowNode(Node):
         return Call(node_id, workflow, dict(inputs), source if isinstance(source, str) else None, accumulators)
 
     def exec(self, call: Call) -> tuple[dict[str, Any], dict[str, list]]:
-        flow = _flow(call.workflow)
+        flow, limit = _flow(call.workflow)
         store: dict[str, Any] = {key: [] for key in call.accumulators}
         try:
             apply_inputs(flow.workflow, store, call.inputs, how=f"give it in params.inputs of node '{call.node_id}'")
         except ValidationError as exc:
             raise ValueError(f"{call.what}: {exc}") from None
-        status, error, outputs = _run(flow, store, call)
+        status, error, outputs = _run(flow, limit, store, call)
         if status != "success":
             raise SubworkflowFailed(f"{call.what} failed: {error}")
         if flow.workflow.outputs is None:
@@ -117,7 +117,7 @@ class WorkflowNode(Node):
         return "default"
 
 
-def _run(flow: Flow, store: dict[str, Any], call: Call) -> tuple[str, str | None, dict[str, Any]]:
+def _run(flow: Flow, limit: int, store: dict[str, Any], call: Call) -> tuple[str, str | None, dict[str, Any]]:
     """Drive the sub-workflow to its end in this process, in a run context of its own (events dropped, batches
     in-process, no run record) that shares the parent run's cancel flag; the parent's context is left as it was."""
     from worker.engine.stepper import drive, ending
@@ -126,7 +126,7 @@ def _run(flow: Flow, store: dict[str, Any], call: Call) -> tuple[str, str | None
     ctx = RunContext(cancelled=context.current().cancelled)
     with context.using(ctx):
         try:
-            cursor = drive(flow, Cursor(flow.start_id), store, ctx)
+            cursor = drive(flow, Cursor(flow.start_id), store, ctx, limit=limit)
         except Exception as exc:
             node = f" node '{ctx.last_node}'" if ctx.last_node else ""
             exc.add_note(f"raised in{node} of {call.what}")
@@ -134,22 +134,26 @@ def _run(flow: Flow, store: dict[str, Any], call: Call) -> tuple[str, str | None
     return ending(flow, cursor, store, ctx.last_node)
 
 
-def _flow(workflow: Any) -> Flow:
-    """The sub-workflow's flow, with node instances of this thread's own.
+def _flow(workflow: Any) -> tuple[Flow, int]:
+    """The sub-workflow's flow, with node instances of this thread's own, and its step limit.
 
     Executions in one thread follow one another (a sub-workflow never contains itself), so a thread reuses its
     instances; concurrent items (threads, worker processes) never share them. The IR is validated once per
     content in a process; a thread finds its flow by the identity of the (constant) `workflow` param first.
+    The step limit (CHORDFLOW_MAX_STEPS unless the sub-workflow sets one) is read once with the flow: reading
+    the environment is the dearest part of a small sub-run, and a batch's items would read it once each.
     """
-    flows: OrderedDict[int, tuple[Any, Flow]] = _local.__dict__.setdefault("flows", OrderedDict())
+    flows: OrderedDict[int, tuple[Any, Flow, int]] = _local.__dict__.setdefault("flows", OrderedDict())
     entry = flows.get(id(workflow))
     if entry is not None and entry[0] is workflow:
-        return entry[1]
+        return entry[1], entry[2]
     from worker.engine.flow import build_flow
     from worker.engine.loader import load
+    from worker.engine.stepper import max_steps
 
     flow = build_flow(load(workflow))
-    flows[id(workflow)] = (workflow, flow)  # holding `workflow` keeps its id from being reused
+    limit = max_steps(flow)
+    flows[id(workflow)] = (workflow, flow, limit)  # holding `workflow` keeps its id from being reused
     while len(flows) > CACHE_SIZE:
         flows.popitem(last=False)
-    return flow
+    return flow, limit
