@@ -8,7 +8,10 @@ memory and what the job leaves in it, the time to the first readable result, and
 --out FILE` streaming every row to a file.
 
 Beside it, in the same run: what a user writes by hand with Celery (read the file, a `group` of tasks over
-chunks of 500 records, `GroupResult.get()`), and the local backend (`chordflow run WF --items FILE`).
+chunks of 500 records, each running the workflow's two steps as two PocketFlow nodes per record,
+`GroupResult.get()`); the local backend (`chordflow run WF --items FILE` + `chordflow results RUN --out FILE`)
+against a plain PocketFlow loop over the file writing the same rows; and a local batch of no-op items against
+a plain PocketFlow loop keeping every item's result (issue 22).
 
 Writes bench/DATASETS.md (or --out). Progress lines go to stderr.
 """
@@ -24,6 +27,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from pocketflow import Flow, Node
 
 from bench import harness
 from bench.harness import BenchCluster, Child, Phase, Session, log, mb
@@ -57,10 +62,13 @@ def main(argv: list[str] | None = None) -> int:
             help="also a job of the small size with this --chunk-size (repeatable)",
         )  # fmt: skip
         parser.add_argument("--celery-client", type=Path, metavar="FILE", help=argparse.SUPPRESS)
+        parser.add_argument("--pocketflow-loop", type=Path, nargs=2, metavar=("FILE", "OUT"), help=argparse.SUPPRESS)
 
     args = harness.arguments("bench.datasets", __doc__, "DATASETS.md", f"small sizes: {QUICK}", argv, options)
     if args.celery_client:
         return celery_client(args.celery_client, CHUNK)
+    if args.pocketflow_loop:
+        return pocketflow_loop(*args.pocketflow_loop)
     from bench.datasets.report import report  # it reads this module's constants
 
     harness.run_bench(args, measure, report, plugins=PLUGINS, needed=(RECORDS_TASK, "chordflow.dataset_chunk"))
@@ -81,18 +89,59 @@ def workflow() -> dict[str, Any]:
     }
 
 
-# -- the hand-written Celery baseline -----------------------------------------------------------------------
-def one_record(record: dict[str, Any]) -> dict[str, Any]:
-    """The workflow's two steps as plain Python: what a user would call per record."""
-    a = {"id": record["id"], "text": record["text"]}
-    b = {"n": a["id"]}
-    return {"id": b["n"]}
+# -- the hand-written baselines: the workflow's two steps as two PocketFlow nodes ---------------------------
+class EchoRecord(Node):
+    """`a`: the record's id and text into `shared["a"]`."""
+
+    def prep(self, shared: dict[str, Any]) -> Any:
+        return shared["record"]
+
+    def post(self, shared: dict[str, Any], prep_res: Any, exec_res: Any) -> None:
+        shared["a"] = {"id": prep_res["id"], "text": prep_res["text"]}
+
+
+class EchoId(Node):
+    """`b`: a's id into `shared["b"]`."""
+
+    def prep(self, shared: dict[str, Any]) -> Any:
+        return shared["a"]["id"]
+
+    def post(self, shared: dict[str, Any], prep_res: Any, exec_res: Any) -> None:
+        shared["b"] = {"n": prep_res}
+
+
+def record_flow() -> Flow:
+    """What a user writes with PocketFlow for this workflow: two nodes, one edge."""
+    first = EchoRecord()
+    first >> EchoId()
+    return Flow(start=first)
+
+
+def one_record(flow: Flow, record: dict[str, Any]) -> dict[str, Any]:
+    """One record through the flow on a store of its own; the workflow's output `{id: b.n}`."""
+    shared = {"record": record}
+    flow.run(shared)
+    return {"id": shared["b"]["n"]}
 
 
 @task(name=RECORDS_TASK)
 def records_chunk(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """A chunk of records through `one_record`, results in the chunk's order."""
-    return [one_record(record) for record in records]
+    flow = record_flow()
+    return [one_record(flow, record) for record in records]
+
+
+def pocketflow_loop(path: Path, out: Path) -> int:
+    """The local baseline, run as its own process (`--pocketflow-loop FILE OUT`): the file read line by line,
+    each record through the flow, its row written as `chordflow results --out` writes it."""
+    flow = record_flow()
+    n = 0
+    with path.open(encoding="utf-8") as f, out.open("w", encoding="utf-8") as rows:
+        for n, line in enumerate(f, 1):
+            row = {"index": n - 1, "result": one_record(flow, json.loads(line)), "error": None}
+            rows.write(json.dumps(row) + "\n")
+    print(json.dumps({"n": n}))
+    return 0
 
 
 def celery_client(path: Path, chunk: int) -> int:
@@ -201,6 +250,7 @@ class Results:
     jobs: list[dict[str, Any]] = field(default_factory=list)
     baseline: list[dict[str, Any]] = field(default_factory=list)
     local: dict[str, Any] = field(default_factory=dict)
+    noop: dict[str, Any] = field(default_factory=dict)
     resettable: bool = True
 
 
@@ -218,6 +268,7 @@ def measure(session: Session, bench: BenchCluster) -> Results:
     results.jobs += [jobs.job(sizes.small, size) for size in session.args.chunk_size]
     results.baseline += [jobs.baseline(sizes.small), jobs.baseline(sizes.large)]
     results.local = jobs.local(sizes.small)
+    results.noop = noop_batch(sizes.small)
     results.resettable = bench.peaks.resettable
     return results
 
@@ -325,9 +376,42 @@ class Jobs:
         return {**phase.as_dict(), "n": n, "child": child, "phases": phases}
 
     def local(self, n: int) -> dict[str, Any]:
-        """`chordflow run WF --items FILE` (the local backend: this one process, the embedded store)."""
+        """`chordflow run WF --items FILE` (the local backend: one process, the embedded store) then
+        `chordflow results RUN --out FILE`; and the plain PocketFlow loop writing the same file."""
+        rows_path = self.bench.workdir / "local-results.jsonl"
         with CpuUse(self.bench.pids, self.bench.cluster.redis.pid) as cpu:
             child = self.bench.cli("run", self.wf, "--items", self.records(n), "--output", "json", limit=LIMIT)
-        check_job(child, n)
-        log(f"local run of {n:,} records: {child.seconds:.3f} s, peak rss {mb(child.maxrss)}")
-        return {"n": n, "child": child, "cpu": cpu.text()}
+            report = check_job(child, n)
+            streamed = self.bench.cli("results", report["run_id"], "--out", str(rows_path), limit=LIMIT)
+        if streamed.code != 0 or not check_rows(rows_path, n):
+            raise streamed.failure()
+        argv = [sys.executable, "-m", "bench.datasets", "--pocketflow-loop", self.records(n), str(rows_path)]
+        env = {**self.bench.env, "PYTHONPATH": str(harness.HERE.parent)}
+        loop = harness.run_child(argv, env, self.bench.workdir, LIMIT)
+        if loop.code != 0 or not check_rows(rows_path, n):
+            raise loop.failure()
+        rows_path.unlink()
+        log(
+            f"local run of {n:,} records: {child.seconds:.3f} s + results --out {streamed.seconds:.3f} s; "
+            f"plain PocketFlow loop {loop.seconds:.3f} s"
+        )
+        return {"n": n, "child": child, "results": streamed, "loop": loop, "cpu": cpu.text()}
+
+
+def noop_batch(n: int) -> dict[str, Any]:
+    """A local batch of n no-op items (`scheduler.run`, in this process) against a plain PocketFlow loop that
+    keeps every item's result (bench/variants.py, issue 2's floor), timed one after the other: wall and CPU."""
+    from bench import variants
+
+    items = list(range(n))
+    timed = {}
+    bodies = {
+        "chordflow": lambda: variants.run_chordflow(items, "local"),
+        "loop": lambda: variants.plain_loop(items, {}),
+    }
+    for name, body in bodies.items():
+        wall, cpu = time.perf_counter(), time.process_time()
+        body()
+        timed[name] = (time.perf_counter() - wall, time.process_time() - cpu)
+    log(f"local no-op batch of {n:,} items: {timed['chordflow'][0]:.3f} s; plain loop {timed['loop'][0]:.3f} s")
+    return {"n": n, **timed}
