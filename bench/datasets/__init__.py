@@ -28,11 +28,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pocketflow import Flow, Node
-
 from bench import harness
 from bench.harness import BenchCluster, Child, Phase, Session, log, mb
 from bench.measure import CpuUse
+from bench.record_flow import one_record, record_flow
 from worker.cluster.app import task
 
 PLUGINS = "bench.datasets"  # the workers import this module: it defines the baseline's task
@@ -62,13 +61,10 @@ def main(argv: list[str] | None = None) -> int:
             help="also a job of the small size with this --chunk-size (repeatable)",
         )  # fmt: skip
         parser.add_argument("--celery-client", type=Path, metavar="FILE", help=argparse.SUPPRESS)
-        parser.add_argument("--pocketflow-loop", type=Path, nargs=2, metavar=("FILE", "OUT"), help=argparse.SUPPRESS)
 
     args = harness.arguments("bench.datasets", __doc__, "DATASETS.md", f"small sizes: {QUICK}", argv, options)
     if args.celery_client:
         return celery_client(args.celery_client, CHUNK)
-    if args.pocketflow_loop:
-        return pocketflow_loop(*args.pocketflow_loop)
     from bench.datasets.report import report  # it reads this module's constants
 
     harness.run_bench(args, measure, report, plugins=PLUGINS, needed=(RECORDS_TASK, "chordflow.dataset_chunk"))
@@ -89,59 +85,12 @@ def workflow() -> dict[str, Any]:
     }
 
 
-# -- the hand-written baselines: the workflow's two steps as two PocketFlow nodes ---------------------------
-class EchoRecord(Node):
-    """`a`: the record's id and text into `shared["a"]`."""
-
-    def prep(self, shared: dict[str, Any]) -> Any:
-        return shared["record"]
-
-    def post(self, shared: dict[str, Any], prep_res: Any, exec_res: Any) -> None:
-        shared["a"] = {"id": prep_res["id"], "text": prep_res["text"]}
-
-
-class EchoId(Node):
-    """`b`: a's id into `shared["b"]`."""
-
-    def prep(self, shared: dict[str, Any]) -> Any:
-        return shared["a"]["id"]
-
-    def post(self, shared: dict[str, Any], prep_res: Any, exec_res: Any) -> None:
-        shared["b"] = {"n": prep_res}
-
-
-def record_flow() -> Flow:
-    """What a user writes with PocketFlow for this workflow: two nodes, one edge."""
-    first = EchoRecord()
-    first >> EchoId()
-    return Flow(start=first)
-
-
-def one_record(flow: Flow, record: dict[str, Any]) -> dict[str, Any]:
-    """One record through the flow on a store of its own; the workflow's output `{id: b.n}`."""
-    shared = {"record": record}
-    flow.run(shared)
-    return {"id": shared["b"]["n"]}
-
-
+# -- the hand-written Celery baseline: the workflow as two PocketFlow nodes (bench/record_flow.py) ------------
 @task(name=RECORDS_TASK)
 def records_chunk(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """A chunk of records through `one_record`, results in the chunk's order."""
     flow = record_flow()
     return [one_record(flow, record) for record in records]
-
-
-def pocketflow_loop(path: Path, out: Path) -> int:
-    """The local baseline, run as its own process (`--pocketflow-loop FILE OUT`): the file read line by line,
-    each record through the flow, its row written as `chordflow results --out` writes it."""
-    flow = record_flow()
-    n = 0
-    with path.open(encoding="utf-8") as f, out.open("w", encoding="utf-8") as rows:
-        for n, line in enumerate(f, 1):
-            row = {"index": n - 1, "result": one_record(flow, json.loads(line)), "error": None}
-            rows.write(json.dumps(row) + "\n")
-    print(json.dumps({"n": n}))
-    return 0
 
 
 def celery_client(path: Path, chunk: int) -> int:
@@ -385,7 +334,7 @@ class Jobs:
             streamed = self.bench.cli("results", report["run_id"], "--out", str(rows_path), limit=LIMIT)
         if streamed.code != 0 or not check_rows(rows_path, n):
             raise streamed.failure()
-        argv = [sys.executable, "-m", "bench.datasets", "--pocketflow-loop", self.records(n), str(rows_path)]
+        argv = [sys.executable, "-m", "bench.record_flow", self.records(n), str(rows_path)]
         env = {**self.bench.env, "PYTHONPATH": str(harness.HERE.parent)}
         loop = harness.run_child(argv, env, self.bench.workdir, LIMIT)
         if loop.code != 0 or not check_rows(rows_path, n):

@@ -296,9 +296,9 @@ def report(session: Session, results: Results) -> str:
   require (bench/variants.py does the same).
 - Local: `chordflow run WF --items FILE --output json`, one process (the records run in it as it reads
   them), its embedded store in a temp `CHORDFLOW_HOME`, then `chordflow results RUN --out FILE` (the file
-  checked as above); their wall times added. Against it: `python -m bench.datasets --pocketflow-loop FILE OUT`,
-  a fresh process reading the file line by line, running the same two-node PocketFlow flow per record and
-  writing the same rows (checked the same way).
+  checked as above); their wall times added. Against it: `python -m bench.record_flow FILE OUT`,
+  a fresh process (importing json and pocketflow only) reading the file line by line, running the same
+  two-node PocketFlow flow per record and writing the same rows (checked the same way).
 - Local no-op batch: `scheduler.run({{"nodes": [{{"id": "b", "type": "noop", "batch": {{"items": "${{items}}"}}}}]}},
   {{"items": [0..N-1]}}, backend="local")` in the bench's process, then, in the same process, bench/variants.py's
   `plain_loop`: PocketFlow's `NoopNode` per item on `dict(shared)` plus the item, each item's namespace kept.
