@@ -85,7 +85,7 @@ class WorkflowNode(Node):
             )
         source = self.params.get(subworkflows.SOURCE)
         root = getattr(shared, "root", shared)
-        accumulators = tuple(key for key, value in root.items() if is_dunder(key) and isinstance(value, list))
+        accumulators = tuple(key for key, value in root.items() if isinstance(value, list) and is_dunder(key))
         workflow = self.params.get(subworkflows.WORKFLOW)
         return Call(node_id, workflow, dict(inputs), source if isinstance(source, str) else None, accumulators)
 
