@@ -49,14 +49,16 @@ def apply_inputs(
     """
     given = dict(inputs or {})
     names = [*given, *(name for name in encoded if name not in given)]
-    problems = [f"inputs: {problem}" for name in names if (problem := unknown_input(wf, name))]
-    suggested = {_closest(name, wf) for name in names if name not in (wf.inputs or {})}  # a typo explains these
+    declared = wf.inputs or {}
+    strays = [name for name in names if name not in declared]  # none, once a run's inputs are right
+    problems = [f"inputs: {problem}" for name in strays if (problem := unknown_input(wf, name))]
+    suggested = {_closest(name, wf) for name in strays}  # a typo explains these
     for name, value in given.items():
         try:
             check_value(value, f"inputs.{name}")
         except ValidationError as exc:
             problems.extend(exc.problems)
-    for name, spec in (wf.inputs or {}).items():
+    for name, spec in declared.items():
         if name in names or name in store:
             continue
         if spec.default is not None:

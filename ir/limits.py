@@ -79,6 +79,8 @@ def problem_in(value: Any) -> tuple[tuple[Any, ...], str] | None:
     """
     if not isinstance(value, _CONTAINERS):
         return None
+    if type(value) is dict and all(type(k) in _SCALARS and type(v) in _SCALARS for k, v in value.items()):
+        return None  # a flat record, the common input: nothing to walk
     on_path: set[int] = set()
     stack: list[tuple[Any, int, tuple[Any, ...], bool]] = [(value, 1, (), False)]
     while stack:

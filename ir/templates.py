@@ -190,13 +190,13 @@ class CompiledParams:
     def __init__(self, params: Mapping[str, Any], node_id: str):
         self.node_id = node_id
         self._constant: dict[str, Any] = {}
-        self._dynamic: dict[str, _Resolver] = {}
+        self._dynamic: dict[str, tuple[_Resolver, str]] = {}  # with the label its errors name, made once
         for name, value in params.items():
             resolver = _Resolver("const", value) if is_workflow_document(value) else compile_value(value)
             if resolver.kind == "const":
                 self._constant[name] = value
             else:
-                self._dynamic[name] = resolver
+                self._dynamic[name] = (resolver, f"node '{node_id}' param '{name}'")
 
     @property
     def has_templates(self) -> bool:
@@ -206,8 +206,8 @@ class CompiledParams:
         if not self._dynamic:
             return dict(self._constant)
         resolved = dict(self._constant)
-        for name, resolver in self._dynamic.items():
-            resolved[name] = resolver.resolve(context, f"node '{self.node_id}' param '{name}'")
+        for name, (resolver, where) in self._dynamic.items():
+            resolved[name] = resolver.resolve(context, where)
         return resolved
 
 

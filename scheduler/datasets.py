@@ -271,7 +271,7 @@ class _LocalJob:
 
         def hooks(count: int) -> Any:
             return item_middleware(
-                RECORDS, read, False, cancelled=self.cancelled, emit=self.on_event, done_before=before
+                RECORDS, read, False, cancelled=self.cancelled, emit=self.on_event, done_before=before, per_chunk=True
             )
 
         chunk = run_chunk(self.executor, records, bad, n * size, done, hooks)

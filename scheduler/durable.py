@@ -177,18 +177,43 @@ def wait(
                 branch_position, branch_events = state.read_branch_events(branch_position)
                 for event in branch_events:
                     on_event(event)
-            totals = {batch: state.batch_total(batch) for batch, packed in entries if packed and on_event}
+            batches = {batch for batch, packed in entries if packed} if on_event else set()
+            totals = {batch: state.batch_total(batch) for batch in batches}  # one read per batch, not per entry
         for batch, packed in entries:
             if packed is not None and on_event is not None:
-                node, total = batch.split("#", 1)[0], totals[batch]
-                flags = seen.setdefault(batch, bytearray(total))
-                for index, ok in RunState.unpack_outcomes(packed):
-                    if index < total and not flags[index]:  # a redelivered chunk repeats some items
-                        flags[index] = 1
-                        done[batch] = done.get(batch, 0) + 1
-                        on_event(events.batch_progress(node, index, done[batch], total, bool(ok)))
+                per_chunk = record.dataset is not None
+                _progress(batch, packed, totals[batch], seen, done, on_event, per_chunk)
         if deadline is not None and time.monotonic() > deadline:
             raise WaitTimeout(f"run {run_id} is still {record.status} after {timeout:g}s (it goes on)")
+
+
+def _progress(
+    batch: str,
+    packed: bytes,
+    total: int,
+    seen: dict[str, bytearray],
+    done: dict[str, int],
+    on_event: Callable[[dict[str, Any]], None],
+    per_chunk: bool,
+) -> None:
+    """`batch_progress` events for one stream entry's outcomes, each item once (a redelivered chunk repeats some):
+    one per item; or, `per_chunk` (a dataset job's records, worker/batch/middleware.py ChunkProgress), one per
+    failed record and one for the entry's records that succeeded. A dataset's total grows as its file is read."""
+    node = batch.split("#", 1)[0]
+    flags = seen.setdefault(batch, bytearray(total))
+    if len(flags) < total:
+        flags.extend(bytes(total - len(flags)))
+    succeeded = None
+    for index, ok in RunState.unpack_outcomes(packed):
+        if index < total and not flags[index]:
+            flags[index] = 1
+            done[batch] = done.get(batch, 0) + 1
+            if ok and per_chunk:
+                succeeded = index
+            else:
+                on_event(events.batch_progress(node, index, done[batch], total, bool(ok)))
+    if succeeded is not None:
+        on_event(events.batch_progress(node, succeeded, done[batch], total, True))
 
 
 def _wait_local(record: RunRecord, runs: RunStore, deadline: float | None, timeout: float | None) -> RunResult:

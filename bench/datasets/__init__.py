@@ -8,7 +8,10 @@ memory and what the job leaves in it, the time to the first readable result, and
 --out FILE` streaming every row to a file.
 
 Beside it, in the same run: what a user writes by hand with Celery (read the file, a `group` of tasks over
-chunks of 500 records, `GroupResult.get()`), and the local backend (`chordflow run WF --items FILE`).
+chunks of 500 records, each running the workflow's two steps as two PocketFlow nodes per record,
+`GroupResult.get()`); the local backend (`chordflow run WF --items FILE` + `chordflow results RUN --out FILE`)
+against a plain PocketFlow loop over the file writing the same rows; and a local batch of no-op items against
+a plain PocketFlow loop keeping every item's result (issue 22).
 
 Writes bench/DATASETS.md (or --out). Progress lines go to stderr.
 """
@@ -28,6 +31,7 @@ from typing import Any
 from bench import harness
 from bench.harness import BenchCluster, Child, Phase, Session, log, mb
 from bench.measure import CpuUse
+from bench.record_flow import one_record, record_flow
 from worker.cluster.app import task
 
 PLUGINS = "bench.datasets"  # the workers import this module: it defines the baseline's task
@@ -81,18 +85,12 @@ def workflow() -> dict[str, Any]:
     }
 
 
-# -- the hand-written Celery baseline -----------------------------------------------------------------------
-def one_record(record: dict[str, Any]) -> dict[str, Any]:
-    """The workflow's two steps as plain Python: what a user would call per record."""
-    a = {"id": record["id"], "text": record["text"]}
-    b = {"n": a["id"]}
-    return {"id": b["n"]}
-
-
+# -- the hand-written Celery baseline: the workflow as two PocketFlow nodes (bench/record_flow.py) ------------
 @task(name=RECORDS_TASK)
 def records_chunk(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """A chunk of records through `one_record`, results in the chunk's order."""
-    return [one_record(record) for record in records]
+    flow = record_flow()
+    return [one_record(flow, record) for record in records]
 
 
 def celery_client(path: Path, chunk: int) -> int:
@@ -201,6 +199,7 @@ class Results:
     jobs: list[dict[str, Any]] = field(default_factory=list)
     baseline: list[dict[str, Any]] = field(default_factory=list)
     local: dict[str, Any] = field(default_factory=dict)
+    noop: dict[str, Any] = field(default_factory=dict)
     resettable: bool = True
 
 
@@ -218,6 +217,7 @@ def measure(session: Session, bench: BenchCluster) -> Results:
     results.jobs += [jobs.job(sizes.small, size) for size in session.args.chunk_size]
     results.baseline += [jobs.baseline(sizes.small), jobs.baseline(sizes.large)]
     results.local = jobs.local(sizes.small)
+    results.noop = noop_batch(sizes.small)
     results.resettable = bench.peaks.resettable
     return results
 
@@ -325,9 +325,42 @@ class Jobs:
         return {**phase.as_dict(), "n": n, "child": child, "phases": phases}
 
     def local(self, n: int) -> dict[str, Any]:
-        """`chordflow run WF --items FILE` (the local backend: this one process, the embedded store)."""
+        """`chordflow run WF --items FILE` (the local backend: one process, the embedded store) then
+        `chordflow results RUN --out FILE`; and the plain PocketFlow loop writing the same file."""
+        rows_path = self.bench.workdir / "local-results.jsonl"
         with CpuUse(self.bench.pids, self.bench.cluster.redis.pid) as cpu:
             child = self.bench.cli("run", self.wf, "--items", self.records(n), "--output", "json", limit=LIMIT)
-        check_job(child, n)
-        log(f"local run of {n:,} records: {child.seconds:.3f} s, peak rss {mb(child.maxrss)}")
-        return {"n": n, "child": child, "cpu": cpu.text()}
+            report = check_job(child, n)
+            streamed = self.bench.cli("results", report["run_id"], "--out", str(rows_path), limit=LIMIT)
+        if streamed.code != 0 or not check_rows(rows_path, n):
+            raise streamed.failure()
+        argv = [sys.executable, "-m", "bench.record_flow", self.records(n), str(rows_path)]
+        env = {**self.bench.env, "PYTHONPATH": str(harness.HERE.parent)}
+        loop = harness.run_child(argv, env, self.bench.workdir, LIMIT)
+        if loop.code != 0 or not check_rows(rows_path, n):
+            raise loop.failure()
+        rows_path.unlink()
+        log(
+            f"local run of {n:,} records: {child.seconds:.3f} s + results --out {streamed.seconds:.3f} s; "
+            f"plain PocketFlow loop {loop.seconds:.3f} s"
+        )
+        return {"n": n, "child": child, "results": streamed, "loop": loop, "cpu": cpu.text()}
+
+
+def noop_batch(n: int) -> dict[str, Any]:
+    """A local batch of n no-op items (`scheduler.run`, in this process) against a plain PocketFlow loop that
+    keeps every item's result (bench/variants.py, issue 2's floor), timed one after the other: wall and CPU."""
+    from bench import variants
+
+    items = list(range(n))
+    timed = {}
+    bodies = {
+        "chordflow": lambda: variants.run_chordflow(items, "local"),
+        "loop": lambda: variants.plain_loop(items, {}),
+    }
+    for name, body in bodies.items():
+        wall, cpu = time.perf_counter(), time.process_time()
+        body()
+        timed[name] = (time.perf_counter() - wall, time.process_time() - cpu)
+    log(f"local no-op batch of {n:,} items: {timed['chordflow'][0]:.3f} s; plain loop {timed['loop'][0]:.3f} s")
+    return {"n": n, **timed}

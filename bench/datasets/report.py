@@ -107,10 +107,78 @@ def baseline_table(results: Results) -> str:
         row += [f"{child.cpu:.2f}", "at the end" if done else "-", mb(max(run["workers"].values()))]
         rows.append([*row, f"{run['worker_cpu']:.2f}", redis_text(run).split(" (")[0]])
     if results.local:
-        child, n = results.local["child"], results.local["n"]
-        local = ("chordflow local, `run --items`", f"{n:,}", f"{child.seconds:.2f}", rate(n, child.seconds))
-        rows.append((*local, f"{mb(child.maxrss)} (the only process)", f"{child.cpu:.2f}", "-", "-", "-", "-"))
+        local, n = results.local, results.local["n"]
+        child, streamed, loop = local["child"], local["results"], local["loop"]
+        seconds, cpu = child.seconds + streamed.seconds, child.cpu + streamed.cpu
+        name = "chordflow local, `run --items` + `results --out`"
+        rss = f"{mb(max(child.maxrss, streamed.maxrss))} (the only process)"
+        rows.append((name, f"{n:,}", f"{seconds:.2f}", rate(n, seconds), rss, f"{cpu:.2f}", "-", "-", "-", "-"))
+        name = "plain PocketFlow loop over the file, writing the same rows"
+        rows.append((name, f"{n:,}", f"{loop.seconds:.2f}", rate(n, loop.seconds), mb(loop.maxrss), f"{loop.cpu:.2f}"))
+        rows[-1] += ("-", "-", "-", "-")
     return harness.table(BASELINE_HEAD, rows, "lrrrrrllrl")
+
+
+def targets(results: Results) -> str:
+    """Issue 22's targets, each a ratio of two figures of this run."""
+    jobs = {j["n"]: j for j in results.jobs if j["chunk_size"] == CHUNK}
+    baselines = {b["n"]: b for b in results.baseline if b["child"].code == 0 and b["phases"].get("ok")}
+    rows = []
+    for n in sorted(set(jobs) & set(baselines)):
+        job, raw = jobs[n], baselines[n]
+        ratio = job["seconds"] / raw["child"].seconds
+        mine = job["submit"].cpu + job["wait"].cpu + job["worker_cpu"]
+        theirs = raw["child"].cpu + raw["worker_cpu"]
+        rows.append(
+            (
+                f"cluster, {n:,} records: `submit` + `wait` wall / the Celery group's",
+                f"{job['seconds']:.2f} s / {raw['child'].seconds:.2f} s = **{ratio:.2f}x** (CPU of clients and "
+                f"workers: {mine:.2f} s / {theirs:.2f} s = {mine / theirs:.2f}x)",
+                "<= 1.0x",
+                verdict(ratio <= 1.0),
+            )
+        )
+        mine, theirs = job["worker_cpu"] / n * 1e6, raw["worker_cpu"] / n * 1e6
+        rows.append(
+            (
+                f"cluster, {n:,} records: worker CPU per record / the Celery group's",
+                f"{mine:.1f} us / {theirs:.1f} us = **{mine / theirs:.2f}x**",
+                "<= 2x",
+                verdict(mine / theirs <= 2),
+            )
+        )
+    if results.local:
+        local = results.local
+        seconds = local["child"].seconds + local["results"].seconds
+        ratio = seconds / local["loop"].seconds
+        cpu = local["child"].cpu + local["results"].cpu
+        rows.append(
+            (
+                f"local, {local['n']:,} records: `run --items` + `results --out` / the plain PocketFlow loop",
+                f"{seconds:.2f} s / {local['loop'].seconds:.2f} s = **{ratio:.2f}x** (CPU: {cpu:.2f} s / "
+                f"{local['loop'].cpu:.2f} s = {cpu / local['loop'].cpu:.2f}x)",
+                "<= 2.0x",
+                verdict(ratio <= 2.0),
+            )
+        )
+    if results.noop:
+        noop = results.noop
+        ratio = noop["chordflow"][0] / noop["loop"][0]
+        cpu = noop["chordflow"][1] / noop["loop"][1]
+        rows.append(
+            (
+                f"local batch of {noop['n']:,} no-op items / a plain PocketFlow loop keeping the results",
+                f"{noop['chordflow'][0]:.2f} s / {noop['loop'][0]:.2f} s = **{ratio:.2f}x** (CPU {cpu:.2f}x)",
+                "<= 3x",
+                verdict(ratio <= 3),
+            )
+        )
+    table = harness.table(("target", "this run", "goal", "verdict"), rows)
+    return (
+        f"{table}\n\nThe goals are about wall time; the machine is shared (the load averages are under Machine, and\n"
+        '"other processes" in each phase\'s CPU of the machine), so the CPU ratios beside them are the figures\n'
+        "another run on a loaded machine moves least."
+    )
 
 
 def baseline_phases(results: Results) -> str:
@@ -125,7 +193,10 @@ def baseline_phases(results: Results) -> str:
                 f"CPU of the machine: {run['cpu']}."
             )
     if results.local:
-        parts.append(f"- Local, {results.local['n']:,} records: CPU of the machine: {results.local['cpu']}.")
+        parts.append(
+            f"- Local, {results.local['n']:,} records (`run --items`, `results --out`): CPU of the machine: "
+            f"{results.local['cpu']}."
+        )
     return "\n".join(parts)
 
 
@@ -156,7 +227,8 @@ def notes(results: Results) -> list[str]:
             f"{large['worker_cpu']:.0f} s over a {large['seconds']:.0f} s job on 2 cores), the baseline's "
             f"{raw['worker_cpu'] / raw['n'] * 1e6:.0f} us: a record of this workflow is a workflow instance "
             "(inputs applied and checked, two nodes stepped with their templates resolved, outputs built), the "
-            "baseline's a plain function call. The baseline's wall time is its client's: building and sending "
+            "baseline's a PocketFlow flow of two nodes (bench/PROFILE_DATASETS.md: where a record's time goes). "
+            "The baseline's wall time is its client's: building and sending "
             f"the group takes {raw['phases']['send']:.0f} of its {raw['child'].seconds:.0f} s "
             f"({raw['child'].cpu:.0f} s of client CPU), the workers keeping up; and the client holds every record "
             f"and every result: {mb(raw['child'].maxrss)} against {mb(large['submit'].maxrss)} for `chordflow submit`."
@@ -177,6 +249,10 @@ def report(session: Session, results: Results) -> str:
     )
     wf = json.dumps(workflow()["nodes"])
     body = f"""{target}.
+
+## Targets (issue 22), each two figures of this run
+
+{targets(results)}
 
 ## `chordflow submit WF.json --items FILE` + `chordflow wait RUN`
 
@@ -222,12 +298,19 @@ def report(session: Session, results: Results) -> str:
   then read line by line: line i must be `{{"index": i, "result": {{"id": i}}, "error": null}}`.
 - The baseline (`python -m bench.datasets --celery-client FILE`, a fresh process, GNU time %M): what a
   user writes by hand. It reads the whole file into a list (`json.loads` per line), sends a Celery
-  `group` of one `{RECORDS_TASK}` task per {CHUNK} records (each calls a plain function doing the two
-  steps per record: `a = {{id, text}}`, `b = {{n: a.id}}`, returns `{{id: b.n}}`), then
+  `group` of one `{RECORDS_TASK}` task per {CHUNK} records (each runs a PocketFlow `Flow` of two nodes per
+  record on a store of its own: `a` puts `{{id, text}}`, `b` puts `{{n: a.id}}`; the task returns `{{id: b.n}}`
+  per record), then
   `GroupResult.get()` and checks the results are in input order. A stock `Celery` app with worker/app.py's
   config (msgpack, acks_late, prefetch 1, Celery's own RedisBackend), signing its messages as the workers
   require (bench/variants.py does the same).
 - Local: `chordflow run WF --items FILE --output json`, one process (the records run in it as it reads
-  them), its embedded store in a temp `CHORDFLOW_HOME`.
+  them), its embedded store in a temp `CHORDFLOW_HOME`, then `chordflow results RUN --out FILE` (the file
+  checked as above); their wall times added. Against it: `python -m bench.record_flow FILE OUT`,
+  a fresh process (importing json and pocketflow only) reading the file line by line, running the same
+  two-node PocketFlow flow per record and writing the same rows (checked the same way).
+- Local no-op batch: `scheduler.run({{"nodes": [{{"id": "b", "type": "noop", "batch": {{"items": "${{items}}"}}}}]}},
+  {{"items": [0..N-1]}}, backend="local")` in the bench's process, then, in the same process, bench/variants.py's
+  `plain_loop`: PocketFlow's `NoopNode` per item on `dict(shared)` plus the item, each item's namespace kept.
 """
     return harness.document(session, "Dataset jobs at scale: a workflow once per record of a 1,000,000-line file", body)

@@ -53,8 +53,13 @@ def jsonable(value: Any) -> Any:
 
 
 def to_json(value: Any) -> str:
-    """JSON text of `value` (via `jsonable`) with non-ASCII characters as they are, not as escapes."""
-    return escape_surrogates(json.dumps(jsonable(value), ensure_ascii=False))
+    """JSON text of `value` (via `jsonable`) with non-ASCII characters as they are, not as escapes. A value JSON
+    holds as it is (every row of `results`, mostly) is written in one pass, not three."""
+    try:
+        text = json.dumps(value, ensure_ascii=False)
+    except (TypeError, ValueError, RecursionError):
+        text = json.dumps(jsonable(value), ensure_ascii=False)
+    return escape_surrogates(text)
 
 
 def run_report(

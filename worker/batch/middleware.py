@@ -31,12 +31,14 @@ def item_middleware(
     emit: Callable[[dict[str, Any]], None] | None = None,
     done_before: int = 0,
     tolerance: Tolerance = NO_THRESHOLD,
+    per_chunk: bool = False,
 ) -> list[ItemMiddleware]:
-    """The hooks around a batch's items in this process, stops first (`total`: the batch's items). A
-    worker's chunk gets its own stack, which talks to Redis (worker/cluster/batches/middleware.py)."""
+    """The hooks around a batch's items in this process, stops first (`total`: the batch's items; `per_chunk`:
+    progress as ChunkProgress gives it). A worker's chunk gets its own stack, which talks to Redis
+    (worker/cluster/batches/middleware.py)."""
     hooks: list[ItemMiddleware] = [StopSignals(cancelled or threading.Event(), fail_fast, tolerance, total)]
     if emit is not None:
-        hooks.append(ProgressEvents(emit, node_id, total, done_before))
+        hooks.append((ChunkProgress if per_chunk else ProgressEvents)(emit, node_id, total, done_before))
     return hooks
 
 
@@ -102,3 +104,30 @@ class ProgressEvents(ItemMiddleware):
             self.done += 1
             done = self.done
         self.emit(events.batch_progress(self.node_id, outcome.index, done, self.total, outcome.error is None))
+
+
+class ChunkProgress(ProgressEvents):
+    """`batch_progress` for a dataset job's records: one event per failed record as it fails, and one per chunk for
+    the records that succeeded (`index` the last of them, `done` the count so far). The counts a display shows
+    (done, failed) are those of an event per record; a million records make a few thousand events, not a million
+    built for a display that keeps two numbers."""
+
+    def __init__(self, emit: Callable[[dict[str, Any]], None], node_id: str, total: int, done_before: int = 0):
+        super().__init__(emit, node_id, total, done_before)
+        self.succeeded: int | None = None  # the last record that succeeded since the last event, if any
+
+    def after_item(self, outcome: ItemOutcome) -> None:
+        with self.lock:
+            self.done += 1
+            done = self.done
+            if outcome.error is None:
+                self.succeeded = outcome.index
+                return
+        self.emit(events.batch_progress(self.node_id, outcome.index, done, self.total, False))
+
+    def close(self) -> None:
+        with self.lock:
+            last, self.succeeded = self.succeeded, None
+            done = self.done
+        if last is not None:
+            self.emit(events.batch_progress(self.node_id, last, done, self.total, True))

@@ -22,6 +22,7 @@ ThrottledTooLong: a throttled call never counts as a success.
 
 from __future__ import annotations
 
+import functools
 import random
 import threading
 import time
@@ -159,17 +160,18 @@ def backoff(attempt: int) -> float:
     return random.uniform(0, min(BACKOFF_CAP, BACKOFF_BASE * 2**attempt))
 
 
-def _plain(node: BaseNode) -> bool:
-    """Whether `node` runs PocketFlow's own prep -> _exec (retries) -> post, so `call` may run those steps
-    itself; a node class that overrides `_run` or `_exec` is run as it is, admitted once."""
-    cls = type(node)
+@functools.cache
+def _plain(cls: type) -> bool:
+    """Whether a node of class `cls` runs PocketFlow's own prep -> _exec (retries) -> post, so `call` may run those
+    steps itself; a node class that overrides `_run` or `_exec` is run as it is, admitted once. Once per class:
+    `call` asks for every node execution."""
     return cls._run is BaseNode._run and cls._exec in (BaseNode._exec, Node._exec)
 
 
 def call(node: BaseNode, shared: Any, limit: RateLimitSpec | None) -> Any:
     """Run `node` on `shared` (its `_run`), admitting each attempt through its bucket and waiting out Throttled."""
     limiter = current() if limit is not None else None
-    if not _plain(node):
+    if not _plain(type(node)):
         if limiter is not None:
             admit(limit, limiter)  # type: ignore[arg-type]
         return node._run(shared)

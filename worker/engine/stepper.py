@@ -70,6 +70,15 @@ def run_step(flow: WorkflowFlow, node_id: str, store: dict[str, Any]) -> Step:
     return Step(node_id, action, getattr(successor, "node_id", None), changed, deleted, config, reads, created)
 
 
+def quiet_step(flow: WorkflowFlow, node_id: str, store: dict[str, Any]) -> Step:
+    """Execute one node of a run nobody checkpoints (a sub-workflow's): its action and next node only.
+
+    Its flow is this thread's own (worker/nodes/subworkflow.py), so the node runs as compiled, uncopied."""
+    node = flow.nodes[node_id]
+    action = node._run(store)
+    return Step(node_id, action, getattr(flow.get_next_node(node, action), "node_id", None))
+
+
 def drive(
     flow: WorkflowFlow,
     cursor: Cursor,
@@ -77,10 +86,13 @@ def drive(
     ctx: RunContext,
     journal: Journal | None = None,
     stop_before: Callable[[str], bool] | None = None,
+    limit: int | None = None,
 ) -> Cursor:
     """Run nodes from `cursor` until the flow ends (or `stop_before(node)` says to hand over); checkpoint
-    after each. Past the step limit the run fails naming the nodes that kept looping."""
-    limit = max_steps(flow)
+    after each. Past the step limit (`limit`, default `max_steps(flow)`) the run fails naming the nodes that kept
+    looping. Without a journal (a sub-workflow's in-memory run) a node's step reports nothing: no checkpoint reads
+    what changed or the hash of what it read, so neither is computed."""
+    limit = max_steps(flow) if limit is None else limit
     recent: deque[str] = deque(maxlen=2 * len(flow.nodes) + 2)
     while cursor.node is not None:
         if stop_before is not None and stop_before(cursor.node):  # first: a branch at its fan-in has finished
@@ -98,6 +110,8 @@ def drive(
             for key in step.deleted:
                 store.pop(key, None)
             store.update(step.changed)
+        elif journal is None:
+            step = quiet_step(flow, cursor.node, store)
         else:
             step = run_step(flow, cursor.node, store)
         if journal is not None:

@@ -102,5 +102,6 @@ class InstrumentedNode(_Wrapper):
             retries = getattr(actual, "cur_retry", 0) + 1
             shared["_error"] = NodeError.from_exception(exc, self.node_id, retries, getattr(actual, "max_retries", 1))
             action = "error"
-        ctx.emit({"type": "state", "node": self.node_id, "state": dict(shared)})
+        if ctx.sink is not None:  # a sub-workflow's run drops its events: no copy of its store for nobody
+            ctx.sink({"type": "state", "node": self.node_id, "state": dict(shared)})
         return action

@@ -88,18 +88,19 @@ class WorkflowNode(Node):
             )
         source = self.params.get(subworkflows.SOURCE)
         root = getattr(shared, "root", shared)
-        accumulators = tuple(key for key, value in root.items() if is_dunder(key) and isinstance(value, list))
+        accumulators = tuple(key for key, value in root.items() if isinstance(value, list) and is_dunder(key))
         workflow = self.params.get(subworkflows.WORKFLOW)
         return Call(node_id, workflow, dict(inputs), source if isinstance(source, str) else None, accumulators)
 
     def exec(self, call: Call) -> tuple[dict[str, Any], dict[str, list]]:
-        flow = _flow(call.workflow)
+        sub = _flow(call.workflow)
+        flow = sub.flow
         store: dict[str, Any] = {key: [] for key in call.accumulators}
         try:
             apply_inputs(flow.workflow, store, call.inputs, how=f"give it in params.inputs of node '{call.node_id}'")
         except ValidationError as exc:
             raise ValueError(f"{call.what}: {exc}") from None
-        status, error, outputs = _run(flow, store, call)
+        status, error, outputs = _run(sub, store, call)
         if status != "success":
             raise SubworkflowFailed(f"{call.what} failed: {error}")
         if flow.workflow.outputs is None:
@@ -120,16 +121,16 @@ class WorkflowNode(Node):
         return "default"
 
 
-def _run(flow: Flow, store: dict[str, Any], call: Call) -> tuple[str, str | None, dict[str, Any]]:
+def _run(sub: SubFlow, store: dict[str, Any], call: Call) -> tuple[str, str | None, dict[str, Any]]:
     """Drive the sub-workflow to its end in this process, in a run context of its own (events dropped, batches
     in-process, no run record) that shares the parent run's cancel flag; the parent's context is left as it was."""
     from worker.engine.stepper import drive, ending
     from worker.engine.steps import Cursor
 
-    ctx = RunContext(cancelled=context.current().cancelled)
+    ctx, flow = sub.context(), sub.flow
     with context.using(ctx):
         try:
-            cursor = drive(flow, Cursor(flow.start_id), store, ctx)
+            cursor = drive(flow, Cursor(flow.start_id), store, ctx, limit=sub.limit)
         except Exception as exc:
             node = f" node '{ctx.last_node}'" if ctx.last_node else ""
             exc.add_note(f"raised in{node} of {call.what}")
@@ -137,22 +138,45 @@ def _run(flow: Flow, store: dict[str, Any], call: Call) -> tuple[str, str | None
     return ending(flow, cursor, store, ctx.last_node)
 
 
-def _flow(workflow: Any) -> Flow:
-    """The sub-workflow's flow, with node instances of this thread's own.
+@dataclass
+class SubFlow:
+    """A sub-workflow compiled for this thread: its flow, its step limit (CHORDFLOW_MAX_STEPS unless the
+    sub-workflow sets one, read once: reading the environment was the dearest part of a small sub-run), and the
+    run context its runs reuse."""
+
+    workflow: Any  # held: keeps the id the cache finds it by from being reused
+    flow: Flow
+    limit: int
+    ctx: RunContext | None = None
+
+    def context(self) -> RunContext:
+        """The context of a run about to start, sharing the parent run's cancel flag (made again when the parent's
+        flag is another: another run). Runs of one flow in one thread follow one another, and a sub-workflow never
+        contains itself, so no two runs hold it at once."""
+        cancelled = context.current().cancelled
+        if self.ctx is None or self.ctx.cancelled is not cancelled:
+            self.ctx = RunContext(cancelled=cancelled)
+        self.ctx.last_node, self.ctx.step = None, 0
+        return self.ctx
+
+
+def _flow(workflow: Any) -> SubFlow:
+    """The sub-workflow's SubFlow, with node instances of this thread's own.
 
     Executions in one thread follow one another (a sub-workflow never contains itself), so a thread reuses its
     instances; concurrent items (threads, worker processes) never share them. The IR is validated once per
     content in a process; a thread finds its flow by the identity of the (constant) `workflow` param first.
     """
-    flows: OrderedDict[int, tuple[Any, Flow]] = _local.__dict__.setdefault("flows", OrderedDict())
+    flows: OrderedDict[int, SubFlow] = _local.__dict__.setdefault("flows", OrderedDict())
     entry = flows.get(id(workflow))
-    if entry is not None and entry[0] is workflow:
-        return entry[1]
+    if entry is not None and entry.workflow is workflow:
+        return entry
     from worker.engine.flow import build_flow
     from worker.engine.loader import load
+    from worker.engine.stepper import max_steps
 
     flow = build_flow(load(workflow))
-    flows[id(workflow)] = (workflow, flow)  # holding `workflow` keeps its id from being reused
+    entry = flows[id(workflow)] = SubFlow(workflow, flow, max_steps(flow))
     while len(flows) > CACHE_SIZE:
         flows.popitem(last=False)
-    return flow
+    return entry
