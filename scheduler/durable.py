@@ -164,25 +164,34 @@ def wait(
             if record.status in FINAL:
                 exception = runs.exception(run_id)
                 result = None if exception else _result(record, runs)
-        if record.status in FINAL:  # raised out here: a node's own OSError is no lost connection to Redis
+        final = record.status in FINAL
+        if final and on_event is None:  # raised out here: a node's own OSError is no lost connection to Redis
             if result is None:
                 raise rebuild(*exception)
             return result
-        with broker_errors(settings.load().result_backend):
-            if record.dataset is not None and time.monotonic() > settle_at:
-                datasets.settle(record)
-                settle_at = time.monotonic() + SETTLE_SECONDS
-            position, entries = state.read_progress(position, POLL_MS)
-            if on_event is not None:  # parallel branches' events, as they happen (worker/cluster/advance.py)
-                branch_position, branch_events = state.read_branch_events(branch_position)
-                for event in branch_events:
-                    on_event(event)
-            batches = {batch for batch, packed in entries if packed} if on_event else set()
-            totals = {batch: state.batch_total(batch) for batch in batches}  # one read per batch, not per entry
-        for batch, packed in entries:
-            if packed is not None and on_event is not None:
-                per_chunk = record.dataset is not None
-                _progress(batch, packed, totals[batch], seen, done, on_event, per_chunk)
+        # Events are read once more after the run ended: the last ones were written before its final status.
+        while True:
+            with broker_errors(settings.load().result_backend):
+                if record.dataset is not None and not final and time.monotonic() > settle_at:
+                    datasets.settle(record)
+                    settle_at = time.monotonic() + SETTLE_SECONDS
+                position, entries = state.read_progress(position, 0 if final else POLL_MS)
+                if on_event is not None:  # parallel branches' events, as they happen (worker/cluster/advance.py)
+                    branch_position, branch_events = state.read_branch_events(branch_position)
+                    for event in branch_events:
+                        on_event(event)
+                batches = {batch for batch, packed in entries if packed} if on_event else set()
+                totals = {batch: state.batch_total(batch) for batch in batches}  # one read per batch, not per entry
+            for batch, packed in entries:
+                if packed is not None and on_event is not None:
+                    per_chunk = record.dataset is not None
+                    _progress(batch, packed, totals[batch], seen, done, on_event, per_chunk)
+            if not (final and entries):
+                break
+        if final:
+            if result is None:
+                raise rebuild(*exception)
+            return result
         if deadline is not None and time.monotonic() > deadline:
             raise WaitTimeout(f"run {run_id} is still {record.status} after {timeout:g}s (it goes on)")
 
@@ -198,14 +207,19 @@ def _progress(
 ) -> None:
     """`batch_progress` events for one stream entry's outcomes, each item once (a redelivered chunk repeats some):
     one per item; or, `per_chunk` (a dataset job's records, worker/batch/middleware.py ChunkProgress), one per
-    failed record and one for the entry's records that succeeded. A dataset's total grows as its file is read."""
+    failed record and one for the entry's records that succeeded. A dataset's total grows as its file is read, and
+    may be read behind its outcomes: a record's outcome proves the total is past its index."""
     node = batch.split("#", 1)[0]
+    outcomes = RunState.unpack_outcomes(packed)
+    if per_chunk and outcomes:
+        total = max(total, max(index for index, _ok in outcomes) + 1)
     flags = seen.setdefault(batch, bytearray(total))
     if len(flags) < total:
         flags.extend(bytes(total - len(flags)))
+    total = max(total, len(flags))
     succeeded = None
-    for index, ok in RunState.unpack_outcomes(packed):
-        if index < total and not flags[index]:
+    for index, ok in outcomes:
+        if 0 <= index < total and not flags[index]:
             flags[index] = 1
             done[batch] = done.get(batch, 0) + 1
             if ok and per_chunk:
