@@ -31,7 +31,7 @@ from celery.backends.redis import RedisBackend
 from celery.local import Proxy
 
 from worker import settings
-from worker.cluster import logs, outage, signing
+from worker.cluster import logs, outage, priorities, signing
 from worker.cluster.broker import deliveries
 from worker.cluster.rate_limits import RedisLimiter
 from worker.cluster.state import heartbeat, runstate
@@ -68,7 +68,11 @@ def config(s: settings.Settings) -> dict:
             # A broker that vanishes without closing the socket must not hang a publish forever.
             "socket_timeout": 15,
             "socket_connect_timeout": 5,
+            # One list per priority step (worker/cluster/priorities.py): a high run's messages pass queued ones.
+            **priorities.transport_options(),
         },
+        # A message sent without a priority (a branch's advance, a dataset chunk) goes as a normal run's advance.
+        "task_default_priority": priorities.message_priority(s.broker_url, "normal", priorities.CONTROL),
         "result_backend_transport_options": {"retry_policy": {"timeout": float(s.outage_seconds)}},
         "result_chord_ordered": True,
         "result_expires": s.run_ttl,

@@ -65,6 +65,7 @@ class RunRecord:
     batches: dict[str, dict[str, int]] = field(default_factory=dict)  # node -> {total, done, failed}
     dataset: dict[str, Any] | None = None  # a dataset job (worker/datasets/job.py Dataset), else None
     signature: str | None = None  # a cluster run's: of its workflow and dataset (worker/cluster/signing.py)
+    priority: str = "normal"  # a cluster run's (ir/models.py PRIORITIES): its chunks' and advances' place in the queue
 
     @property
     def name(self) -> str:
@@ -84,6 +85,7 @@ class RunRecord:
             "workflow": self.name,
             "backend": self.backend,
             "dataset": self.dataset,
+            "priority": self.priority,
         }
 
 
