@@ -72,6 +72,7 @@ def submit(
     run_id: str | None = None,
     inputs_file: str | Path | None = None,
     items: Items | None = None,
+    priority: str | None = None,
     **dataset_options: Any,
 ) -> str:
     """Validate, record the run in Redis, enqueue its first step; returns the run id at once.
@@ -81,14 +82,18 @@ def submit(
     `items`: a dataset job, the workflow once per record of this file (or iterable): scheduler/datasets.py,
     with its options (`as_`, `format`, `skip_bad_records`, `tolerated_failure_percent`,
     `tolerated_failure_count`, `chunk_size`, `max_record_bytes`); returns once every record is stored in Redis.
+    `priority`: high, normal or low (None: the workflow's `priority` field, else normal): a higher run's chunks and
+    advances go before lower ones already queued.
     """
     if items is not None:
         from scheduler import datasets
 
-        return datasets.submit(workflow, inputs, items, run_id=run_id, **datasets.options(dataset_options))
+        return datasets.submit(
+            workflow, inputs, items, run_id=run_id, priority=priority, **datasets.options(dataset_options)
+        )
     from scheduler import durable
 
-    return durable.submit(workflow, inputs, run_id=run_id, inputs_file=inputs_file)
+    return durable.submit(workflow, inputs, run_id=run_id, inputs_file=inputs_file, priority=priority)
 
 
 def wait(

@@ -22,6 +22,7 @@ from worker.batch.remote import rebuild
 from worker.cluster import signing
 from worker.cluster.app import current_app
 from worker.cluster.batches import chunking
+from worker.cluster.batches.dispatch import send_advance
 from worker.cluster.state.runstate import RunState
 from worker.engine.flow import build_flow
 from worker.engine.loader import load, source_of
@@ -42,9 +43,12 @@ def submit(
     *,
     run_id: str | None = None,
     inputs_file: str | Path | None = None,
+    priority: str | None = None,
 ) -> str:
     """Validate, record the run in Redis, enqueue its first step; returns the run id at once.
 
+    `priority` (high, normal, low; None: the workflow's `priority` field, else normal): where the run's chunks and
+    advances go in the queue (worker/cluster/priorities.py).
     `inputs_file`: a JSON object of inputs, under `inputs` (which win where both name a key), read
     straight into the run's stored bytes: a large input is never built as objects in this process.
     """
@@ -56,6 +60,7 @@ def submit(
     runs = cluster_runs(signing.publishing_signer(current_app()))
     run_id = run_id or new_run_id()
     record = RunRecord(run_id, wf.wire(), "celery", "queued", wf.start_id(), source=source_of(workflow))
+    record.priority = priority or wf.priority or "normal"
     with broker_errors(settings.load().result_backend):
         try:
             runs.create(record, store, encoded={k: v for k, v in from_file.items() if k not in store})
@@ -65,7 +70,7 @@ def submit(
                 runs.abandon(record, status, f"not recorded: {type(exc).__name__}: {exc}")  # type: ignore[attr-defined]
             raise
         try:
-            current_app().send_task("chordflow.advance", (run_id, 0))
+            send_advance("chordflow.advance", (run_id, 0))
         except Exception as exc:  # recorded but never enqueued: say so in the record, not "queued" forever
             with contextlib.suppress(Exception):
                 runs.set_status(run_id, "failed", f"not enqueued: {exc}")
@@ -212,4 +217,4 @@ def resume_cluster(run_id: str, workflow: Any = None) -> None:
     state = RunState(run_id)
     state.clear_stops()
     runs.set_status(run_id, "queued", None)
-    current_app().send_task("chordflow.advance", (run_id, step))
+    send_advance("chordflow.advance", (run_id, step))

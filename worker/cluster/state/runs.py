@@ -129,7 +129,7 @@ class ClusterRuns:
         rest goes now, not at its TTL: snapshots, merged results and dispatch marks (a resume clears them anyway),
         failure counts, per-item progress, and once it succeeded the branches kept for a resume mid-section.
         `pipe`: the deletes join it (set_status's transaction), else they are sent at once."""
-        names = ["snap:", "result:", "dispatched:", "failed:"]
+        names = ["snap:", "result:", "dispatched:", "failed:", "win:"]
         if status == "succeeded":  # only a resume reads them (a failed run's, mid-section)
             names += ["branches:", "joined:"]
         gone = tuple(run_key(run_id, name).encode() for name in names)

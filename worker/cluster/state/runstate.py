@@ -85,7 +85,7 @@ class RunState:
     def clear_stops(self) -> None:
         """Before a resume: no cancel flag, abort flag, dispatch mark, failure count or stored result stays."""
         stale = [self.key("cancel")]
-        for pattern in ("abort:*", "dispatched:*", "result:*", "failed:*"):
+        for pattern in ("abort:*", "dispatched:*", "result:*", "failed:*", "win:*"):
             stale.extend(self.redis.scan_iter(match=self.key(pattern), count=1000))
         self.redis.delete(*stale)
 
