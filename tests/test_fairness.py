@@ -6,7 +6,10 @@ not queued behind a big one's whole batch; a higher run's messages go first (wor
 
 from __future__ import annotations
 
+import json
 import signal
+import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -15,7 +18,8 @@ import pytest
 
 from ir import snapshot
 from scheduler import api, durable
-from tests.support.cluster import destroyable_cluster
+from scheduler.localcluster import Cluster
+from tests.support.cluster import PLUGINS, destroyable_cluster
 from worker.cluster import priorities
 from worker.cluster.state.runs import ClusterRuns
 from worker.cluster.state.runstate import RunState, client
@@ -142,3 +146,24 @@ def test_every_index_once_after_workers_are_sigkilled_during_refills(tmp_path: P
         assert result.status == "success"
         assert indexes(result) == list(range(total))  # each outcome once, in order
         assert result.shared["b"]["success_count"] == total
+
+
+def test_submit_priority_from_the_cli_shows_in_status_and_runs(celery_cluster: Cluster, tmp_path: Path) -> None:
+    wf = tmp_path / "wf.json"
+    wf.write_text(json.dumps(slow_batch(0.001)))
+    env = {**celery_cluster.env, "CHORDFLOW_PLUGINS": PLUGINS, "COLUMNS": "200"}
+
+    def cli(*args: str) -> subprocess.CompletedProcess[str]:
+        argv = [sys.executable, "-m", "scheduler.cli", *args]
+        return subprocess.run(argv, env=env, capture_output=True, text=True, timeout=120)
+
+    submitted = cli("submit", str(wf), "--input", "items=[1,2]", "--priority", "high")
+    assert submitted.returncode == 0, submitted.stderr
+    run_id = submitted.stdout.strip()
+    api.wait(run_id, timeout=120)
+    assert "priority: high" in cli("status", run_id).stdout
+    assert json.loads(cli("status", run_id, "--json").stdout)["priority"] == "high"
+    row = next(line for line in cli("runs", "--limit", "50").stdout.splitlines() if run_id in line)
+    assert "high" in row
+    refused = cli("submit", str(wf), "--input", "items=[1]", "--priority", "urgent")
+    assert refused.returncode == 2 and "'urgent' is not one of 'high', 'normal', 'low'" in refused.stderr

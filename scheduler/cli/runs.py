@@ -258,7 +258,7 @@ def status(run_id: str, as_json: bool) -> None:
         return
     console = stdout_console()
     console.print(Text(f"run {info['run_id']}: {info['status']}  ({info['workflow']}, {info['backend']})"))
-    console.print(Text(f"  steps: {info['steps']}  node: {info['node'] or '-'}"))
+    console.print(Text(f"  steps: {info['steps']}  node: {info['node'] or '-'}  priority: {info['priority']}"))
     for node, counts in info["batches"].items():
         console.print(Text(f"  {node}: {counts['done']}/{counts['total']} items, {counts['failed']} failed"))
     if "records" in info:
@@ -292,7 +292,7 @@ def runs(status_: str | None, limit: int, as_json: bool, prune: bool, older_than
         click.echo(to_json([r.status_dict() for r in records]))
         return
     table = Table(title="runs", title_justify="left")
-    for column in ("run", "workflow", "backend", "status", "progress", "started", "duration"):
+    for column in ("run", "workflow", "backend", "priority", "status", "progress", "started", "duration"):
         table.add_column(column)
     for r in records:
         done = sum(c["done"] for c in r.batches.values())
@@ -304,7 +304,7 @@ def runs(status_: str | None, limit: int, as_json: bool, prune: bool, older_than
                 progress = f"{counts['done']}/{counts['total'] if counts['total'] is not None else '?'} records"
         started = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(r.created))
         table.add_row(
-            r.run_id, Text(r.name), r.backend, r.status, progress, started, f"{r.updated - r.created:.1f}s"
+            r.run_id, Text(r.name), r.backend, r.priority, r.status, progress, started, f"{r.updated - r.created:.1f}s"
         )  # fmt: skip
     stdout_console().print(table)
 

@@ -118,8 +118,12 @@ def _run(task: Any, job: dict[str, Any], state: RunState, began: float) -> tuple
 
 
 def _crashed(window: BatchWindow, job: dict[str, Any], exc: BaseException) -> None:
-    """A chunk raised: a cluster run fails naming the cause; a client following the batch is told."""
-    meta = window.header()["meta"]
+    """A chunk raised: a cluster run fails naming the cause; a client following the batch is told. (A chunk of a
+    window that is gone, e.g. sent by hand, only raises.)"""
+    try:
+        meta = window.header()["meta"]
+    except LookupError:
+        return
     error = redact.mask(f"batch node '{meta['node']}': a chunk failed on a worker: {exc}")
     window.crash(error)
     if "advance" in meta:
