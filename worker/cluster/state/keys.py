@@ -19,8 +19,10 @@ Keys of a run, `cf:{<run_id>}:<name>`; `<batch>` is `<node id>#<step>`:
   totals              hash    <batch> -> its number of items
   abort:<batch>       string  a fail_fast failure or a threshold crossed: chunks stop between items
   failed:<batch>      hash    failures counted against the batch's threshold (chunk start -> count, `total`)
-  dispatched:<batch>  string  the batch's chord was sent (a redelivered advance does not send it twice)
-  result:<batch>      string  the merged BatchResult, written by the chord body
+  dispatched:<batch>  string  the batch was planned (a redelivered advance does not plan it twice)
+  win:<batch>         hash    the batch's window (worker/cluster/state/windows.py); win:<batch>:todo, :pending, :out,
+                              :items, :next: blocks to do, chunks in flight, their outcomes, items, claims
+  result:<batch>      string  the merged BatchResult, written by `chordflow.aggregate`
   chunks:<batch>      hash    a chunk's start -> its outcomes, kept as chunks finish (resume, `results`)
   chunks              list    a client-driven run's chunk task ids (revoked by `cancel`)
   snap:<batch>:<sha>  string  a snapshot too large to travel inside each chunk message

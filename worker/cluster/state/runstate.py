@@ -79,7 +79,7 @@ class RunState:
         self.redis.set(self.key(f"abort:{batch}"), 1, ex=self.ttl)
 
     def mark_dispatched(self, batch: str) -> bool:
-        """True the first time for a batch key: a redelivered advance must not dispatch its chord again."""
+        """True the first time for a batch key: a redelivered advance must not plan the batch again."""
         return bool(self.redis.set(self.key(f"dispatched:{batch}"), 1, nx=True, ex=self.ttl))
 
     def clear_stops(self) -> None:
