@@ -21,6 +21,7 @@ from scheduler import api, durable
 from scheduler.localcluster import Cluster
 from tests.support.cluster import PLUGINS, destroyable_cluster
 from worker.cluster import priorities
+from worker.cluster.batches.dispatch import window_size
 from worker.cluster.state.runs import ClusterRuns
 from worker.cluster.state.runstate import RunState, client
 from worker.cluster.state.windows import BatchWindow
@@ -120,17 +121,17 @@ def test_a_batch_window_counts_each_finish_once_and_hands_out_its_claims_again()
     first = window.plan(blocks, {"meta": {}}, window=2, max_items=20, min_items=1, chunk_seconds=2.0, priority="low")
     assert first.state == "go" and first.priority == "low"
     assert [(c.start, c.end) for c in first.chunks] == [(0, 10), (10, 20)]  # one block each until measured
-    one = window.finish(0, b"out0", 10, 0.01)  # 1 ms an item: 2 s of work is more than max_items
+    one = window.finish(0, b"out0", 10, 0.01, 2)  # 1 ms an item: 2 s of work is more than max_items
     assert [(c.start, c.end, c.blocks) for c in one.chunks] == [(20, 40, [20, 30])]
-    again = window.finish(0, b"other", 10, 0.01)
+    again = window.finish(0, b"other", 10, 0.01, 2)
     assert again.state == "dup" and again.chunks == one.chunks  # counted once; its claims handed out again
-    assert window.finish(10, b"out10", 10, 0.01).chunks[0].start == 40
-    assert window.finish(20, b"out20", 20, 0.02).state == "go"
-    assert window.finish(40, b"out40", 10, 0.01).state == "end"
-    assert window.finish(40, b"out40", 10, 0.01).state == "dupend"
+    assert window.finish(10, b"out10", 10, 0.01, 2).chunks[0].start == 40
+    assert window.finish(20, b"out20", 20, 0.02, 2).state == "go"
+    assert window.finish(40, b"out40", 10, 0.01, 2).state == "end"
+    assert window.finish(40, b"out40", 10, 0.01, 2).state == "dupend"
     assert window.outcomes() == [b"out0", b"out10", b"out20", b"out40"]
     stale = BatchWindow(state, "b#0", "an-earlier-plan")
-    assert stale.finish(0, b"x", 10, 0.01).state == "stale"
+    assert stale.finish(0, b"x", 10, 0.01, 2).state == "stale"
 
 
 def test_every_index_once_after_workers_are_sigkilled_during_refills(tmp_path: Path) -> None:
@@ -167,3 +168,10 @@ def test_submit_priority_from_the_cli_shows_in_status_and_runs(celery_cluster: C
     assert "high" in row
     refused = cli("submit", str(wf), "--input", "items=[1]", "--priority", "urgent")
     assert refused.returncode == 2 and "'urgent' is not one of 'high', 'normal', 'low'" in refused.stderr
+
+
+def test_batches_sharing_the_workers_divide_the_window() -> None:
+    assert window_size(processes=2, open_windows=1) == 3  # alone: one chunk waiting per process
+    assert window_size(processes=2, open_windows=3) == 1  # three batches: one each, a newcomer waits ~one chunk
+    assert window_size(processes=8, open_windows=2) == 5
+    assert window_size(processes=2, open_windows=50) == 1  # never none

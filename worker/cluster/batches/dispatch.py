@@ -81,18 +81,23 @@ def dispatch_batch(
     if not inline:
         meta["snapshot"] = snap["ref"]  # type: ignore[index]  # the merge deletes it: no chunk needs it then
     window = BatchWindow(state, job.key)
+    size = window_size(processes, window.open_windows())
     header = {"node": job.spec.wire(), "snap": snap, "meta": meta, "plan": window.plan_id}
-    state.describe(status="running", node=node_id, items=len(items), chunks=len(spans))
+    state.describe(status="running", node=node_id, items=len(items), blocks=len(spans))
     state.set_batch_total(job.key, len(items))
     step = window.plan(
-        blocks, header, window=processes + 1, max_items=largest, min_items=threads,
+        blocks, header, window=size, max_items=largest, min_items=threads,
         chunk_seconds=s.chunk_seconds, priority=priority,
     )  # fmt: skip
     follow(window, step, header)
-    log.info(
-        "run %s: batch %s -> %d blocks of <= %d items, %d in flight", run_id, node_id, len(spans), block, processes + 1
-    )
+    log.info("run %s: batch %s -> %d blocks of <= %d items, %d in flight", run_id, node_id, len(spans), block, size)
     return window
+
+
+def window_size(processes: int, open_windows: int) -> int:
+    """Chunks of one batch in flight: the workers' processes + 1 (one waiting per process, so none idles between a
+    chunk and the next) shared by the open batches, at least one each."""
+    return max(1, math.ceil((processes + 1) / open_windows))
 
 
 def follow(window: BatchWindow, step: WindowStep, header: dict[str, Any] | None = None) -> None:

@@ -23,7 +23,8 @@ from worker.batch.executor import ItemExecutor, run_slice
 from worker.batch.middleware import tolerance_of
 from worker.cluster import logs, outage
 from worker.cluster.app import task
-from worker.cluster.batches.dispatch import follow, send_advance
+from worker.cluster.batches import chunking
+from worker.cluster.batches.dispatch import follow, send_advance, window_size
 from worker.cluster.batches.middleware import chunk_middleware
 from worker.cluster.batches.snapshot_cache import SnapshotCache
 from worker.cluster.broker import deliveries
@@ -91,7 +92,9 @@ def run_chunk(self: Any, job: dict[str, Any]) -> str:
     except Exception as exc:  # not an item failure (those are outcomes): the batch can never be merged
         _crashed(window, job, exc)
         raise
-    step = window.finish(job["start"], blob, count, time.monotonic() - began)
+    processes = chunking.registered_processes(settings.load().result_backend) or chunking.FALLBACK_PROCESSES
+    size = window_size(processes, window.open_windows())
+    step = window.finish(job["start"], blob, count, time.monotonic() - began, size)
     if step.state != "stale":
         follow(window, step)
     return step.state

@@ -32,6 +32,7 @@ Keys of a run, `cf:{<run_id>}:<name>`; `<batch>` is `<node id>#<step>`:
 Outside any run:
   cf:runs             zset    run id -> created time (`chordflow runs`)
   cf:{workers}:<host> string  a live worker's pool size, kept alive by its heartbeat
+  cf:{windows}        zset    open batch windows, `<run id>|<batch>` -> last activity (fair dispatch's share)
   cf:{limit:<key>}    hash    a rate-limit bucket (worker/cluster/rate_limits.py): tat, tok, iv, iv_at
   cf:done:<task id>   string  a task that ran to the end on a signed cluster: another delivery of it is skipped
 """
@@ -42,6 +43,9 @@ from __future__ import annotations
 RUNS = "cf:runs"
 #: Prefix of the worker registry's keys; the rest is the worker's hostname (`w1@host`).
 WORKERS = "cf:{workers}:"
+#: The batches whose windows are open, cluster-wide: `<run id>|<batch>` -> when one of its chunks last began or
+#: finished (worker/cluster/state/windows.py): a batch's window shrinks as more batches share the workers.
+WINDOWS = "cf:{windows}"
 #: Prefix of the marks of tasks that ran to the end (worker/cluster/signing.py SignedTask); the rest is the task id.
 DONE = "cf:done:"
 

@@ -7,7 +7,10 @@ merge needs), the blocks left to do. Each step is one call of `batch_window.lua`
 there): a finish is counted once (a redelivered chunk's finish only returns the chunks it had claimed, to be sent
 again), and exactly one finish sees the batch end.
 
-Keys, under the run's hash tag: `win:<batch>` (the plan) and `win:<batch>:todo|pending|out|items|next`.
+Keys, under the run's hash tag: `win:<batch>` (the plan) and `win:<batch>:todo|pending|out|items|next`; and one
+cluster-wide set of the open windows (`cf:{windows}`), so that the batches sharing the workers divide them: each
+keeps about (processes + 1) / (open batches) chunks in flight, at least one, and a newcomer's chunk waits behind
+about one chunk per open batch.
 """
 
 from __future__ import annotations
@@ -18,7 +21,12 @@ from dataclasses import dataclass, field
 
 import msgpack
 
+from worker.cluster.state.keys import WINDOWS
 from worker.cluster.state.runstate import RunState, script
+
+#: Seconds without a chunk beginning or finishing after which a batch no longer counts as sharing the workers
+#: (a run whose worker died mid-batch, or a chunk longer than this, is left out of the share meanwhile).
+IDLE_SECONDS = 30.0
 
 
 @dataclass(frozen=True)
@@ -97,9 +105,22 @@ class BatchWindow:
             "plan", window, max_items, min_items, chunk_seconds, header_bytes, priority, time.time(), *spans
         )
 
-    def finish(self, start: int, outcome: bytes, items: int, seconds: float) -> WindowStep:
-        """Record a chunk's outcome once and claim what its place in the window lets go."""
-        return self._call("finish", start, outcome, items, f"{seconds:.6f}")
+    def finish(self, start: int, outcome: bytes, items: int, seconds: float, window: int) -> WindowStep:
+        """Record a chunk's outcome once and claim what its place in the window (now `window` chunks) lets go."""
+        return self._call("finish", start, outcome, items, f"{seconds:.6f}", window)
+
+    def open_windows(self) -> int:
+        """Mark this batch's window open (now) and count the open ones across the cluster, this one included."""
+        now = time.time()
+        pipe = self.state.redis.pipeline(transaction=False)
+        pipe.zadd(WINDOWS, {self.member: now})
+        pipe.zremrangebyscore(WINDOWS, "-inf", now - IDLE_SECONDS)
+        pipe.zcard(WINDOWS)
+        return max(1, int(pipe.execute()[2]))
+
+    @property
+    def member(self) -> str:
+        return f"{self.state.run_id}|{self.batch}"
 
     def header(self) -> dict[str, object]:
         raw = self.state.redis.hget(self.name, "header")
@@ -131,3 +152,4 @@ class BatchWindow:
         """The window is merged: its keys go (the kept outcomes live on in `chunks:<batch>`)."""
         names = ["", ":todo", ":pending", ":out", ":items", ":next"]
         self.state.redis.delete(*[self.name + n for n in names])
+        self.state.redis.zrem(WINDOWS, self.member)

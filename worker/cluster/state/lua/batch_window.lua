@@ -9,7 +9,7 @@
 --       7 abort flag of the batch, 8 next (hash chunk start -> the chunks its finish claimed, ";" between), 9 the run record
 -- ARGV: 1 mode, 2 ttl, 3 plan id, then per mode:
 --   plan    4 window, 5 max_items, 6 min_items, 7 chunk_seconds, 8 header bytes, 9 priority, 10 now, 11.. blocks
---   finish  4 chunk start, 5 outcome bytes, 6 items run, 7 seconds it took
+--   finish  4 chunk start, 5 outcome bytes, 6 items run, 7 seconds it took, 8 the window now
 -- Returns {state, priority, started, claimed "start:end:block,block"...}; state: 'go', 'end' (this step ended the
 -- batch), 'dup' (a finish already counted: its claims again, 'dupend' if the batch has ended), 'stale' (a chunk
 -- of an earlier plan of this batch: a resume planned it again).
@@ -48,6 +48,7 @@ elseif mode == 'finish' then
   end
   redis.call('HDEL', KEYS[3], start)
   redis.call('HSET', KEYS[4], start, ARGV[5])
+  redis.call('HSET', KEYS[1], 'window', ARGV[8])
   local blocks = split(string.sub(held, string.find(held, ':') + 1), ',')
   if #blocks > 0 then redis.call('HDEL', KEYS[5], unpack(blocks)) end
   if tonumber(ARGV[6]) > 0 then
