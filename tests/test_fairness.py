@@ -119,10 +119,11 @@ def test_a_batch_window_counts_each_finish_once_and_hands_out_its_claims_again()
     window = BatchWindow(state, "b#0")
     blocks = [(a, a + 10, snapshot.encode(list(range(a, a + 10)))) for a in range(0, 50, 10)]
     first = window.plan(blocks, {"meta": {}}, window=2, max_items=20, min_items=1, chunk_seconds=2.0, priority="low")
-    assert first.state == "go" and first.priority == "low"
+    assert first.state == "go" and first.priority == "low" and first.waited == 0
     assert [(c.start, c.end) for c in first.chunks] == [(0, 10), (10, 20)]  # one block each until measured
     one = window.finish(0, b"out0", 10, 0.01, 2)  # 1 ms an item: 2 s of work is more than max_items
     assert [(c.start, c.end, c.blocks) for c in one.chunks] == [(20, 40, [20, 30])]
+    assert 0 <= one.waited < 60  # claimed to begun: how long chunk 0 waited in the queue (here: not at all)
     again = window.finish(0, b"other", 10, 0.01, 2)
     assert again.state == "dup" and again.chunks == one.chunks  # counted once; its claims handed out again
     assert window.finish(10, b"out10", 10, 0.01, 2).chunks[0].start == 40

@@ -56,7 +56,7 @@ class Settings(BaseSettings):
         "CHORDFLOW_CHUNK_SECONDS", 2.0, "auto chunk size: about this much measured work per chunk, within those caps"
     )
     priority_aging: int = _var(
-        "CHORDFLOW_PRIORITY_AGING", 60, "seconds a batch waits before its next chunks go one priority level up"
+        "CHORDFLOW_PRIORITY_AGING", 60, "seconds a batch's chunk waits in the queue before the next go one level up"
     )
     run_ttl: int = _var(
         "CHORDFLOW_RUN_TTL", 86400, "seconds run state (progress stream, flags, snapshots) stays in Redis"

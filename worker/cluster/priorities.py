@@ -1,11 +1,13 @@
 """Where a run's messages go in the queue: by its priority (high, normal, low), what they are, and their age.
 
 A run's advances and the task that merges a batch are short and start or finish a step: they go one step before
-the chunks of the same priority. Both kinds go by the run's priority, raised one level for every
-`CHORDFLOW_PRIORITY_AGING` seconds the batch (or run) has waited, so a low run's chunks sent after two such
-periods go with the high ones: low priority is served last, never forever. A message keeps the level it was
-sent with; a batch's chunks are sent a bounded window at a time (worker/cluster/batches/dispatch.py), so a
-higher run's chunks pass at most one window of a lower run's.
+the chunks of the same priority. Both kinds go by the run's priority. A batch's chunks age: they go one level up
+for every `CHORDFLOW_PRIORITY_AGING` seconds its last finished chunk waited in the queue (claimed to begun), so
+a low batch that higher ones keep waiting catches up with them (after two such waits it goes with the high
+ones), while a long batch on a cluster with room keeps its level. A message keeps the level it was sent with;
+a batch's chunks are sent a bounded window at a time (worker/cluster/batches/dispatch.py), so a higher run's
+chunks pass at most one window of a lower run's. Not covered: messages already queued are never sent again,
+so a low run none of whose chunks reaches a worker (higher-priority work arriving without a gap) waits.
 
 Redis (kombu's priority steps, one list per step) takes 0 first; RabbitMQ (`x-max-priority` queues) takes the
 highest first: `message_priority` gives the number each broker orders the same way.

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import logging
 import math
-import time
 import uuid
 from typing import Any
 
@@ -81,7 +80,9 @@ def dispatch_batch(
     if not inline:
         meta["snapshot"] = snap["ref"]  # type: ignore[index]  # the merge deletes it: no chunk needs it then
     window = BatchWindow(state, job.key)
-    size = window_size(processes, window.open_windows())
+    # A batch of at most processes + 1 chunks goes whole: it cannot hold the queue, and a window of one would send
+    # a three-item run's chunks through the queue one after another behind every other batch.
+    size = max(window_size(processes, window.open_windows()), min(processes + 1, len(spans)))
     header = {"node": job.spec.wire(), "snap": snap, "meta": meta, "plan": window.plan_id}
     state.describe(status="running", node=node_id, items=len(items), blocks=len(spans))
     state.set_batch_total(job.key, len(items))
@@ -109,12 +110,11 @@ def follow(window: BatchWindow, step: WindowStep, header: dict[str, Any] | None 
 
 
 def send_chunks(window: BatchWindow, step: WindowStep, header: dict[str, Any]) -> None:
-    """One `chordflow.run_chunk` per claimed chunk, at the run's priority aged by the batch's wait."""
+    """One `chordflow.run_chunk` per claimed chunk, at the run's priority aged by its last chunk's queue wait."""
     s = settings.load()
     app = current_app(s)
     meta, run_id = header["meta"], window.state.run_id
-    waited = time.time() - step.started
-    priority = priorities.message_priority(s.broker_url, step.priority, priorities.CHUNK, waited, s.priority_aging)
+    priority = priorities.message_priority(s.broker_url, step.priority, priorities.CHUNK, step.waited, s.priority_aging)
     ids = []
     with app.backend.quiet():  # nobody waits on a chunk's Celery result: no subscription per message
         for chunk in step.chunks:

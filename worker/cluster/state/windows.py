@@ -46,12 +46,12 @@ class Chunk:
 
 @dataclass(frozen=True)
 class WindowStep:
-    """What a step of the window says: `state` ('go', 'end', 'dup', 'dupend', 'stale'), the run's priority, when
-    the batch was planned (seconds since the epoch), and the chunks to send now."""
+    """What a step of the window says: `state` ('go', 'end', 'dup', 'dupend', 'stale'), the run's priority, how
+    long the batch's last finished chunk waited in the queue (seconds), and the chunks to send now."""
 
     state: str
     priority: str = "normal"
-    started: float = 0.0
+    waited: float = 0.0
     chunks: list[Chunk] = field(default_factory=list)
 
     @property
@@ -107,7 +107,7 @@ class BatchWindow:
 
     def finish(self, start: int, outcome: bytes, items: int, seconds: float, window: int) -> WindowStep:
         """Record a chunk's outcome once and claim what its place in the window (now `window` chunks) lets go."""
-        return self._call("finish", start, outcome, items, f"{seconds:.6f}", window)
+        return self._call("finish", start, outcome, items, f"{seconds:.6f}", window, time.time())
 
     def open_windows(self) -> int:
         """Mark this batch's window open (now) and count the open ones across the cluster, this one included."""

@@ -3,17 +3,20 @@
 -- each of consecutive blocks holding about `chunk_seconds` of measured work (one block until a chunk has been
 -- measured), at most `max_items`; and say whether the batch has ended: nothing in flight and nothing left to send
 -- (or stopped). Exactly one finish sees the end. A chunk is known by its first index.
--- KEYS: 1 plan (hash: id, window, max_items, min_items, chunk_seconds, header, priority, started, items, seconds,
---       ended), 2 todo (list of "start:end" blocks, in index order), 3 pending (hash chunk start -> "end:block,..."),
+-- KEYS: 1 plan (hash: id, window, max_items, min_items, chunk_seconds, header, priority, waited, items, seconds,
+--       ended), 2 todo (list of "start:end" blocks, in index order), 3 pending (hash chunk start ->
+--       "end:block,...@sent": sent, when it was claimed),
 --       4 out (hash chunk start -> outcome bytes), 5 items (hash block start -> items bytes), 6 cancel flag,
 --       7 abort flag of the batch, 8 next (hash chunk start -> the chunks its finish claimed, ";" between), 9 the run record
 -- ARGV: 1 mode, 2 ttl, 3 plan id, then per mode:
 --   plan    4 window, 5 max_items, 6 min_items, 7 chunk_seconds, 8 header bytes, 9 priority, 10 now, 11.. blocks
---   finish  4 chunk start, 5 outcome bytes, 6 items run, 7 seconds it took, 8 the window now
--- Returns {state, priority, started, claimed "start:end:block,block"...}; state: 'go', 'end' (this step ended the
+--   finish  4 chunk start, 5 outcome bytes, 6 items run, 7 seconds it took, 8 the window now, 9 now
+-- Returns {state, priority, waited (seconds the last finished chunk waited in the queue: claimed to begun),
+-- claimed "start:end:block,block"...}; state: 'go', 'end' (this step ended the
 -- batch), 'dup' (a finish already counted: its claims again, 'dupend' if the batch has ended), 'stale' (a chunk
 -- of an earlier plan of this batch: a resume planned it again).
 local mode, ttl, id = ARGV[1], tonumber(ARGV[2]), ARGV[3]
+local now = (mode == 'plan') and ARGV[10] or ARGV[9]
 
 local function keep()
   for i = 1, 5 do redis.call('EXPIRE', KEYS[i], ttl) end
@@ -22,7 +25,7 @@ end
 
 local function reply(state, claimed)
   local priority = redis.call('HGET', KEYS[9], 'priority') or redis.call('HGET', KEYS[1], 'priority') or 'normal'
-  local out = {state, priority, redis.call('HGET', KEYS[1], 'started') or '0'}
+  local out = {state, priority, redis.call('HGET', KEYS[1], 'waited') or '0'}
   for _, c in ipairs(claimed) do table.insert(out, c) end
   return out
 end
@@ -36,7 +39,7 @@ end
 if mode == 'plan' then
   redis.call('DEL', KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[8])
   redis.call('HSET', KEYS[1], 'id', id, 'window', ARGV[4], 'max_items', ARGV[5], 'min_items', ARGV[6],
-    'chunk_seconds', ARGV[7], 'header', ARGV[8], 'priority', ARGV[9], 'started', ARGV[10], 'items', 0, 'seconds', 0)
+    'chunk_seconds', ARGV[7], 'header', ARGV[8], 'priority', ARGV[9], 'waited', 0, 'items', 0, 'seconds', 0)
   for i = 11, #ARGV do redis.call('RPUSH', KEYS[2], ARGV[i]) end
 elseif mode == 'finish' then
   if redis.call('HGET', KEYS[1], 'id') ~= id then return {'stale'} end
@@ -49,7 +52,10 @@ elseif mode == 'finish' then
   redis.call('HDEL', KEYS[3], start)
   redis.call('HSET', KEYS[4], start, ARGV[5])
   redis.call('HSET', KEYS[1], 'window', ARGV[8])
-  local blocks = split(string.sub(held, string.find(held, ':') + 1), ',')
+  local at = string.find(held, '@')
+  local blocks = split(string.sub(held, string.find(held, ':') + 1, at - 1), ',')
+  local waited = tonumber(now) - tonumber(string.sub(held, at + 1)) - tonumber(ARGV[7])
+  redis.call('HSET', KEYS[1], 'waited', math.max(0, waited))
   if #blocks > 0 then redis.call('HDEL', KEYS[5], unpack(blocks)) end
   if tonumber(ARGV[6]) > 0 then
     redis.call('HINCRBY', KEYS[1], 'items', ARGV[6])
@@ -86,7 +92,7 @@ if not stopped then
       stop = b
     end
     local list = table.concat(blocks, ',')
-    redis.call('HSET', KEYS[3], start, stop .. ':' .. list)
+    redis.call('HSET', KEYS[3], start, stop .. ':' .. list .. '@' .. now)
     table.insert(claimed, start .. ':' .. stop .. ':' .. list)
   end
 end
