@@ -1,12 +1,14 @@
 """Fair dispatch between runs (issue 24): how long a 3-item run submitted 4 s into big batches waits, before
 (main, exported with `git archive`) and after (this tree), and what fairness costs the big runs.
 
-Scenarios, each on a fresh cluster (its own redis-server, two solo workers) of the tree under test, the two trees
-taking turns scenario by scenario so both see the same machine load:
+Before is by default the commit this tree branched from main at (`git merge-base HEAD main`): main itself may
+hold other changes (a faster executor) that are not this one's. Scenarios, each on a fresh cluster (its own
+redis-server, two solo workers) of the tree under test, the two trees taking turns scenario by scenario so both
+see the same machine load:
   alone    one 60,000-item batch of 1 ms items (bench-sleep), nothing else: the big run's cost alone
   small    the same batch, and 4 s after it a 3-item run (normal, then `--priority high`: after only)
   small3   three such batches at once, then the 3-item run (normal, then high)
-  noop     1,000,000 no-op items alone: the per-item cost on a quiet cluster
+  noop     1,000,000 no-op items alone: the per-item cost on a quiet cluster (best of 2 per tree: ~5 s runs)
 Times are the run records' `updated - created` (written by the cluster). Writes FAIRNESS.md into --out.
 """
 
@@ -37,17 +39,29 @@ def scenarios(quick: bool) -> list[tuple[str, dict[str, Any]]]:
         ("small high", {"scenario": "small", "items": n, "priority": "high"}),
         ("small3", {"scenario": "small", "items": n, "big": 3}),
         ("small3 high", {"scenario": "small", "items": n, "big": 3, "priority": "high"}),
-        ("noop", {"scenario": "alone", "items": noop, "noop": True}),
+        ("noop", {"scenario": "alone", "items": noop, "noop": True, "repeat": 2}),
     ]
 
 
 def export(ref: str, into: Path) -> str:
-    """`ref`'s tree into `into`; returns its commit."""
+    """`ref`'s tree into `into` (`merge-base`: where HEAD branched from main); returns its commit."""
+    if ref == "merge-base":
+        ref = git("merge-base", "HEAD", "main")
     commit = subprocess.run(["git", "rev-parse", ref], cwd=REPO, capture_output=True, text=True, check=True)
     archive = subprocess.Popen(["git", "archive", ref], cwd=REPO, stdout=subprocess.PIPE)
     subprocess.run(["tar", "-x", "-C", str(into)], stdin=archive.stdout, check=True)
     archive.wait()
     return commit.stdout.strip()[:10]
+
+
+def git(*args: str) -> str:
+    return subprocess.run(["git", *args], cwd=REPO, capture_output=True, text=True, check=True).stdout.strip()
+
+
+def best(tree: Path, spec: dict[str, Any]) -> dict[str, Any]:
+    """`run`, `repeat` times (default once); the run whose slowest big run was fastest."""
+    runs = [run(tree, spec) for _ in range(spec.get("repeat", 1))]
+    return min(runs, key=lambda r: max(r.get("big_s") or [float("inf")]))
 
 
 def run(tree: Path, spec: dict[str, Any]) -> dict[str, Any]:
@@ -65,7 +79,7 @@ def run(tree: Path, spec: dict[str, Any]) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> int:
     args = arguments(
         "bench.fairness", __doc__ or "", "FAIRNESS.md", "6,000 items and 100,000 no-op items instead",
-        argv, lambda p: p.add_argument("--before", default="main", help="the git ref measured as before"),
+        argv, lambda p: p.add_argument("--before", default="merge-base", help="the git ref measured as before"),
     )  # fmt: skip
     session = Session(args)
     session.facts = machine_facts()
@@ -80,7 +94,7 @@ def main(argv: list[str] | None = None) -> int:
                     continue  # main has no priorities
                 log(f"{name}: {label} ...")
                 started = time.monotonic()
-                results[f"{name}|{label}"] = run(tree, spec)
+                results[f"{name}|{label}"] = best(tree, spec)
                 log(f"{name}: {label}: {results[f'{name}|{label}']} ({time.monotonic() - started:.0f} s)")
     session.finish()
     text = report(results, list(trees), session)
