@@ -48,6 +48,7 @@ lint: install
 
 bench: install
 	$(BIN)/python -m bench
+	$(BIN)/python -m bench.fairness
 
 flower: install
 	$(BIN)/chordflow flower $(FLOWER_ARGS)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationInfo, field_validator, model_validator
 
@@ -207,6 +207,11 @@ class OutputSpec(_Model):
     description: str | None = None
 
 
+#: A run's priority on a cluster (`chordflow submit --priority`, the workflow's `priority` field), highest first.
+PRIORITIES = ("high", "normal", "low")
+Priority = Literal["high", "normal", "low"]
+
+
 class Workflow(_Model):
     """A whole workflow. Build it with `ir.load`, which also runs the static checks."""
 
@@ -225,6 +230,9 @@ class Workflow(_Model):
     metadata: dict[str, Any] | None = None
     max_steps: int | None = Field(
         None, ge=1, description="most node executions in one run; default 10,000 or CHORDFLOW_MAX_STEPS"
+    )
+    priority: Priority | None = Field(
+        None, description="on a cluster: high runs' chunks go before normal ones, normal before low; omitted: normal"
     )
 
     #: What `ir.load` found suspicious but valid (e.g. a loop left only by a non-default action).

@@ -76,6 +76,7 @@ def submit(
     items: Items | None = None,
     idempotency_key: str | None = None,
     on_repeat: Callable[[str], None] | None = None,
+    priority: str | None = None,
     **dataset_options: Any,
 ) -> str:
     """Validate, record the run in Redis, enqueue its first step; returns the run id at once.
@@ -89,6 +90,8 @@ def submit(
     `items`: a dataset job, the workflow once per record of this file (or iterable): scheduler/datasets.py,
     with its options (`as_`, `format`, `skip_bad_records`, `tolerated_failure_percent`,
     `tolerated_failure_count`, `chunk_size`, `max_record_bytes`); returns once every record is stored in Redis.
+    `priority`: high, normal or low (None: the workflow's `priority` field, else normal): a higher run's chunks and
+    advances go before lower ones already queued.
     """
     use_cwd_modules()
     if items is not None:
@@ -96,12 +99,15 @@ def submit(
 
         if idempotency_key is not None:
             raise ValidationError("idempotency_key: a dataset job (items) takes none; only a workflow submit does")
-        return datasets.submit(workflow, inputs, items, run_id=run_id, **datasets.options(dataset_options))
+        return datasets.submit(
+            workflow, inputs, items, run_id=run_id, priority=priority, **datasets.options(dataset_options)
+        )
     from scheduler import durable
 
     return durable.submit(
-        workflow, inputs, run_id=run_id, inputs_file=inputs_file, idempotency_key=idempotency_key, on_repeat=on_repeat
-    )
+        workflow, inputs, run_id=run_id, inputs_file=inputs_file, idempotency_key=idempotency_key,
+        on_repeat=on_repeat, priority=priority,
+    )  # fmt: skip
 
 
 def wait(

@@ -125,6 +125,7 @@ def submit(
     items: Items,
     *,
     run_id: str | None = None,
+    priority: str | None = None,
     **options: Any,
 ) -> str:
     """Record the job in Redis, then read the records and store them chunk by chunk, sending chunks as the
@@ -133,6 +134,7 @@ def submit(
     A submit that stops part-way (a bad record without `skip_bad_records`, Redis out of memory, Ctrl-C) deletes
     what it wrote and leaves the run's record alone, failed (cancelled) saying why; the error is raised here too."""
     record, dataset, common, chunks = prepare(workflow, inputs, items, backend="celery", run_id=run_id, **options)
+    record.priority = priority or record.workflow.get("priority") or "normal"
     run_id = record.run_id
     with broker_errors(settings.load().result_backend):
         runs = ClusterRuns(signer=signing.publishing_signer(current_app()))  # the job's workflow is recorded signed

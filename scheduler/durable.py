@@ -25,6 +25,7 @@ from worker.batch.remote import rebuild
 from worker.cluster import signing
 from worker.cluster.app import current_app
 from worker.cluster.batches import chunking
+from worker.cluster.batches.dispatch import send_advance
 from worker.cluster.state import heartbeat, idempotency
 from worker.cluster.state.progress import batches_of
 from worker.cluster.state.runs import ClusterRuns
@@ -52,9 +53,12 @@ def submit(
     inputs_file: str | Path | None = None,
     idempotency_key: str | None = None,
     on_repeat: Callable[[str], None] | None = None,
+    priority: str | None = None,
 ) -> str:
     """Validate, record the run in Redis, enqueue its first step; returns the run id at once.
 
+    `priority` (high, normal, low; None: the workflow's `priority` field, else normal): where the run's chunks and
+    advances go in the queue (worker/cluster/priorities.py).
     `inputs_file`: a JSON object of inputs, under `inputs` (which win where both name a key), read
     straight into the run's stored bytes: a large input is never built as objects in this process.
     `idempotency_key`: a key used before (within CHORDFLOW_RUN_TTL) returns that submit's run id and records
@@ -71,6 +75,7 @@ def submit(
     run_id = run_id or new_run_id()
     record = RunRecord(run_id, wf.wire(), "celery", "queued", wf.start_id(), source=source_of(workflow))
     encoded = {k: v for k, v in from_file.items() if k not in store}
+    record.priority = priority or wf.priority or "normal"
     with broker_errors(settings.load().result_backend):
         if idempotency_key is not None:
             asked = _fingerprint(record, store, encoded)
@@ -94,7 +99,7 @@ def submit(
                     idempotency.release(runs.redis, idempotency_key, run_id)  # type: ignore[attr-defined]
             raise
         try:
-            current_app().send_task("chordflow.advance", (run_id, 0))
+            send_advance("chordflow.advance", (run_id, 0))
         except Exception as exc:  # recorded but never enqueued: say so in the record, not "queued" forever
             with contextlib.suppress(Exception):
                 runs.set_status(run_id, "failed", f"not enqueued: {exc}")
@@ -304,7 +309,7 @@ def resume_cluster(run_id: str, workflow: Any = None) -> None:
     state = RunState(run_id)
     state.clear_stops()
     runs.set_status(run_id, "queued", None)
-    current_app().send_task("chordflow.advance", (run_id, step))
+    send_advance("chordflow.advance", (run_id, step))
 
 
 def update_run(run_id: str, changes: dict[str, Any]) -> dict[str, Any]:

@@ -39,6 +39,7 @@ from tests.test_dead_workers import Counts, assert_aggregate_once, batch_workflo
 from tests.test_long_chunks import until
 from tests.test_signing import RUN_CHUNK, chunk_job
 from worker import settings
+from worker.cluster import priorities
 from worker.cluster.app import current_app
 from worker.cluster.broker.registry import for_settings as broker_for
 
@@ -297,6 +298,6 @@ def test_the_classic_queue_hands_out_higher_priority_messages_first(monkeypatch:
             producer = conn.Producer()
             for level in ("low", "normal", "high"):
                 producer.publish(level, exchange=queue.exchange, routing_key=queue.routing_key,
-                                 priority=broker.message_priority(level))  # fmt: skip
+                                 priority=priorities.message_priority(url, level, priorities.CHUNK))  # fmt: skip
             taken = [queue.get(no_ack=True).payload for _ in range(3)]
     assert taken == ["high", "normal", "low"]

@@ -27,7 +27,7 @@ from scheduler.localcluster import Cluster, ManagedProcess
 from tests.support import counting_nodes  # noqa: F401  (the test node type, in this process too)
 from tests.support.cluster import PLUGINS
 from worker import settings
-from worker.cluster import signing
+from worker.cluster import priorities, signing
 from worker.cluster.app import current_app
 from worker.cluster.state.keys import done_key, run_key
 from worker.cluster.state.runs import ClusterRuns
@@ -190,9 +190,10 @@ def captured_advance(monkeypatch: pytest.MonkeyPatch, r: redis.Redis, wf: dict[s
     with monkeypatch.context() as m:
         m.setenv("CHORDFLOW_QUEUE", queue)
         run_id = scheduler.submit(wf)
-    raw = r.lrange(queue, 0, -1)
+    lists = [queue] + [f"{queue}\x06\x16{step}" for step in priorities.STEPS[1:]]  # kombu: one list per priority
+    raw = [message for name in lists for message in r.lrange(name, 0, -1)]
     assert len(raw) == 1
-    r.delete(queue)
+    r.delete(*lists)
     return run_id, raw[0]
 
 

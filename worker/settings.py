@@ -60,6 +60,12 @@ class Settings(BaseSettings):
     )
     chunks_per_process: int = _var("CHORDFLOW_CHUNKS_PER_PROCESS", 4, "auto chunk size: chunks per worker process...")
     max_chunk_size: int = _var("CHORDFLOW_MAX_CHUNK_SIZE", 5000, "...but never more items than this in one chunk")
+    chunk_seconds: float = _var(
+        "CHORDFLOW_CHUNK_SECONDS", 2.0, "auto chunk size: about this much measured work per chunk, within those caps"
+    )
+    priority_aging: int = _var(
+        "CHORDFLOW_PRIORITY_AGING", 60, "seconds a batch's chunk waits in the queue before the next go one level up"
+    )
     run_ttl: int = _var(
         "CHORDFLOW_RUN_TTL", 86400, "seconds run state (progress stream, flags, snapshots) stays in Redis"
     )
@@ -113,7 +119,7 @@ class Settings(BaseSettings):
     @field_validator(
         "visibility_timeout", "snapshot_inline_bytes", "chunks_per_process", "max_chunk_size", "run_ttl",
         "worker_heartbeat", "snapshot_cache_bytes", "pool_timeout", "max_steps", "http_connections", "outage_seconds",
-        "wait_replicas", "broker_heartbeat", mode="before",
+        "wait_replicas", "broker_heartbeat", "priority_aging", mode="before",
     )  # fmt: skip
     @classmethod
     def _integer(cls, value: Any, info: ValidationInfo) -> Any:
@@ -127,7 +133,9 @@ class Settings(BaseSettings):
             name = cls.variable(str(info.field_name))
             raise ValueError(f"environment variable {name} must be an integer, got {value!r}") from None
 
-    @field_validator("worker_heartbeat", "pool_timeout", "http_connections", "outage_seconds", "broker_heartbeat")
+    @field_validator(
+        "worker_heartbeat", "pool_timeout", "http_connections", "outage_seconds", "broker_heartbeat", "priority_aging"
+    )
     @classmethod
     def _at_least_one(cls, value: float) -> float:
         return max(1, value)

@@ -30,6 +30,7 @@ from worker.cluster.broker.registry import for_settings as broker_for
 from worker.cluster.rate_limits import RedisLimiter
 from worker.cluster.state import connection
 from worker.cluster.state.runstate import RunState, client
+from worker.cluster.state.windows import BatchWindow
 from worker.engine.context import RunContext
 
 log = logging.getLogger(__name__)
@@ -71,10 +72,10 @@ class CeleryBackend:
         if not chunking.registered_processes(self.settings.result_backend):
             log.warning(chunking.NO_WORKER_HINT)
         with broker_errors(self.settings.result_backend):
-            result = dispatch_batch(job, self.run_id)
+            window = dispatch_batch(job, self.run_id)
         batch = job.key
         try:
-            merged = stored_batch_result(self._wait(result, batch, node_id, len(items)))
+            merged = stored_batch_result(self._wait(window, batch, node_id, len(items)))
             if merged.stopped is not None and self.state.cancelled():  # `chordflow cancel` stopped the chunks
                 raise RunCancelled(f"run {self.run_id} cancelled during batch node '{node_id}'")
         except (KeyboardInterrupt, RunCancelled):
@@ -84,11 +85,11 @@ class CeleryBackend:
         return merged
 
     # -- waiting -----------------------------------------------------------------------------------
-    def _wait(self, result: Any, batch: str, node_id: str, total: int) -> bytes:
-        """Follow the progress stream until the chord body announces the stored result.
+    def _wait(self, window: BatchWindow, batch: str, node_id: str, total: int) -> bytes:
+        """Follow the progress stream until the merge announces the stored result.
 
-        Each wake-up is one XREAD (blocking up to POLL_MS); between them the cancel flag and the chord's
-        state are checked, so a chunk that crashed (the body never runs) fails the run instead of hanging.
+        Each wake-up is one XREAD (blocking up to POLL_MS); between them the cancel flag and the batch's window
+        are checked, so a chunk that crashed (the merge never runs) fails the run instead of hanging.
         """
         seen = bytearray(total) if self.ctx.sink is not None else None
         done = 0
@@ -112,8 +113,8 @@ class CeleryBackend:
                         f"run {self.run_id}: its state was lost from Redis during batch node '{node_id}' "
                         "(restarted without persistence, or flushed); resubmit it"
                     )
-                if not batches and result.failed():
-                    raise BackendError(f"batch node '{node_id}': a chunk failed on a worker: {result.result}")
+                if not batches and (error := window.crashed()) is not None:
+                    raise BackendError(error)
 
     def _emit_progress(self, node_id: str, outcomes: list[Any], seen: bytearray, done: int, total: int) -> int:
         """One `batch_progress` event per item seen for the first time (a redelivered chunk repeats some)."""

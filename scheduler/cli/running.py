@@ -24,6 +24,10 @@ from scheduler.cli.output import stderr_console, to_json
 @click.option("--inputs-file", type=str, metavar="F.json", help="A JSON object of inputs.")
 @dataset_options
 @click.option("--backend", type=click.Choice(["local", "celery"]), default="local", show_default=True)
+@click.option(
+    "--priority", type=click.Choice(["high", "normal", "low"]), default=None,
+    help="On a cluster: a higher run's chunks go first (default: the workflow's priority field, else normal).",
+)  # fmt: skip
 @click.option("--output", type=click.Choice(["text", "json"]), default="text", show_default=True)
 @click.option("--detach", is_flag=True, help="With --backend celery: print the run id and return at once.")
 @click.option("--stream", "as_stream", is_flag=True, help="Print the run's events as JSON lines while it runs.")
@@ -41,6 +45,7 @@ def run(
     as_stream: bool,
     debug: bool,
     items: str | None,
+    priority: str | None,
     **job: Any,
 ) -> None:
     """Run a workflow and print a summary (with --output json: one JSON object, the run report, always).
@@ -71,7 +76,7 @@ def run(
             inputs = parse_inputs(pairs, inputs_file, wf)
             return wf, scheduler.run(wf, inputs, shared=store, backend=backend, run_id=run_id, **hooks)
         inputs = parse_inputs(pairs, None, None if dataset else wf)
-        submitted = {"inputs": inputs, "inputs_file": inputs_file, **(dataset or {})}
+        submitted = {"inputs": inputs, "inputs_file": inputs_file, "priority": priority, **(dataset or {})}
         return wf, _submit_and_wait(ctx, wf, submitted, run_id, store, detach, output, hooks["on_event"])
 
     start = cli_repair.repairing(ctx, start, workflow, backend, run_id, store, (pairs, inputs_file))
@@ -133,8 +138,18 @@ def _submit_and_wait(
               help="Submit at most once per KEY: the same KEY again (within CHORDFLOW_RUN_TTL) prints the first "
               "run's id and records nothing; another workflow or other inputs under it are an error.")  # fmt: skip
 @dataset_options
+@click.option(
+    "--priority", type=click.Choice(["high", "normal", "low"]), default=None,
+    help="On a cluster: a higher run's chunks go first (default: the workflow's priority field, else normal).",
+)  # fmt: skip
 def submit(
-    workflow: str, pairs: tuple[str, ...], inputs_file: str | None, items: str | None, key: str | None, **job: Any
+    workflow: str,
+    pairs: tuple[str, ...],
+    inputs_file: str | None,
+    items: str | None,
+    key: str | None,
+    priority: str | None,
+    **job: Any,
 ) -> None:
     """Validate a workflow, record the run in Redis and enqueue it; print the run id. Workers do the rest.
 
@@ -153,7 +168,15 @@ def submit(
     def repeated(run_id: str) -> None:
         click.echo(f"note: idempotency key '{key}' was used by run {run_id}: nothing new submitted", err=True)
 
-    run_id = api.submit(workflow, inputs, inputs_file=inputs_file, idempotency_key=key, on_repeat=repeated, **dataset)
+    run_id = api.submit(
+        workflow,
+        inputs,
+        inputs_file=inputs_file,
+        idempotency_key=key,
+        on_repeat=repeated,
+        priority=priority,
+        **dataset,
+    )
     click.echo(run_id)
     if not durable.workers_registered():
         click.echo(

@@ -260,7 +260,7 @@ def status(run_id: str, as_json: bool) -> None:
     console = stdout_console()
     console.print(Text(f"run {info['run_id']}: {info['status']}  ({info['workflow']}, {info['backend']})"))
     if "records" not in info:  # a dataset job's progress is its records (`steps: 0  node: -` says nothing)
-        console.print(Text(f"  steps: {info['steps']}  node: {info['node'] or '-'}"))
+        console.print(Text(f"  steps: {info['steps']}  node: {info['node'] or '-'}  priority: {info['priority']}"))
     for node, counts in info["batches"].items():
         console.print(Text(f"  {node}: {counts['done']}/{counts['total']} items, {counts['failed']} failed"))
     if "records" in info:

@@ -27,8 +27,8 @@ from worker.batch.aggregate import BatchResult, merge
 from worker.batch.backend import BatchJob
 from worker.batch.remote import rebuild, stored_batch_result
 from worker.cluster import logs, outage, signing
-from worker.cluster.app import current_app, task
-from worker.cluster.batches.dispatch import dispatch_batch
+from worker.cluster.app import task
+from worker.cluster.batches.dispatch import dispatch_batch, send_advance
 from worker.cluster.state.keys import run_key
 from worker.cluster.state.runs import ClusterRuns
 from worker.cluster.state.runstate import RunState
@@ -101,7 +101,8 @@ class ClusterBatches:
             job.done = [c for c in self.runs.saved_chunks(self.run_id, job.key) if not c.failures]
             # The next advance starts at this batch node's step (not this advance's first step: nodes
             # before it in this advance were checkpointed, and the step fence must let it through).
-            dispatch_batch(job, self.run_id, advance_step=self.ctx.step, branch=self.branch)
+            priority = self.runs.priority(self.run_id)
+            dispatch_batch(job, self.run_id, advance_step=self.ctx.step, branch=self.branch, priority=priority)
         raise Suspended
 
 
@@ -194,7 +195,7 @@ class ClusterSections:
                 self.runs.save_branch(self.run_id, key, branch.branch, _encoded(branch))
             self.runs.reset_join(self.run_id, key, [s.branch for s in states if s.finished])
             for branch in todo:
-                current_app().send_task("chordflow.advance_branch", (self.run_id, key, branch.branch, branch.step))
+                send_advance("chordflow.advance_branch", (self.run_id, key, branch.branch, branch.step))
             log.info("run %s: section %s -> %d branches", self.run_id, section.node_id, len(todo))
             raise Suspended
         if any(s.status == "running" for s in states):  # a duplicate advance while the branches run
@@ -311,7 +312,7 @@ def _section(workflow: dict[str, Any], key: str, flow: WorkflowFlow | None = Non
 def _join(runs: ClusterRuns, run_id: str, key: str, branch: str, branches: int) -> None:
     """The branch has ended: the last of the section's branches to end hands the run back to the fan-in."""
     if runs.join(run_id, key, branch) >= branches:
-        current_app().send_task("chordflow.advance", (run_id, int(key.rsplit("#", 1)[1])))
+        send_advance("chordflow.advance", (run_id, int(key.rsplit("#", 1)[1])))
 
 
 def _branch_state(runs: ClusterRuns, run_id: str, key: str, branch: str) -> BranchState | None:

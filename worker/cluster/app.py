@@ -33,7 +33,7 @@ from celery.local import Proxy
 from celery.utils.nodenames import default_nodename, nodesplit
 
 from worker import settings
-from worker.cluster import logs, outage, signing
+from worker.cluster import logs, outage, priorities, signing
 from worker.cluster.broker import amqp, deliveries
 from worker.cluster.broker.registry import for_settings as broker_for
 from worker.cluster.rate_limits import RedisLimiter
@@ -58,6 +58,8 @@ def config(s: settings.Settings) -> dict:
         # What differs between Redis and RabbitMQ (broker/redis.py, broker/amqp.py): the transport and how a dead
         # worker's deliveries come back (a renewed visibility timeout, or heartbeats), the queue's declaration.
         **broker_for(s).app_options(),
+        # A message sent without a priority (a branch's advance, a dataset chunk) goes as a normal run's advance.
+        "task_default_priority": priorities.message_priority(s.broker_url, "normal", priorities.CONTROL),
         "result_backend_transport_options": {
             "retry_policy": {"timeout": float(s.outage_seconds)},
             **connection.transport_options(s.result_backend, s),

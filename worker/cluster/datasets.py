@@ -28,7 +28,7 @@ from celery.exceptions import Ignore
 from ir import snapshot
 from worker import settings
 from worker.batch.aggregate import ChunkResult
-from worker.cluster import logs, signing
+from worker.cluster import logs, priorities, signing
 from worker.cluster.app import current_app, task
 from worker.cluster.batches import chunking
 from worker.cluster.batches.middleware import chunk_middleware
@@ -221,9 +221,16 @@ def window() -> int:
 
 
 def send(run_id: str, ns: Sequence[int]) -> None:
-    app = current_app()
+    """The job's claimed chunks, at the run's priority (worker/cluster/priorities.py)."""
+    if not ns:
+        return
+    s = settings.load()
+    app = current_app(s)
+    priority = priorities.message_priority(s.broker_url, ClusterRuns().priority(run_id), priorities.CHUNK)
     for n in ns:
-        app.send_task("chordflow.dataset_chunk", (run_id, n), argsrepr=f"records chunk={n} run={run_id}")
+        app.send_task(
+            "chordflow.dataset_chunk", (run_id, n), priority=priority, argsrepr=f"records chunk={n} run={run_id}"
+        )
 
 
 def finish_run(run_id: str, runs: ClusterRuns | None = None) -> str:

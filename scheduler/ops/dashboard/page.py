@@ -37,7 +37,7 @@ HTML = """<!doctype html>
 <header><a href="#/">chordflow runs</a><span id="live">connecting…</span></header>
 <main id="runs-view">
   <table id="runs">
-    <thead><tr><th>run</th><th>workflow</th><th>status</th><th>progress</th><th>rate</th><th>ETA</th>
+    <thead><tr><th>run</th><th>workflow</th><th>priority</th><th>status</th><th>progress</th><th>rate</th><th>ETA</th>
       <th>started</th><th>duration</th></tr></thead>
     <tbody></tbody>
   </table>
@@ -120,7 +120,8 @@ function showRuns() {
     body.replaceChildren(...data.runs.map((r) => {
       const row = el("tr", {class: "link", "data-run": r.run_id},
         el("td", {}, el("a", {href: "#/run/" + encodeURIComponent(r.run_id)}, r.run_id)),
-        el("td", {}, r.workflow), el("td", {class: "status " + r.status}, r.status), progressCell(r),
+        el("td", {}, r.workflow), el("td", {class: "priority"}, r.priority),
+        el("td", {class: "status " + r.status}, r.status), progressCell(r),
         el("td", {}, r.rate ? r.rate.toFixed(1) + "/s" : "-"), el("td", {}, seconds(r.eta_s)),
         el("td", {}, new Date(r.created * 1000).toLocaleString()), el("td", {}, seconds(r.duration)));
       row.onclick = () => { location.hash = "#/run/" + encodeURIComponent(r.run_id); };
@@ -142,7 +143,8 @@ function renderRun(data) {
   if (r.run_id !== current) return;
   $("run-status").textContent = r.status; $("run-status").className = "status " + r.status;
   const total = r.total === null ? r.read + "+" : r.total;
-  $("run-meta").textContent = `${r.workflow} · ${r.backend} · ${r.done}/${total} items · ${r.failed} failed · `
+  $("run-meta").textContent = `${r.workflow} · ${r.backend} · ${r.priority} priority · `
+    + `${r.done}/${total} items · ${r.failed} failed · `
     + `${r.rate ? r.rate.toFixed(1) + "/s" : "-"} · ETA ${seconds(r.eta_s)} · started `
     + `${new Date(r.created * 1000).toLocaleString()} · ${seconds(r.duration)}`;
   $("run-error").textContent = r.error || "";

@@ -85,7 +85,7 @@ class Views:
             "run_id": record.run_id, "workflow": record.name, "backend": record.backend, "status": record.status,
             "node": record.node, "steps": record.step, "error": record.error, "created": record.created,
             "duration": max(0.0, ended - record.created), "dataset": record.dataset is not None,
-            "rate": None, "eta_s": None,
+            "rate": None, "eta_s": None, "priority": record.priority,
         }  # fmt: skip
         batches: dict[str, Any] = dict(record.batches)
         if record.dataset is not None:

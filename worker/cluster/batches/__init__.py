@@ -1,5 +1,6 @@
-"""A batch on the cluster: cut into chunks (chunking.py), sent as one chord (dispatch.py), each chunk run by
-`chordflow.run_chunk` and merged by the chord body `chordflow.aggregate` (tasks.py), with the worker-side
+"""A batch on the cluster: cut into chunks (chunking.py), sent a window at a time (dispatch.py), each chunk run by
+`chordflow.run_chunk`, which hands out the next ones, and merged by `chordflow.aggregate` in the chord body's role
+(tasks.py), with the worker-side
 middleware around a chunk's items (middleware.py) and the decoded snapshots a worker process keeps
 (snapshot_cache.py).
 

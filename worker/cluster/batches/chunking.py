@@ -2,8 +2,10 @@
 
 Auto rule: `chunks_per_process` (default 4) chunks per worker process in the cluster, so work balances
 when items are uneven, capped at `max_chunk_size` items (default 5000) so a lost chunk costs little; a
-parallel batch's chunk holds at least as many items as its threads. `batch.chunk_size` overrides it.
-The cluster's process count comes from the worker registry (worker/cluster/state/heartbeat.py), never a broadcast.
+parallel batch's chunk holds at least as many items as its threads. `batch.chunk_size` overrides it. This is the
+largest auto chunk: within it, fair dispatch sizes each chunk by the batch's measured time per item (about
+`CHORDFLOW_CHUNK_SECONDS` of work, worker/cluster/state/lua/batch_window.lua). The cluster's process count comes
+from the worker registry (worker/cluster/state/heartbeat.py), never a broadcast.
 """
 
 from __future__ import annotations

@@ -1,42 +1,59 @@
-"""Dispatch of one batch as ONE chord: `run_chunk` tasks over slices of the items, an `aggregate` body.
+"""Fair dispatch of one batch: its chunks go to the broker a window at a time, the rest as chunks finish.
 
-Used by the scheduler's celery backend (which then follows the run's progress stream) and by
-`chordflow.advance` on a worker (which then ends: the body enqueues the next advance). The snapshot is
-encoded once per batch: inline under a size threshold, else stored once in Redis by content hash.
-Only the items without an outcome (`BatchJob.missing()`) are dispatched, so a resumed batch re-runs
-nothing that finished.
+A chord would put every chunk in the queue at once, and a queue is first in, first out: a three-item run
+submitted behind a million-item batch would wait for all of it. Instead the batch is planned in Redis
+(worker/cluster/state/windows.py: its items in blocks, the chunk header, what is left) before anything is sent,
+at most `window` chunks (worker processes + 1) are in flight per batch, and each finishing chunk hands out the
+next ones (`send_chunks`, from `chordflow.run_chunk`). Runs of the same priority so take turns on the workers;
+a higher priority's messages go first (worker/cluster/priorities.py). Auto chunks hold about
+`CHORDFLOW_CHUNK_SECONDS` of work measured on the batch's finished chunks (one block until one has finished),
+within the count caps of chunking.py. The chunk that finishes last sends `chordflow.aggregate`, which plays the
+chord body: it merges the outcomes in input order.
+
+The snapshot is encoded once per batch: inline under a size threshold, else stored once in Redis by content
+hash. Only the items without an outcome (`BatchJob.missing()`) are planned, so a resumed batch re-runs nothing
+that finished.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import uuid
 from typing import Any
-
-from celery import chord
 
 from ir import snapshot
 from worker import settings
 from worker.batch.backend import BatchJob
 from worker.batch.executor import threads_for
+from worker.cluster import priorities
 from worker.cluster.app import current_app
 from worker.cluster.batches import chunking
+from worker.cluster.state.runs import ClusterRuns
 from worker.cluster.state.runstate import RunState
+from worker.cluster.state.windows import BatchWindow, WindowStep
 
 log = logging.getLogger(__name__)
 
+#: Blocks a batch's items are stored in, at most (a chunk is one or more consecutive blocks).
+MAX_BLOCKS = 1000
+
 
 def dispatch_batch(
-    job: BatchJob, run_id: str, *, advance_step: int | None = None, branch: tuple[str, str] | None = None
-) -> Any:
-    """Send the chord for `job`'s missing items; returns the chord's AsyncResult.
+    job: BatchJob,
+    run_id: str,
+    *,
+    advance_step: int | None = None,
+    branch: tuple[str, str] | None = None,
+    priority: str = "normal",
+) -> BatchWindow:
+    """Plan `job`'s missing items in Redis and send the first window of chunks; returns the batch's window.
 
-    `advance_step`: the chord body enqueues `chordflow.advance(run_id, advance_step)` once it has stored
-    the merged result (cluster-orchestrated runs); None when a client waits for the result itself.
-    `branch`: (section key, branch) of a parallel branch: the body enqueues `chordflow.advance_branch` instead.
+    `advance_step`: the merge enqueues `chordflow.advance(run_id, advance_step)` once it has stored the result
+    (cluster-orchestrated runs); None when a client waits for the result itself. `branch`: (section key, branch)
+    of a parallel branch: the merge enqueues `chordflow.advance_branch` instead.
     """
     s = settings.load()
-    app = current_app(s)
     state = RunState(run_id)
     node_id, items = job.node_id, job.items
     blob = snapshot.encode(snapshot.snapshot_of(job.shared), label="shared")
@@ -44,40 +61,91 @@ def dispatch_batch(
     todo = sum(end - start for start, end in gaps)
     processes = chunking.registered_processes(s.result_backend) or chunking.FALLBACK_PROCESSES
     threads = threads_for(job.batch, todo)
-    size = chunking.chunk_size(todo, job.batch.chunk_size, processes, s.chunks_per_process, s.max_chunk_size, threads)
-    spans = [span for start, end in gaps for span in chunking.slices(end - start, size, offset=start)]
-    # Encode every slice before anything is enqueued: a value that cannot travel fails early.
-    payloads = [snapshot.encode(items[a:b], label=f"batch '{node_id}' items[{a}:{b}]") for a, b in spans]
+    largest = chunking.chunk_size(
+        todo, job.batch.chunk_size, processes, s.chunks_per_process, s.max_chunk_size, threads
+    )
+    block = largest if job.batch.chunk_size else max(threads, min(largest, math.ceil(todo / MAX_BLOCKS)))
+    spans = [span for start, end in gaps for span in chunking.slices(end - start, block, offset=start)]
+    # Encode every block before anything is stored or sent: a value that cannot travel fails early.
+    blocks = [(a, b, snapshot.encode(items[a:b], label=f"batch '{node_id}' items[{a}:{b}]")) for a, b in spans]
     inline = len(blob) <= s.snapshot_inline_bytes
     snap: bytes | dict[str, str] = blob if inline else {"ref": state.store_snapshot(blob, job.key)}
-    spec = job.spec.wire()
-    ids = [uuid.uuid4().hex for _ in spans]
-    header = [
-        app.signature(
-            "chordflow.run_chunk",
-            ({"run": run_id, "batch": job.key, "node": spec, "snap": snap, "start": a, "items": payload},),
-            task_id=task_id,
-            argsrepr=f"batch={node_id} items[{a}:{b}] run={run_id}",
-            kwargsrepr="{}",
-        )
-        for (a, b), payload, task_id in zip(spans, payloads, ids, strict=True)
-    ]
-    meta = {"run": run_id, "batch": job.key, "node": node_id, "count": len(items), "fail_fast": job.batch.fail_fast}
+    meta: dict[str, Any] = {
+        "run": run_id, "batch": job.key, "node": node_id, "count": len(items), "fail_fast": job.batch.fail_fast,
+    }  # fmt: skip
     if advance_step is not None:
         meta["advance"] = advance_step
     if branch is not None:
         meta["branch"] = list(branch)
     if not inline:
-        meta["snapshot"] = snap["ref"]  # type: ignore[index]  # the body deletes it: no chunk needs it then
-    body = app.signature(
-        "chordflow.aggregate", (meta,), argsrepr=f"batch={node_id} chunks={len(spans)} run={run_id}", kwargsrepr="{}"
-    )
-    if advance_step is not None:  # nobody waits on the chord: a chunk that crashes must fail the run itself
-        body.on_error(app.signature("chordflow.batch_failed", (meta,)))
-    state.record_chunks(ids)
-    state.describe(status="running", node=node_id, items=len(items), chunks=len(spans))
+        meta["snapshot"] = snap["ref"]  # type: ignore[index]  # the merge deletes it: no chunk needs it then
+    window = BatchWindow(state, job.key)
+    # A batch of at most processes + 1 chunks goes whole: it cannot hold the queue, and a window of one would send
+    # a three-item run's chunks through the queue one after another behind every other batch.
+    size = max(window_size(processes, window.open_windows()), min(processes + 1, len(spans)))
+    header = {"node": job.spec.wire(), "snap": snap, "meta": meta, "plan": window.plan_id}
+    state.describe(status="running", node=node_id, items=len(items), blocks=len(spans))
     state.set_batch_total(job.key, len(items))
+    step = window.plan(
+        blocks, header, window=size, max_items=largest, min_items=threads,
+        chunk_seconds=s.chunk_seconds, priority=priority,
+    )  # fmt: skip
+    follow(window, step, header)
+    log.info("run %s: batch %s -> %d blocks of <= %d items, %d in flight", run_id, node_id, len(spans), block, size)
+    return window
+
+
+def window_size(processes: int, open_windows: int) -> int:
+    """Chunks of one batch in flight: the workers' processes + 1 (one waiting per process, so none idles between a
+    chunk and the next) shared by the open batches, at least one each."""
+    return max(1, math.ceil((processes + 1) / open_windows))
+
+
+def follow(window: BatchWindow, step: WindowStep, header: dict[str, Any] | None = None) -> None:
+    """Send what a step of the window claimed, and the merge once the batch has ended."""
+    if step.chunks:
+        send_chunks(window, step, header or window.header())
+    if step.ended:
+        send_merge(window, step, (header or window.header())["meta"])
+
+
+def send_chunks(window: BatchWindow, step: WindowStep, header: dict[str, Any]) -> None:
+    """One `chordflow.run_chunk` per claimed chunk, at the run's priority aged by its last chunk's queue wait."""
+    s = settings.load()
+    app = current_app(s)
+    meta, run_id = header["meta"], window.state.run_id
+    priority = priorities.message_priority(s.broker_url, step.priority, priorities.CHUNK, step.waited, s.priority_aging)
+    ids = []
+    with app.backend.quiet():  # nobody waits on a chunk's Celery result: no subscription per message
+        for chunk in step.chunks:
+            task_id = uuid.uuid4().hex
+            job = {
+                "run": run_id, "batch": meta["batch"], "node": header["node"], "snap": header["snap"],
+                "start": chunk.start, "items": window.items(chunk.blocks), "plan": header["plan"],
+            }  # fmt: skip
+            app.send_task(
+                "chordflow.run_chunk", (job,), task_id=task_id, priority=priority,
+                argsrepr=f"batch={meta['node']} items[{chunk.start}:{chunk.end}] run={run_id}", kwargsrepr="{}",
+            )  # fmt: skip
+            ids.append(task_id)
+    window.state.record_chunks(ids)
+
+
+def send_merge(window: BatchWindow, step: WindowStep, meta: dict[str, Any]) -> None:
+    """`chordflow.aggregate`, the chord body's role: merge the batch's outcomes in input order."""
+    s = settings.load()
+    priority = priorities.message_priority(s.broker_url, step.priority, priorities.CONTROL)
+    app = current_app(s)
     with app.backend.quiet():
-        result = chord(header, app=app)(body)
-    log.info("run %s: batch %s -> %d chunks of <= %d items", run_id, node_id, len(spans), size)
-    return result
+        app.send_task(
+            "chordflow.aggregate", (meta,), priority=priority, kwargsrepr="{}",
+            argsrepr=f"batch={meta['node']} run={window.state.run_id}",
+        )  # fmt: skip
+
+
+def send_advance(name: str, args: tuple[Any, ...]) -> None:
+    """A run's next `chordflow.advance` (or `advance_branch`; `args[0]` is the run id), at the run's priority:
+    an advance goes before the chunks of runs of the same priority."""
+    s = settings.load()
+    priority = priorities.message_priority(s.broker_url, ClusterRuns().priority(args[0]), priorities.CONTROL)
+    current_app(s).send_task(name, args, priority=priority)

@@ -1,5 +1,6 @@
-"""The two Celery tasks of a distributed batch: `chordflow.run_chunk` (header) and
-`chordflow.aggregate` (chord body). Chunks never raise for item failures; they return outcomes.
+"""The two Celery tasks of a distributed batch: `chordflow.run_chunk` (one chunk, which hands out the next ones)
+and `chordflow.aggregate` (the chord body's role: the merge). Chunks never raise for item failures; they record
+outcomes.
 
 Defined with `worker.app.task`: registered on every chordflow app, whatever settings it was built from.
 """
@@ -12,6 +13,8 @@ import time
 from collections import OrderedDict
 from typing import Any
 
+from celery.exceptions import Ignore, Reject, Retry
+
 from ir import snapshot
 from ir.models import NodeSpec
 from worker import redact, settings
@@ -19,13 +22,16 @@ from worker.batch import overrides
 from worker.batch.aggregate import ChunkResult, merge
 from worker.batch.executor import ItemExecutor, run_slice
 from worker.batch.middleware import tolerance_of
-from worker.cluster import logs
-from worker.cluster.app import current_app, task
+from worker.cluster import logs, outage
+from worker.cluster.app import task
+from worker.cluster.batches import chunking
+from worker.cluster.batches.dispatch import follow, send_advance, window_size
 from worker.cluster.batches.middleware import chunk_middleware
 from worker.cluster.batches.snapshot_cache import SnapshotCache
 from worker.cluster.broker import deliveries
 from worker.cluster.state.runs import ClusterRuns
 from worker.cluster.state.runstate import RunState
+from worker.cluster.state.windows import BatchWindow
 from worker.engine.build import item_chain
 from worker.engine.loader import checked_spec
 
@@ -67,40 +73,76 @@ def _snapshot_cache() -> SnapshotCache:
 
 
 @task(name="chordflow.run_chunk", bind=True)
-def run_chunk(self: Any, job: dict[str, Any]) -> bytes:
-    """Run items[start:start+len] of one batch node; return their outcomes (codec bytes).
+def run_chunk(self: Any, job: dict[str, Any]) -> str:
+    """Run items[start:start+len] of one batch node, record their outcomes in the batch's window and send the
+    chunks its place in the window lets go (the merge, if this was the last one).
 
     Its worker renews its delivery while it lives, so a long chunk is not delivered again; fenced on the way out:
-    a delivery taken over meanwhile (this worker paused past the bound) raises Ignore and reports nothing, so the
-    chord counts the chunk once, from the delivery that holds it (worker/cluster/broker/deliveries.py)."""
+    a delivery taken over meanwhile (this worker paused past the bound) raises Ignore and records nothing, so the
+    window counts the chunk once, from the delivery that holds it (worker/cluster/broker/deliveries.py). A
+    delivery of a chunk already counted (its worker died after recording it) sends again what that finish
+    claimed: the window never loses a chunk to a SIGKILL between its two steps."""
     began = time.monotonic()
-    with deliveries.held(self):
-        state = RunState(job["run"])
-        batch = job["batch"]
-        stop, changed = state.chunk_start(batch)
-        if stop:
-            logs.chunk(job["run"], batch.split("#", 1)[0], batch, job["start"], 0, 0, time.monotonic() - began)
-            return snapshot.encode(ChunkResult(job["start"], [], [], {}).to_wire())
-        # the batch's limits as `chordflow update` left them: threads, permits and threshold of this chunk
-        executor = chunk_executor(overrides.apply_to_node(job["node"], changed), _snapshot(job["snap"], state))
-        spec = executor.spec.batch
-        assert spec is not None
-        items = snapshot.decode(job["items"])
-        hooks = chunk_middleware(
-            state, batch, spec.fail_fast, chunk=job["start"], max_concurrent=spec.max_concurrent,
-            tolerance=tolerance_of(spec), task=self,
-        )  # fmt: skip
-        chunk = run_slice(executor, items, job["start"], hooks)  # on threads with batch.parallel
-        seconds = time.monotonic() - began
-        logs.chunk(job["run"], executor.node_id, batch, job["start"], len(chunk.results), len(chunk.failures), seconds)
-        return snapshot.encode(chunk.to_wire(), label=f"batch '{executor.node_id}' results")
+    state = RunState(job["run"])
+    window = BatchWindow(state, job["batch"], job["plan"])
+    try:
+        with deliveries.held(self):
+            blob, count = _run(self, job, state, began)
+    except (*outage.ERRORS, Ignore, Reject, Retry):
+        raise
+    except Exception as exc:  # not an item failure (those are outcomes): the batch can never be merged
+        _crashed(window, job, exc)
+        raise
+    processes = chunking.registered_processes(settings.load().result_backend) or chunking.FALLBACK_PROCESSES
+    size = window_size(processes, window.open_windows())
+    step = window.finish(job["start"], blob, count, time.monotonic() - began, size)
+    if step.state != "stale":
+        follow(window, step)
+    return step.state
+
+
+def _run(task: Any, job: dict[str, Any], state: RunState, began: float) -> tuple[bytes, int]:
+    """The chunk's outcomes (codec bytes) and how many items ran."""
+    batch = job["batch"]
+    stop, changed = state.chunk_start(batch)
+    if stop:
+        logs.chunk(job["run"], batch.split("#", 1)[0], batch, job["start"], 0, 0, time.monotonic() - began)
+        return snapshot.encode(ChunkResult(job["start"], [], [], {}).to_wire()), 0
+    # the batch's limits as `chordflow update` left them: threads, permits and threshold of this chunk
+    executor = chunk_executor(overrides.apply_to_node(job["node"], changed), _snapshot(job["snap"], state))
+    spec = executor.spec.batch
+    assert spec is not None
+    items = [item for payload in job["items"] for item in snapshot.decode(payload)]
+    hooks = chunk_middleware(
+        state, batch, spec.fail_fast, chunk=job["start"], max_concurrent=spec.max_concurrent,
+        tolerance=tolerance_of(spec), task=task,
+    )  # fmt: skip
+    chunk = run_slice(executor, items, job["start"], hooks)  # on threads with batch.parallel
+    seconds = time.monotonic() - began
+    logs.chunk(job["run"], executor.node_id, batch, job["start"], len(chunk.results), len(chunk.failures), seconds)
+    return snapshot.encode(chunk.to_wire(), label=f"batch '{executor.node_id}' results"), len(chunk.results)
+
+
+def _crashed(window: BatchWindow, job: dict[str, Any], exc: BaseException) -> None:
+    """A chunk raised: a cluster run fails naming the cause; a client following the batch is told. (A chunk of a
+    window that is gone, e.g. sent by hand, only raises.)"""
+    try:
+        meta = window.header()["meta"]
+    except LookupError:
+        return
+    error = redact.mask(f"batch node '{meta['node']}': a chunk failed on a worker: {exc}")
+    window.crash(error)
+    if "advance" in meta:
+        batch_failed(meta, error)
 
 
 @task(name="chordflow.aggregate")
-def aggregate(chunk_results: list[bytes], job: dict[str, Any]) -> str:
-    """Chord body: merge the chunks by index (the same merge as in-process), store the batch result
-    in Redis and wake whoever goes on: the waiting scheduler (through the run's stream) or, for a run
-    that lives in the cluster (`advance` in the job), the next `chordflow.advance`.
+def aggregate(job: dict[str, Any]) -> str:
+    """The chord body's role: once every chunk of the batch has finished (or stopped), merge their outcomes by
+    index (the same merge as in-process), store the batch result in Redis and wake whoever goes on: the waiting
+    scheduler (through the run's stream) or, for a run that lives in the cluster (`advance` in the job), the next
+    `chordflow.advance`. Safe to run twice: a stored result is not merged again, only its advance sent again
+    (the step fence drops a second one).
 
     A cluster run's chunk outcomes are kept per batch: `results --node` streams them, a batch cut short
     (cancelled) resumes with only the items that have no outcome, and one resumed merges them with its new chunks.
@@ -109,33 +151,34 @@ def aggregate(chunk_results: list[bytes], job: dict[str, Any]) -> str:
     """
     run_id, batch = job["run"], job["batch"]
     state = RunState(run_id)
-    if "snapshot" in job:  # every chunk has run: the batch's snapshot is needed no more
-        state.drop_snapshot(job["snapshot"])
-    if "advance" in job:
-        runs = ClusterRuns()
-        chunks = runs.keep_chunks(run_id, batch, chunk_results)
-        if state.cancelled():
-            runs.set_status(run_id, "cancelled", "run cancelled", job["node"])
-            logs.transition(run_id, "running", "cancelled", node=job["node"])
-            return "cancelled"
-    else:
-        chunks = [ChunkResult.from_wire(snapshot.decode(blob)) for blob in chunk_results]
-    result = merge(chunks, job["count"], job["fail_fast"])
-    blob = snapshot.encode(result.to_wire(), label=f"batch '{job['node']}' aggregate")
-    state.finish_batch(batch, blob)
+    window = BatchWindow(state, batch)
+    if state.batch_result(batch) is None:
+        if "snapshot" in job:  # every chunk has run: the batch's snapshot is needed no more
+            state.drop_snapshot(job["snapshot"])
+        chunk_results = window.outcomes()
+        if "advance" in job:
+            runs = ClusterRuns()
+            chunks = runs.keep_chunks(run_id, batch, chunk_results)
+            if state.cancelled():
+                runs.set_status(run_id, "cancelled", "run cancelled", job["node"])
+                logs.transition(run_id, "running", "cancelled", node=job["node"])
+                return "cancelled"
+        else:
+            chunks = [ChunkResult.from_wire(snapshot.decode(blob)) for blob in chunk_results]
+        result = merge(chunks, job["count"], job["fail_fast"])
+        blob = snapshot.encode(result.to_wire(), label=f"batch '{job['node']}' aggregate")
+        state.finish_batch(batch, blob)
+        window.drop()
     if "branch" in job:  # a batch inside a parallel branch: that branch's cursor goes on
-        current_app().send_task("chordflow.advance_branch", (run_id, *job["branch"], job["advance"]))
+        send_advance("chordflow.advance_branch", (run_id, *job["branch"], job["advance"]))
     elif "advance" in job:
-        current_app().send_task("chordflow.advance", (run_id, job["advance"]))
+        send_advance("chordflow.advance", (run_id, job["advance"]))
     return "stored"
 
 
-@task(name="chordflow.batch_failed")
-def batch_failed(request: Any, exc: BaseException, traceback: Any, job: dict[str, Any]) -> str:
-    """Chord error callback of a cluster run's batch: a chunk raised (not an item failure: e.g. a result that
-    cannot travel back), so the body will never run and no advance follows. Fail the run, naming the cause."""
-    error = redact.mask(f"batch node '{job['node']}': a chunk failed on a worker: {exc}")
+def batch_failed(job: dict[str, Any], error: str) -> None:
+    """A chunk of a cluster run's batch raised (not an item failure: e.g. a result that cannot travel back), so
+    the batch will never be merged and no advance follows. Fail the run, naming the cause."""
     RunState(job["run"]).drop_snapshots()
     ClusterRuns().set_status(job["run"], "failed", error, job["node"])
     logs.transition(job["run"], "running", "failed", node=job["node"], error=error)
-    return "failed"

@@ -3,6 +3,6 @@ amqp.py, registry.py picks one by URL), the bounded pool that sends task message
 deliveries a worker holds, renewed while it lives so only a dead or paused worker's messages come back
 (deliveries.py).
 
-May import `worker.settings`, `worker.cluster.state`, `worker.cluster.signing` (every message is signed on its
-way out), celery, kombu and redis; nothing else of the
+May import `worker.settings`, `worker.cluster.state`, `worker.cluster.priorities` (message priorities),
+`worker.cluster.signing` (every message is signed on its way out), celery, kombu and redis; nothing else of the
 cluster (the app, tasks and dispatch import this package, never the other way round)."""

@@ -8,7 +8,7 @@ queue at once, so there is no visibility timeout and nothing to renew. What this
   back. A `-P solo` worker runs a task inside its consumer loop, which then sends no heartbeats: `SoloHeartbeats`
   sends them from a thread while a task runs, on the consumer's and the event dispatcher's connections (the loop
   does not touch them meanwhile); without them RabbitMQ drops both after two intervals and the worker hangs.
-- **The queue**: classic with `x-max-priority` (PRIORITY_MAX), so message priorities work; or quorum
+- **The queue**: classic with `x-max-priority` (worker/cluster/priorities.py MAX), so message priorities work; or quorum
   (CHORDFLOW_QUEUE_TYPE=quorum: replicated across broker nodes, no message priorities before RabbitMQ 4.0, and
   Celery detects it and prefetches per consumer instead of a global QoS). Declared with `x-consumer-timeout`
   (CONSUMER_TIMEOUT_MS) so RabbitMQ >= 3.12 does not close the channel of a worker that holds a long chunk;
@@ -27,15 +27,12 @@ from typing import Any
 
 from kombu import Connection, Exchange, Queue
 
+from worker.cluster import priorities
 from worker.cluster.broker.base import READ_TIMEOUT, Broker, QueuesView, QueueView
 from worker.cluster.broker.pool import SENT_AT_HEADER
 
 #: Broker URL schemes of RabbitMQ (kombu's py-amqp transport).
 SCHEMES = ("amqp", "amqps", "pyamqp")
-#: The classic queue's `x-max-priority`: message priorities 0..PRIORITY_MAX, the highest taken first.
-PRIORITY_MAX = 9
-#: Message priority per level.
-PRIORITIES = {"high": 9, "normal": 5, "low": 0}
 #: The queue's `x-consumer-timeout` (ms): a worker may hold one delivery this long (RabbitMQ >= 3.12).
 CONSUMER_TIMEOUT_MS = 7 * 24 * 3600 * 1000
 
@@ -43,7 +40,9 @@ CONSUMER_TIMEOUT_MS = 7 * 24 * 3600 * 1000
 class AmqpBroker(Broker):
     def queue_arguments(self) -> dict[str, Any]:
         """The arguments chordflow's queue is declared with (the same on every declare, or RabbitMQ refuses it)."""
-        kind = {"x-queue-type": "quorum"} if self.settings.queue_type == "quorum" else {"x-max-priority": PRIORITY_MAX}
+        kind = (
+            {"x-queue-type": "quorum"} if self.settings.queue_type == "quorum" else {"x-max-priority": priorities.MAX}
+        )
         return {**kind, "x-consumer-timeout": CONSUMER_TIMEOUT_MS}
 
     def app_options(self) -> dict[str, Any]:
@@ -55,11 +54,7 @@ class AmqpBroker(Broker):
             "broker_heartbeat": self.settings.broker_heartbeat,
             "broker_transport_options": {"confirm_publish": True},
             "task_queues": [Queue(queue, exchange, routing_key=queue, queue_arguments=self.queue_arguments())],
-            "task_default_priority": None if quorum else PRIORITIES["normal"],
         }
-
-    def message_priority(self, level: str) -> int:
-        return PRIORITIES[level]
 
     def reach(self, timeout: float) -> None:
         with Connection(self.settings.broker_url, connect_timeout=timeout, heartbeat=0) as conn:

@@ -1,9 +1,9 @@
 """What differs between brokers, behind one small interface (`Broker`); everything else is written once over it.
 
-A broker module (redis.py, amqp.py) implements four primitives: the Celery settings its connections and queue
-need (`app_options`), whether a dead worker's deliveries come back only after a visibility timeout that live
-workers must keep renewing (`renews_deliveries`), the message priority of a run's priority level
-(`message_priority`), and each queue's depth and the age of the message a worker takes next (`read_queues`);
+A broker module (redis.py, amqp.py) implements three primitives: the Celery settings its connections and queue
+need (`app_options`, priorities included: worker/cluster/priorities.py numbers them for either broker), whether a
+dead worker's deliveries come back only after a visibility timeout that live workers must keep renewing
+(`renews_deliveries`), and each queue's depth and the age of the message a worker takes next (`read_queues`);
 `reach` checks a broker the Redis preflight does not.
 Revoking queued chunks (`app.control.revoke`) is Celery's broadcast on both brokers: nothing broker-specific.
 registry.py picks the module by the broker URL's scheme.
@@ -18,8 +18,6 @@ from typing import Any
 
 from worker import settings
 
-#: A run's priority levels (`--priority`), highest first.
-PRIORITY_LEVELS = ("high", "normal", "low")
 #: Seconds a metrics read of the broker may take (connecting included) before it fails.
 READ_TIMEOUT = 5.0
 
@@ -52,10 +50,6 @@ class Broker(ABC):
     @abstractmethod
     def app_options(self) -> dict[str, Any]:
         """Celery settings for this broker: transport, transport options, heartbeats, the declared queue."""
-
-    @abstractmethod
-    def message_priority(self, level: str) -> int:
-        """The message priority to send a run's chunks and advances with, for a level of PRIORITY_LEVELS."""
 
     @abstractmethod
     def reach(self, timeout: float) -> None:

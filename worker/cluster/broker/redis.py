@@ -12,6 +12,7 @@ from urllib.parse import urlsplit
 
 from kombu.transport.redis import Channel
 
+from worker.cluster import priorities
 from worker.cluster.broker import deliveries
 from worker.cluster.broker.base import READ_TIMEOUT, Broker, QueuesView, QueueView
 from worker.cluster.broker.pool import SENT_AT_HEADER
@@ -19,8 +20,6 @@ from worker.cluster.state import connection
 
 #: Broker URL schemes of kombu's Redis transport that this module reads queues of.
 READ_SCHEMES = ("redis", "rediss", "unix", connection.SENTINEL_SCHEME)
-#: Message priority per level: kombu's Redis transport takes the lowest number first (0: highest).
-PRIORITIES = {"high": 0, "normal": 5, "low": 9}
 
 
 class RedisBroker(Broker):
@@ -45,14 +44,13 @@ class RedisBroker(Broker):
                 "socket_timeout": 15,
                 "socket_connect_timeout": 5,
                 **connection.transport_options(self.settings.broker_url, self.settings),
+                # One list per priority step (worker/cluster/priorities.py): a high run's messages pass queued ones.
+                **priorities.transport_options(),
             },
         }
 
     def reach(self, timeout: float) -> None:
         """Nothing: the preflight pings every Redis a run needs, this one with the state store, and names it."""
-
-    def message_priority(self, level: str) -> int:
-        return PRIORITIES[level]
 
     def read_queues(self, queues: Iterable[str], now: float) -> QueuesView:
         """Read the way kombu's Redis transport lays queues out: its defaults (`kombu.transport.redis.Channel`)

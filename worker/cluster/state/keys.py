@@ -23,8 +23,10 @@ Keys of a run, `cf:{<run_id>}:<name>`; `<batch>` is `<node id>#<step>`:
   totals              hash    <batch> -> its number of items
   abort:<batch>       string  a fail_fast failure or a threshold crossed: chunks stop between items
   failed:<batch>      hash    failures counted against the batch's threshold (chunk start -> count, `total`)
-  dispatched:<batch>  string  the batch's chord was sent (a redelivered advance does not send it twice)
-  result:<batch>      string  the merged BatchResult, written by the chord body
+  dispatched:<batch>  string  the batch was planned (a redelivered advance does not plan it twice)
+  win:<batch>         hash    the batch's window (worker/cluster/state/windows.py); win:<batch>:todo, :pending, :out,
+                              :items, :next: blocks to do, chunks in flight, their outcomes, items, claims
+  result:<batch>      string  the merged BatchResult, written by `chordflow.aggregate`
   chunks:<batch>      hash    a chunk's start -> its outcomes, kept as chunks finish (resume, `results`)
   chunks              list    a client-driven run's chunk task ids (revoked by `cancel`)
   snap:<batch>:<sha>  string  a snapshot too large to travel inside each chunk message
@@ -34,6 +36,7 @@ Keys of a run, `cf:{<run_id>}:<name>`; `<batch>` is `<node id>#<step>`:
 Outside any run:
   cf:runs             zset    run id -> created time (`chordflow runs`)
   cf:{workers}:<host> string  a live worker's pool size, kept alive by its heartbeat
+  cf:{windows}        zset    open batch windows, `<run id>|<batch>` -> last activity (fair dispatch's share)
   cf:{limit:<key>}    hash    a rate-limit bucket (worker/cluster/rate_limits.py): tat, tok, iv, iv_at
   cf:done:<task id>   string  a task that ran to the end on a signed cluster: another delivery of it is skipped
   cf:{idem:<key>}     string  `<run id> <fingerprint>` of the first submit with this idempotency key (a run TTL)
@@ -45,6 +48,9 @@ from __future__ import annotations
 RUNS = "cf:runs"
 #: Prefix of the worker registry's keys; the rest is the worker's hostname (`w1@host`).
 WORKERS = "cf:{workers}:"
+#: The batches whose windows are open, cluster-wide: `<run id>|<batch>` -> when one of its chunks last began or
+#: finished (worker/cluster/state/windows.py): a batch's window shrinks as more batches share the workers.
+WINDOWS = "cf:{windows}"
 #: Prefix of the marks of tasks that ran to the end (worker/cluster/signing.py SignedTask); the rest is the task id.
 DONE = "cf:done:"
 

@@ -21,6 +21,7 @@ from typing import Any
 import redis
 
 from ir import snapshot
+from ir.models import PRIORITIES
 from worker import settings
 from worker.batch.aggregate import ChunkResult
 from worker.batch.rows import Row, rows_of_aggregate, rows_of_chunks
@@ -67,7 +68,7 @@ class ClusterRuns:
             "run_id": record.run_id, "workflow": json.dumps(record.workflow), "backend": record.backend,
             "status": record.status, "node": record.node or "", "step": record.step, "error": record.error or "",
             "created": now, "updated": now, "source": record.source or "", "batches": "{}",
-            "dataset": json.dumps(record.dataset) if record.dataset else "",
+            "dataset": json.dumps(record.dataset) if record.dataset else "", "priority": record.priority,
         }  # fmt: skip
         pipe = self.redis.pipeline()
         values = {**(encoded or {}), **{k: snapshot.encode(v, label=k) for k, v in store.items()}}
@@ -120,13 +121,25 @@ class ClusterRuns:
             self.trim(run_id, status, pipe)
         pipe.execute()
 
+    def set_priority(self, run_id: str, priority: str) -> None:
+        """Set a run's priority (`submit --priority`, `update --priority`): the run's next advances and the chunks
+        its batches dispatch from then on are sent at it (worker/cluster/priorities.py); queued ones keep theirs."""
+        if priority not in PRIORITIES:
+            raise ValueError(f"priority must be one of {', '.join(PRIORITIES)}, got {priority!r}")
+        self.redis.hset(run_key(run_id, "run"), mapping={"priority": priority, "updated": time.time()})
+
+    def priority(self, run_id: str) -> str:
+        """The run's priority ('normal' for a run recorded without one)."""
+        value = self.redis.hget(run_key(run_id, "run"), "priority")
+        return value.decode() if value else "normal"
+
     def trim(self, run_id: str, status: str, pipe: redis.client.Pipeline | None = None) -> None:
         """A run that ended keeps what `status`, `results` and a resume read (its record, store, trail, steps, undo
         log, kept chunks, totals, its stop flags for chunks still queued) and the end marker of its stream; the
         rest goes now, not at its TTL: snapshots, merged results and dispatch marks (a resume clears them anyway),
         failure counts, per-item progress, and once it succeeded the branches kept for a resume mid-section.
         `pipe`: the deletes join it (set_status's transaction), else they are sent at once."""
-        names = ["snap:", "result:", "dispatched:", "failed:"]
+        names = ["snap:", "result:", "dispatched:", "failed:", "win:"]
         if status == "succeeded":  # only a resume reads them (a failed run's, mid-section)
             names += ["branches:", "joined:"]
         gone = tuple(run_key(run_id, name).encode() for name in names)
@@ -349,6 +362,7 @@ def _record(raw: dict[bytes, bytes]) -> RunRecord:
         f["error"] or None, float(f["created"]), float(f["updated"]), f["source"] or None, json.loads(f["batches"]),
         json.loads(f["dataset"]) if f.get("dataset") else None, f.get("workflow_sig") or None,
         json.loads(f["updates"]) if f.get("updates") else [],
+        f.get("priority") or "normal",
     )  # fmt: skip
 
 

@@ -81,13 +81,13 @@ class RunState:
         self.redis.set(self.key(f"abort:{batch}"), 1, ex=self.ttl)
 
     def mark_dispatched(self, batch: str) -> bool:
-        """True the first time for a batch key: a redelivered advance must not dispatch its chord again."""
+        """True the first time for a batch key: a redelivered advance must not plan the batch again."""
         return bool(self.redis.set(self.key(f"dispatched:{batch}"), 1, nx=True, ex=self.ttl))
 
     def clear_stops(self) -> None:
         """Before a resume: no cancel flag, abort flag, dispatch mark, failure count or stored result stays."""
         stale = [self.key("cancel")]
-        for pattern in ("abort:*", "dispatched:*", "result:*", "failed:*"):
+        for pattern in ("abort:*", "dispatched:*", "result:*", "failed:*", "win:*"):
             stale.extend(self.redis.scan_iter(match=self.key(pattern), count=1000))
         self.redis.delete(*stale)
 

@@ -1,0 +1,178 @@
+"""Fair dispatch between runs and run priorities (issue 24, items 1-2), on real redis-server and workers.
+
+A batch's chunks go to the broker a window at a time (worker/cluster/batches/dispatch.py), so a small run is
+not queued behind a big one's whole batch; a higher run's messages go first (worker/cluster/priorities.py).
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ir import snapshot
+from scheduler import api, durable
+from scheduler.localcluster import Cluster
+from tests.support.cluster import PLUGINS, destroyable_cluster
+from worker.cluster import priorities
+from worker.cluster.batches.dispatch import window_size
+from worker.cluster.state.runs import ClusterRuns
+from worker.cluster.state.runstate import RunState, client
+from worker.cluster.state.windows import BatchWindow
+
+#: A big run: 2,000 items of 10 ms, about 10 s on the suite's two workers.
+BIG = 2000
+
+
+def slow_batch(seconds: float, **batch: Any) -> dict[str, Any]:
+    node = {"id": "b", "type": "test-slow", "params": {"seconds": seconds}, "batch": {"items": "${items}", **batch}}
+    return {"nodes": [node]}
+
+
+def progress(run_id: str) -> int:
+    """Distinct items with an outcome on the run's progress stream so far."""
+    state, position, seen = RunState(run_id), "0-0", set()
+    while True:
+        position, entries = state.read_progress(position, 0)
+        if not entries:
+            return len(seen)
+        for _, packed in entries:
+            if packed is not None:
+                seen.update(index for index, _ in RunState.unpack_outcomes(packed))
+
+
+def wait_until(condition: Any, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"{what} not within {timeout}s"
+        time.sleep(0.05)
+
+
+def status(run_id: str) -> str | None:
+    record = ClusterRuns().get(run_id)
+    return record.status if record else None
+
+
+def indexes(result: Any) -> list[int]:
+    return [r["index"] for r in result.shared["b"]["results"]]
+
+
+@pytest.mark.usefixtures("celery_cluster")
+def test_a_small_run_finishes_while_a_big_one_is_still_running() -> None:
+    big = api.submit(slow_batch(0.01), {"items": list(range(BIG))})
+    wait_until(lambda: progress(big) > 0, 60, "the big run's first item")
+    small = api.submit(slow_batch(0.001), {"items": [0, 1, 2]})
+    assert indexes(api.wait(small, timeout=120)) == [0, 1, 2]
+    # Measured when the small run had ended: the big one was still running, most of its items still to run.
+    assert status(big) == "running"
+    assert progress(big) < BIG
+    result = api.wait(big, timeout=300)
+    assert indexes(result) == list(range(BIG))  # the big run: every index once, in order
+
+
+@pytest.mark.usefixtures("celery_cluster")
+def test_a_high_priority_run_passes_a_low_one_queued_before_it() -> None:
+    big = api.submit(slow_batch(0.01), {"items": list(range(BIG))})
+    wait_until(lambda: progress(big) > 0, 60, "the big run's first item")
+    low = api.submit(slow_batch(0.001), {"items": [0, 1, 2]}, priority="low")
+    high = api.submit(slow_batch(0.001), {"items": [0, 1, 2]}, priority="high")
+    assert ClusterRuns().get(high).priority == "high"  # type: ignore[union-attr]
+    assert indexes(api.wait(high, timeout=120)) == [0, 1, 2]
+    # The low run went in first but waits behind the normal run's chunks; the high one passed both.
+    assert status(low) == "queued"
+    assert status(big) == "running"
+    assert indexes(api.wait(low, timeout=300)) == [0, 1, 2]  # served once the normal run's chunks ran out
+    assert indexes(api.wait(big, timeout=300)) == list(range(BIG))
+
+
+@pytest.mark.usefixtures("celery_cluster")
+def test_a_workflows_priority_field_is_the_runs_unless_submit_names_one() -> None:
+    wf = {**slow_batch(0.001), "priority": "low"}
+    assert ClusterRuns().get(api.submit(wf, {"items": [1]})).priority == "low"  # type: ignore[union-attr]
+    assert ClusterRuns().get(api.submit(wf, {"items": [1]}, priority="high")).priority == "high"  # type: ignore[union-attr]
+    assert api.status(api.submit(slow_batch(0.001), {"items": [1]}))["priority"] == "normal"
+
+
+def test_message_priorities_order_high_before_low_on_both_brokers_and_age() -> None:
+    order = [(p, kind) for p in ("high", "normal", "low") for kind in (priorities.CONTROL, priorities.CHUNK)]
+    on_redis = [priorities.message_priority("redis://h:1/0", p, kind) for p, kind in order]
+    on_amqp = [priorities.message_priority("amqp://h//", p, kind) for p, kind in order]
+    assert on_redis == sorted(on_redis) and len(set(on_redis)) == 6  # kombu's Redis steps: 0 first
+    assert on_amqp == sorted(on_amqp, reverse=True) and max(on_amqp) <= priorities.MAX  # AMQP: highest first
+    # Aging: a low batch's chunks go as normal ones after one period, as high ones after two.
+    assert priorities.rank("low", waited=59, aging=60) == 2
+    assert priorities.rank("low", waited=61, aging=60) == 1
+    assert priorities.rank("low", waited=125, aging=60) == 0
+
+
+@pytest.mark.usefixtures("celery_cluster")
+def test_a_batch_window_counts_each_finish_once_and_hands_out_its_claims_again() -> None:
+    """The window's bookkeeping on the real redis-server: a redelivered chunk (its worker killed after recording
+    it) gets the chunks its finish had claimed again, and exactly one finish ends the batch."""
+    state = RunState(f"win{time.time_ns()}", client())
+    window = BatchWindow(state, "b#0")
+    blocks = [(a, a + 10, snapshot.encode(list(range(a, a + 10)))) for a in range(0, 50, 10)]
+    first = window.plan(blocks, {"meta": {}}, window=2, max_items=20, min_items=1, chunk_seconds=2.0, priority="low")
+    assert first.state == "go" and first.priority == "low" and first.waited == 0
+    assert [(c.start, c.end) for c in first.chunks] == [(0, 10), (10, 20)]  # one block each until measured
+    one = window.finish(0, b"out0", 10, 0.01, 2)  # 1 ms an item: 2 s of work is more than max_items
+    assert [(c.start, c.end, c.blocks) for c in one.chunks] == [(20, 40, [20, 30])]
+    assert 0 <= one.waited < 60  # claimed to begun: how long chunk 0 waited in the queue (here: not at all)
+    again = window.finish(0, b"other", 10, 0.01, 2)
+    assert again.state == "dup" and again.chunks == one.chunks  # counted once; its claims handed out again
+    assert window.finish(10, b"out10", 10, 0.01, 2).chunks[0].start == 40
+    assert window.finish(20, b"out20", 20, 0.02, 2).state == "go"
+    assert window.finish(40, b"out40", 10, 0.01, 2).state == "end"
+    assert window.finish(40, b"out40", 10, 0.01, 2).state == "dupend"
+    assert window.outcomes() == [b"out0", b"out10", b"out20", b"out40"]
+    stale = BatchWindow(state, "b#0", "an-earlier-plan")
+    assert stale.finish(0, b"x", 10, 0.01, 2).state == "stale"
+
+
+def test_every_index_once_after_workers_are_sigkilled_during_refills(tmp_path: Path) -> None:
+    total = 600
+    with destroyable_cluster(tmp_path, 5) as cluster:
+        run_id = durable.submit(slow_batch(0.005, chunk_size=10), {"items": list(range(total))})
+        wait_until(lambda: progress(run_id) >= 100, 90, "100 items")
+        cluster.workers["k1"].kill(signal.SIGKILL)  # 60 chunks, each finish hands out the next: mid-refill or near
+        cluster.start_worker("k3")
+        wait_until(lambda: progress(run_id) >= 300, 90, "300 items")
+        cluster.workers["k3"].kill(signal.SIGKILL)
+        result = durable.wait(run_id, timeout=180)
+        assert result.status == "success"
+        assert indexes(result) == list(range(total))  # each outcome once, in order
+        assert result.shared["b"]["success_count"] == total
+
+
+def test_submit_priority_from_the_cli_shows_in_status_and_runs(celery_cluster: Cluster, tmp_path: Path) -> None:
+    wf = tmp_path / "wf.json"
+    wf.write_text(json.dumps(slow_batch(0.001)))
+    env = {**celery_cluster.env, "CHORDFLOW_PLUGINS": PLUGINS, "COLUMNS": "200"}
+
+    def cli(*args: str) -> subprocess.CompletedProcess[str]:
+        argv = [sys.executable, "-m", "scheduler.cli", *args]
+        return subprocess.run(argv, env=env, capture_output=True, text=True, timeout=120)
+
+    submitted = cli("submit", str(wf), "--input", "items=[1,2]", "--priority", "high")
+    assert submitted.returncode == 0, submitted.stderr
+    run_id = submitted.stdout.strip()
+    api.wait(run_id, timeout=120)
+    assert "priority: high" in cli("status", run_id).stdout
+    assert json.loads(cli("status", run_id, "--json").stdout)["priority"] == "high"
+    row = next(line for line in cli("runs", "--limit", "50").stdout.splitlines() if run_id in line)
+    assert "high" in row
+    refused = cli("submit", str(wf), "--input", "items=[1]", "--priority", "urgent")
+    assert refused.returncode == 2 and "'urgent' is not one of 'high', 'normal', 'low'" in refused.stderr
+
+
+def test_batches_sharing_the_workers_divide_the_window() -> None:
+    assert window_size(processes=2, open_windows=1) == 3  # alone: one chunk waiting per process
+    assert window_size(processes=2, open_windows=3) == 1  # three batches: one each, a newcomer waits ~one chunk
+    assert window_size(processes=8, open_windows=2) == 5
+    assert window_size(processes=2, open_windows=50) == 1  # never none

@@ -1,0 +1,155 @@
+"""A batch's window in Redis: which of its chunks remain, which are in flight, what the finished ones returned.
+
+Fair dispatch (worker/cluster/batches/dispatch.py) keeps only `window` chunks of a batch in the broker at a time and
+hands out the next ones as chunks finish, so runs sharing the workers take turns. Everything a refill needs lives
+here before the first chunk is sent: the batch's items in blocks, the chunk header (node spec, snapshot, what the
+merge needs), the blocks left to do. Each step is one call of `batch_window.lua` (keys and arguments documented
+there): a finish is counted once (a redelivered chunk's finish only returns the chunks it had claimed, to be sent
+again), and exactly one finish sees the batch end.
+
+Keys, under the run's hash tag: `win:<batch>` (the plan) and `win:<batch>:todo|pending|out|items|next`; and one
+cluster-wide set of the open windows (`cf:{windows}`), so that the batches sharing the workers divide them: each
+keeps about (processes + 1) / (open batches) chunks in flight, at least one, and a newcomer's chunk waits behind
+about one chunk per open batch.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from dataclasses import dataclass, field
+
+import msgpack
+
+from worker.cluster.state.keys import WINDOWS
+from worker.cluster.state.runstate import RunState, script
+
+#: Seconds without a chunk beginning or finishing after which a batch no longer counts as sharing the workers
+#: (a run whose worker died mid-batch, or a chunk longer than this, is left out of the share meanwhile).
+IDLE_SECONDS = 30.0
+
+
+@dataclass(frozen=True)
+class Chunk:
+    """Items [start, end) of a batch, made of the stored blocks starting at `blocks`."""
+
+    start: int
+    end: int
+    blocks: list[int]
+
+    @classmethod
+    def parse(cls, text: str | bytes) -> Chunk:
+        raw = text.decode() if isinstance(text, bytes) else text
+        start, end, blocks = raw.split(":", 2)
+        return cls(int(start), int(end), [int(b) for b in blocks.split(",")])
+
+
+@dataclass(frozen=True)
+class WindowStep:
+    """What a step of the window says: `state` ('go', 'end', 'dup', 'dupend', 'stale'), the run's priority, how
+    long the batch's last finished chunk waited in the queue (seconds), and the chunks to send now."""
+
+    state: str
+    priority: str = "normal"
+    waited: float = 0.0
+    chunks: list[Chunk] = field(default_factory=list)
+
+    @property
+    def ended(self) -> bool:
+        """The batch's chunks have all finished (or stopped): its outcomes can be merged."""
+        return self.state in ("end", "dupend")
+
+
+class BatchWindow:
+    def __init__(self, state: RunState, batch: str, plan_id: str | None = None):
+        self.state, self.batch = state, batch
+        self.plan_id = plan_id or uuid.uuid4().hex
+        self.name = state.key(f"win:{batch}")
+        self._step = script(state.redis, "batch_window")
+
+    def _keys(self) -> list[str]:
+        parts = [f"{self.name}:{part}" for part in ("todo", "pending", "out", "items")]
+        stops = [self.state.key("cancel"), self.state.key(f"abort:{self.batch}")]
+        return [self.name, *parts, *stops, f"{self.name}:next", self.state.key("run")]
+
+    def _call(self, mode: str, *args: object) -> WindowStep:
+        reply = self._step(keys=self._keys(), args=[mode, self.state.ttl, self.plan_id, *args])
+        state = reply[0].decode()
+        if state == "stale":
+            return WindowStep(state)
+        chunks = [Chunk.parse(c) for c in reply[3:]]
+        return WindowStep(state, reply[1].decode(), float(reply[2]), chunks)
+
+    def plan(
+        self,
+        blocks: list[tuple[int, int, bytes]],
+        header: dict[str, object],
+        *,
+        window: int,
+        max_items: int,
+        min_items: int,
+        chunk_seconds: float,
+        priority: str,
+    ) -> WindowStep:
+        """Store the batch's blocks (start, end, encoded items) and header, then claim the first window."""
+        pipe = self.state.redis.pipeline(transaction=False)
+        items = f"{self.name}:items"
+        pipe.delete(items)
+        for i in range(0, len(blocks), 500):
+            pipe.hset(items, mapping={str(a): payload for a, _, payload in blocks[i : i + 500]})
+        pipe.expire(items, self.state.ttl)
+        pipe.execute()
+        spans = [f"{a}:{b}" for a, b, _ in blocks]
+        header_bytes = msgpack.packb(header, use_bin_type=True)
+        return self._call(
+            "plan", window, max_items, min_items, chunk_seconds, header_bytes, priority, time.time(), *spans
+        )
+
+    def finish(self, start: int, outcome: bytes, items: int, seconds: float, window: int) -> WindowStep:
+        """Record a chunk's outcome once and claim what its place in the window (now `window` chunks) lets go."""
+        return self._call("finish", start, outcome, items, f"{seconds:.6f}", window, time.time())
+
+    def open_windows(self) -> int:
+        """Mark this batch's window open (now) and count the open ones across the cluster, this one included."""
+        now = time.time()
+        pipe = self.state.redis.pipeline(transaction=False)
+        pipe.zadd(WINDOWS, {self.member: now})
+        pipe.zremrangebyscore(WINDOWS, "-inf", now - IDLE_SECONDS)
+        pipe.zcard(WINDOWS)
+        return max(1, int(pipe.execute()[2]))
+
+    @property
+    def member(self) -> str:
+        return f"{self.state.run_id}|{self.batch}"
+
+    def header(self) -> dict[str, object]:
+        raw = self.state.redis.hget(self.name, "header")
+        if raw is None:
+            raise LookupError(f"batch {self.batch} of run {self.state.run_id}: its plan is gone from Redis")
+        return msgpack.unpackb(raw, raw=False)
+
+    def items(self, blocks: list[int]) -> list[bytes]:
+        """The encoded items of these blocks (a chunk's message carries them)."""
+        found = self.state.redis.hmget(f"{self.name}:items", [str(b) for b in blocks])
+        if any(blob is None for blob in found):
+            raise LookupError(f"batch {self.batch} of run {self.state.run_id}: items of blocks {blocks} are gone")
+        return list(found)
+
+    def outcomes(self) -> list[bytes]:
+        """Every finished chunk's outcome bytes, in index order (what a chord would hand its body)."""
+        out = self.state.redis.hgetall(f"{self.name}:out")
+        return [out[k] for k in sorted(out, key=int)]
+
+    def crash(self, error: str) -> None:
+        """A chunk raised (not an item failure): the batch can never be merged; a client following it is told."""
+        self.state.redis.hset(self.name, "error", error)
+
+    def crashed(self) -> str | None:
+        raw = self.state.redis.hget(self.name, "error")
+        return raw.decode() if raw else None
+
+    def drop(self) -> None:
+        """The window is merged: its keys go (the kept outcomes live on in `chunks:<batch>`)."""
+        names = ["", ":todo", ":pending", ":out", ":items", ":next"]
+        self.state.redis.delete(*[self.name + n for n in names])
+        self.state.redis.zrem(WINDOWS, self.member)
