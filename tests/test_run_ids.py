@@ -32,10 +32,11 @@ def test_runs_in_a_pipe_is_a_tab_separated_table_of_whole_values(two_runs: tuple
     proc = run_cli("runs", "--limit", "100", env=cli_env(CHORDFLOW_BROKER_URL=NO_REDIS))
     assert proc.returncode == 0, proc.stderr
     lines = proc.stdout.splitlines()
-    assert lines[0].split("\t") == ["run", "workflow", "backend", "status", "progress", "started", "duration"]
+    header = ["run", "workflow", "backend", "priority", "status", "progress", "started", "duration"]
+    assert lines[0].split("\t") == header
     rows = {line.split("\t")[0]: line.split("\t") for line in lines[1:]}
     for run_id in two_runs:
-        assert rows[run_id][1:4] == [WF["name"], "local", "succeeded"]
+        assert rows[run_id][1:5] == [WF["name"], "local", "normal", "succeeded"]
 
 
 def test_runs_in_an_80_column_terminal_prints_whole_ids_and_statuses(two_runs: tuple[str, str]) -> None:

@@ -327,8 +327,8 @@ def _warn_local_only(exc: Exception) -> None:
 
 
 #: The columns of `runs`; in a narrow terminal the last of DROPPED_FIRST go first, `run` and `status` never.
-RUNS_COLUMNS = ("run", "workflow", "backend", "status", "progress", "started", "duration")
-DROPPED_FIRST = ("backend", "duration", "started", "progress", "workflow")
+RUNS_COLUMNS = ("run", "workflow", "backend", "priority", "status", "progress", "started", "duration")
+DROPPED_FIRST = ("backend", "priority", "duration", "started", "progress", "workflow")
 
 
 def _run_row(r: Any, datasets: Any) -> tuple[str, ...]:
@@ -340,7 +340,7 @@ def _run_row(r: Any, datasets: Any) -> tuple[str, ...]:
             counts = datasets.progress(r)
             progress = f"{counts['done']}/{counts['total'] if counts['total'] is not None else '?'} records"
     started = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(r.created))
-    return r.run_id, r.name, r.backend, r.status, progress, started, f"{r.updated - r.created:.1f}s"
+    return r.run_id, r.name, r.backend, r.priority, r.status, progress, started, f"{r.updated - r.created:.1f}s"
 
 
 def _fitting_columns(rows: list[tuple[str, ...]], width: int) -> list[str]:
