@@ -34,6 +34,7 @@ from worker.engine.loader import load, source_of
 from worker.engine.stepper import outputs as recorded_outputs
 from worker.nodes.llm import usage_totals
 from worker.runs.record import FINAL, RESULT_STATUS, RunRecord, RunResult, new_run_id, resume_refusal
+from worker.runs.redrive import redrive_batch
 from worker.runs.resume_point import go_on_under
 from worker.runs.store import RunStore, Unrecoverable
 
@@ -291,6 +292,18 @@ def resume_cluster(run_id: str, workflow: Any = None) -> None:
     state.clear_stops()
     runs.set_status(run_id, "queued", None)
     current_app().send_task("chordflow.advance", (run_id, step))
+
+
+def redrive_cluster(run_id: str, node: str) -> int:
+    """Hand a finished cluster run back to the workers from its batch node `node`, which runs its failed items
+    again (worker/runs/redrive.py); returns how many items failed."""
+    record, runs = find_run(run_id, signing.publishing_signer(current_app()))  # its record is written signed
+    with broker_errors(settings.load().result_backend):
+        plan = redrive_batch(runs, record, node)
+        RunState(run_id).clear_stops()
+        runs.set_status(run_id, "queued", None)
+        current_app().send_task("chordflow.advance", (run_id, plan.step))
+    return plan.failed
 
 
 def update_run(run_id: str, changes: dict[str, Any]) -> dict[str, Any]:
