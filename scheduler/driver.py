@@ -49,8 +49,8 @@ def run(
     original exception; an unhandled `error` action ends the run with status "failed".
     """
     started = time.perf_counter()
-    wf = load(workflow)
     store = shared if shared is not None else {}
+    wf = load(workflow, [*(inputs or {}), *store])  # what the run is given is a known input
     apply_inputs(wf, store, inputs)
     flow = compile(wf)
     if options:

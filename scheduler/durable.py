@@ -63,8 +63,8 @@ def submit(
     """
     if idempotency_key is not None and not 0 < len(idempotency_key) <= MAX_KEY_LENGTH:
         raise ValidationError(f"idempotency key: 1 to {MAX_KEY_LENGTH} characters, got {len(idempotency_key)}")
-    wf = load(workflow)
     from_file = read_encoded(inputs_file) if inputs_file is not None else {}
+    wf = load(workflow, [*(inputs or {}), *from_file])  # what the run is given is a known input
     store: dict[str, Any] = {}
     apply_inputs(wf, store, inputs, encoded=from_file)
     # A client without the key fails before it records anything; with it, the run's workflow is recorded signed.
