@@ -101,6 +101,13 @@ def test_redrive_refuses_a_run_still_running(celery_cluster: Any, tmp_path: Path
     assert scheduler.wait(run_id, timeout=90).status == "success"
 
 
+def test_redrive_refuses_a_run_a_client_drove_on_the_cluster(celery_cluster: Any, tmp_path: Path) -> None:
+    run_id = scheduler.run(workflow(tmp_path), {"items": items(tmp_path, 2)}, backend="celery").run_id
+    with pytest.raises(ValidationError, match=f"run {run_id} sent its batches to the cluster from the process"):
+        scheduler.redrive(run_id, node="b")
+    assert len(lines(tmp_path / "log")) == 1  # nothing ran again
+
+
 def test_cli_redrive_node_shows_what_it_keeps_and_refuses_in_one_line(tmp_path: Path) -> None:
     paths = items(tmp_path, 4)
     path = write_wf(tmp_path, workflow(tmp_path))

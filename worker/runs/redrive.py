@@ -46,6 +46,11 @@ def plan_batch_redrive(runs: RunStore, record: RunRecord, node: str) -> BatchRed
         raise ValidationError(f"run {run_id} is {record.status}; only a finished run can be redriven")
     if record.dataset is not None:
         raise ValidationError(f"run {run_id} is a dataset job: `chordflow redrive {run_id}` (no --node) redrives it")
+    if not runs.durable and record.backend != "local":  # its chord bodies merge only the chunks they ran
+        raise ValidationError(
+            f"run {run_id} sent its batches to the cluster from the process that ran it (scheduler.run with "
+            "backend='celery'): only a local or a submitted run's batch node can be redriven"
+        )
     spec = next((n for n in load(record.workflow).nodes if n.id == node), None)
     if spec is None or spec.batch is None:
         what = "has no node" if spec is None else "has no batch node"
