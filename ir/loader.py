@@ -60,6 +60,13 @@ def declare_given(raw: Any, names: Collection[str]) -> Any:
     return {**raw, "inputs": {**declared, **(before or {})}}
 
 
+def given_inputs(raw: dict[str, Any]) -> list[str]:
+    """The inputs `declare_given` declared in a run's recorded workflow: an edited workflow the run goes on
+    under (`resume --workflow`, a repair) is loaded knowing them too."""
+    inputs = raw.get("inputs")
+    return [name for name, spec in inputs.items() if isinstance(spec, dict) and spec.get("given")] if inputs else []
+
+
 def _all_given(inputs: Any) -> bool:
     """Whether raw `inputs` hold only inputs declared by `declare_given` (a run's workflow loaded again)."""
     specs = inputs.values() if isinstance(inputs, dict) else ()

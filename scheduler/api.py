@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from ir.errors import BackendError, ValidationError
+from ir.loader import given_inputs
 from scheduler import driver, lookup
 from scheduler.cwd import use_cwd_modules
 from scheduler.records import Items
@@ -160,7 +161,7 @@ def plan_resume(run_id: str, workflow: Any = None) -> ResumePlan:
     record, runs = lookup.find_run(run_id)
     if workflow is None:
         return ResumePlan(record, runs, runs.trail(run_id), record.node, record.step)
-    point = resume_point(runs.steps(run_id), record, build_flow(load(workflow)))
+    point = resume_point(runs.steps(run_id), record, build_flow(load(workflow, given_inputs(record.workflow))))
     return ResumePlan(record, runs, point.kept, point.node, point.step, point.reason)
 
 

@@ -14,6 +14,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ir.errors import Fenced, RunCancelled, UnknownRun, ValidationError
+from ir.loader import given_inputs
 from scheduler import backends
 from scheduler.compiler import compile
 from scheduler.inputs import apply_inputs
@@ -86,7 +87,7 @@ def resume(
         flow = compile(load(record.workflow))
         cursor = Cursor(record.node, record.step)
     else:
-        flow = compile(load(workflow))
+        flow = compile(load(workflow, given_inputs(record.workflow)))
         point = go_on_under(runs, record, flow, source_of(workflow))
         cursor = Cursor(point.node, point.step)
     store = runs.load_store(run_id)

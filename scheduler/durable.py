@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from ir.errors import BackendError, IdempotencyConflict, ValidationError, WaitTimeout
+from ir.loader import given_inputs
 from scheduler import datasets
 from scheduler.backends.celery import broker_errors
 from scheduler.inputs import apply_inputs
@@ -287,7 +288,8 @@ def resume_cluster(run_id: str, workflow: Any = None) -> None:
         raise ValidationError(refusal)
     step = record.step
     if workflow is not None:
-        step = go_on_under(runs, record, build_flow(load(workflow)), source_of(workflow)).step
+        flow = build_flow(load(workflow, given_inputs(record.workflow)))
+        step = go_on_under(runs, record, flow, source_of(workflow)).step
     state = RunState(run_id)
     state.clear_stops()
     runs.set_status(run_id, "queued", None)

@@ -141,3 +141,22 @@ def test_a_misspelt_reference_to_a_given_input_still_gets_the_did_you_mean(tmp_p
     assert line.endswith("params.v: ${itmes} refers to unknown node or input 'itmes' (did you mean 'items'?)")
     with pytest.raises(ValidationError, match=r"'itmes' \(did you mean 'items'\?\)"):
         scheduler.run(wf, {"items": [1]})
+
+
+def test_a_run_given_undeclared_inputs_resumes_under_an_edited_workflow(backend: str, tmp_path: Path) -> None:
+    wf, run_id = given_wf(tmp_path), uuid.uuid4().hex[:12]
+    with pytest.raises(FileNotFoundError):
+        if backend == "local":
+            scheduler.run(wf, {"xs": [1, 2]}, run_id=run_id)
+        else:
+            scheduler.wait(scheduler.submit(wf, {"xs": [1, 2]}, run_id=run_id), timeout=90)
+    edited = given_wf(tmp_path)  # as the user edits the file: no inputs declared; `late` no longer needs `fix`
+    del edited["nodes"][2]["params"]["requires"]
+    if backend == "local":
+        resumed = scheduler.resume(run_id, workflow=edited)
+    else:
+        scheduler.api.resume_cluster(run_id, workflow=edited)
+        resumed = scheduler.wait(run_id, timeout=90)
+    assert resumed.status == "success"
+    assert (tmp_path / "log").read_text() == "[1, 2]\n"
+    assert scheduler.api.cached_nodes(run_id) == ["s", "b", "late"]

@@ -18,6 +18,7 @@ from rich.text import Text
 
 import ir
 from ir.errors import WaitTimeout
+from ir.loader import given_inputs
 from scheduler.cli import repair as cli_repair
 from scheduler.cli.errors import EXIT_TIMEOUT, CliUsageError
 from scheduler.cli.follow import follow, follow_cluster_run
@@ -88,7 +89,7 @@ def resume(ctx: click.Context, run_id: str, output: str, edited: str | None) -> 
     def start(**hooks: Any) -> Any:
         result = scheduler.resume(run_id, workflow=edited, **hooks)
         store.update(result.shared)
-        return ir.load(edited or record.workflow), result
+        return ir.load(edited or record.workflow, inputs=given_inputs(record.workflow)), result
 
     follow(ctx, output, run_id, store, start)
 
