@@ -138,7 +138,7 @@ def template_references(wf: Workflow) -> Iterator[str]:
                     yield f"{location}: {ref.shown} refers to node '{root}', which does not run before '{node.id}'"
                 continue
             hint = _did_you_mean(root, ids | inputs)
-            if wf.inputs is not None or hint:
+            if wf.declares_inputs or hint:
                 yield f"{location}: {ref.shown} refers to unknown node or input {shown(root)}{hint}"
 
 
@@ -158,7 +158,7 @@ def output_references(wf: Workflow) -> Iterator[str]:
             if ref.root in ids or ref.root in inputs or ref.root.startswith("_"):
                 continue
             hint = _did_you_mean(ref.root, ids | inputs)
-            if wf.inputs is not None or hint:  # without declared inputs, an unknown name may be a run input
+            if wf.declares_inputs or hint:  # without declared inputs, an unknown name may be a run input
                 yield f"outputs.{name}.source: {ref.shown} refers to unknown node or input {shown(ref.root)}{hint}"
 
 

@@ -26,7 +26,7 @@ def unknown_input(wf: Workflow, name: str) -> str | None:
     A workflow that declares no inputs accepts any name.
     """
     declared = list(wf.inputs or {})
-    if not declared or name in declared:
+    if not wf.declares_inputs or name in declared:
         return None
     close = _closest(name, wf)
     hint = f"did you mean '{close}'?" if close else f"declared inputs: {', '.join(declared)}"

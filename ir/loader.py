@@ -44,6 +44,35 @@ def _read(source: Any) -> tuple[Any, str | None, Path | None]:
     raise ValidationError(f"cannot load a workflow from {type(source).__name__}; pass a dict, JSON text or a path")
 
 
+def declare_given(raw: Any, names: Collection[str]) -> Any:
+    """`raw` with the input names a run is given declared (`given`, not required), when it declares no inputs.
+
+    Such a workflow takes any input, so a template naming one is a known input (not "unknown node or input",
+    with a did-you-mean on a node's id); and as the run records the workflow so declared, every later load of
+    it (a resume, a worker's advance, `results`) knows them too. It still counts as declaring no inputs
+    (`Workflow.declares_inputs`): any other name is taken, and a template naming no node or input is left to
+    the run (a key of `shared=`) unless it looks like a misspelt one. A name that cannot be an input name (which
+    no template can name) is left out. A workflow that declares inputs is as it was."""
+    declared = {name: {"required": False, "given": True} for name in names if isinstance(name, str) and is_name(name)}
+    before = raw.get("inputs") if isinstance(raw, dict) else None
+    if not declared or not isinstance(raw, dict) or not (before is None or _all_given(before)):
+        return raw
+    return {**raw, "inputs": {**declared, **(before or {})}}
+
+
+def given_inputs(raw: dict[str, Any]) -> list[str]:
+    """The inputs `declare_given` declared in a run's recorded workflow: an edited workflow the run goes on
+    under (`resume --workflow`, a repair) is loaded knowing them too."""
+    inputs = raw.get("inputs")
+    return [name for name, spec in inputs.items() if isinstance(spec, dict) and spec.get("given")] if inputs else []
+
+
+def _all_given(inputs: Any) -> bool:
+    """Whether raw `inputs` hold only inputs declared by `declare_given` (a run's workflow loaded again)."""
+    specs = inputs.values() if isinstance(inputs, dict) else ()
+    return bool(specs) and all(isinstance(spec, dict) and spec.get("given") for spec in specs)
+
+
 def _check_depth(source: Mapping[str, Any] | Workflow) -> None:
     found = limits.problem_in(source)
     if found is not None:
@@ -174,15 +203,19 @@ def load(
     *,
     node_types: Collection[str] | None = None,
     node_checks: Callable[[Workflow], Iterable[str]] | None = None,
+    inputs: Collection[str] = (),
 ) -> Workflow:
     """Parse and statically check a workflow, and include its sub-workflows (ir/subworkflows.py).
 
     `source` is a dict, JSON text, a path or a Workflow. With `node_types`, unknown node types are
     reported too (the scheduler passes the registry's names; `ir` itself knows no node types but
     `workflow`); `node_checks` adds the node types' own problems (their params), reported with the rest.
+    `inputs`: the names a run is given (`--input`, `inputs=`, the keys of `shared=`); a workflow that declares
+    no inputs gets them declared (`declare_given`), so its templates may name them.
     What is suspicious but valid is returned in `workflow.warnings` (never serialized).
     """
     raw, label, path = _read(source)
+    raw = declare_given(raw, inputs)
     doc = subworkflows.Document.top(label, path)
     workflow = _document(raw, doc, node_types, node_checks)
     if workflow is not None:

@@ -200,6 +200,11 @@ class InputSpec(_Model):
     type: str | None = None
     required: bool = True
     default: Any = None
+    given: bool | None = Field(
+        None,
+        description="set by chordflow in the workflow a run records: an input the run was given that the workflow "
+        "did not declare",
+    )
 
 
 class OutputSpec(_Model):
@@ -257,6 +262,13 @@ class Workflow(_Model):
     @classmethod
     def _output_names(cls, value: Any) -> Any:
         return _check_names(value, "output name")
+
+    @property
+    def declares_inputs(self) -> bool:
+        """Whether the workflow's author declared its inputs (then a name it does not declare is unknown). Inputs a
+        run was given, declared by `ir.load` in a workflow that declared none (`given`), do not count."""
+        inputs = self.inputs
+        return inputs is not None and not (inputs and all(spec.given for spec in inputs.values()))
 
     @property
     def warnings(self) -> list[str]:

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from ir.errors import BackendError, ValidationError
+from ir.loader import given_inputs
 from scheduler import driver, lookup
 from scheduler.cwd import use_cwd_modules
 from scheduler.records import Items
@@ -26,6 +27,7 @@ from worker.engine.flow import build_flow
 from worker.engine.loader import load
 from worker.engine.stepper import outputs as recorded_outputs
 from worker.runs.record import FINAL, RunRecord, RunResult, new_run_id
+from worker.runs.redrive import BatchRedrive, plan_batch_redrive
 from worker.runs.resume_point import items_from_checkpoint, resume_point
 from worker.runs.store import RunStore
 from worker.runs.store import prune as prune_runs
@@ -165,7 +167,7 @@ def plan_resume(run_id: str, workflow: Any = None) -> ResumePlan:
     record, runs = lookup.find_run(run_id)
     if workflow is None:
         return ResumePlan(record, runs, runs.trail(run_id), record.node, record.step)
-    point = resume_point(runs.steps(run_id), record, build_flow(load(workflow)))
+    point = resume_point(runs.steps(run_id), record, build_flow(load(workflow, given_inputs(record.workflow))))
     return ResumePlan(record, runs, point.kept, point.node, point.step, point.reason)
 
 
@@ -188,11 +190,28 @@ def resume_cluster(run_id: str, workflow: Any = None) -> None:
     durable.resume_cluster(run_id, workflow)
 
 
-def redrive(run_id: str, **hooks: Any) -> RunResult | int:
-    """Run a finished dataset job's failed (and never run) records again; see scheduler/datasets.py."""
-    from scheduler import datasets
+def redrive(run_id: str, node: str | None = None, **hooks: Any) -> RunResult | int:
+    """Run a finished dataset job's failed (and never run) records again (scheduler/datasets.py), or with `node`,
+    a finished run's batch node's failed items, then the nodes after it (worker/runs/redrive.py).
 
-    return datasets.redrive(run_id, **hooks)
+    A local run goes on here (returns its RunResult); a cluster run is handed to the workers (returns how many
+    records or items will run again)."""
+    if node is None:
+        from scheduler import datasets
+
+        return datasets.redrive(run_id, **hooks)
+    _, runs = lookup.find_run(run_id)
+    if not runs.durable:
+        return driver.redrive(run_id, node, **hooks)
+    from scheduler import durable
+
+    return durable.redrive_cluster(run_id, node)
+
+
+def plan_redrive(run_id: str, node: str) -> BatchRedrive:
+    """What `redrive(run_id, node=node)` would keep and run again, before anything moves (its refusals too)."""
+    record, runs = lookup.find_run(run_id)
+    return plan_batch_redrive(runs, record, node)
 
 
 def update(

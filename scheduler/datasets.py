@@ -71,9 +71,9 @@ def prepare(
     """(the job's run record, not yet stored; its Dataset; the store of inputs common to every record; the
     record windows to read), all checked before anything is recorded: a file that cannot be read records no run.
     """
-    wf = load(workflow)
-    problems = []
     common = dict(inputs or {})
+    wf = load(workflow, [*common, *([as_] if as_ != "-" else [])])  # what each record is given is a known input
+    problems = []
     if as_ != "-" and not is_identifier(as_):
         problems.append(f"--as: must be an input name or '-' (the record's fields are the inputs), got '{as_}'")
     elif as_ != "-" and (problem := unknown_input(wf, as_)):

@@ -14,6 +14,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ir.errors import Fenced, RunCancelled, UnknownRun, ValidationError
+from ir.loader import given_inputs
 from scheduler import backends
 from scheduler.compiler import compile
 from scheduler.inputs import apply_inputs
@@ -26,6 +27,7 @@ from worker.engine.sections import StoredBranches
 from worker.engine.stepper import ThreadedSections, batch_nodes, drive, ending
 from worker.engine.steps import Cursor
 from worker.runs.record import RECORD_STATUS, RunRecord, RunResult, StepJournal, new_run_id, resume_refusal
+from worker.runs.redrive import redrive_batch
 from worker.runs.resume_point import go_on_under
 from worker.runs.sqlite import LocalRuns
 
@@ -48,8 +50,8 @@ def run(
     original exception; an unhandled `error` action ends the run with status "failed".
     """
     started = time.perf_counter()
-    wf = load(workflow)
     store = shared if shared is not None else {}
+    wf = load(workflow, [*(inputs or {}), *store])  # what the run is given is a known input
     apply_inputs(wf, store, inputs)
     flow = compile(wf)
     if options:
@@ -85,12 +87,34 @@ def resume(
         flow = compile(load(record.workflow))
         cursor = Cursor(record.node, record.step)
     else:
-        flow = compile(load(workflow))
+        flow = compile(load(workflow, given_inputs(record.workflow)))
         point = go_on_under(runs, record, flow, source_of(workflow))
         cursor = Cursor(point.node, point.step)
     store = runs.load_store(run_id)
     runs.set_status(run_id, "running")
     return _go_on(flow, record, cursor, store, runs, on_event, cancelled, on_node_start, started)
+
+
+def redrive(
+    run_id: str,
+    node: str,
+    *,
+    on_event: Callable[[dict[str, Any]], None] | None = None,
+    cancelled: threading.Event | None = None,
+    on_node_start: Callable[[str], None] | None = None,
+) -> RunResult:
+    """Run a finished run's batch node `node` again for its failed items only, then the nodes after it, under the
+    same id (worker/runs/redrive.py)."""
+    started = time.perf_counter()
+    runs = LocalRuns.default()
+    record = runs.get(run_id)
+    if record is None:
+        raise UnknownRun(f"unknown run '{run_id}' (not in {runs.where})", run_id)
+    plan = redrive_batch(runs, record, node)
+    flow = compile(load(record.workflow))
+    store = runs.load_store(run_id)
+    runs.set_status(run_id, "running")
+    return _go_on(flow, record, Cursor(node, plan.step), store, runs, on_event, cancelled, on_node_start, started)
 
 
 def _go_on(

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from ir.errors import BackendError, IdempotencyConflict, ValidationError, WaitTimeout
+from ir.loader import given_inputs
 from scheduler import datasets
 from scheduler.backends.celery import broker_errors
 from scheduler.inputs import apply_inputs
@@ -35,6 +36,7 @@ from worker.engine.loader import load, source_of
 from worker.engine.stepper import outputs as recorded_outputs
 from worker.nodes.llm import usage_totals
 from worker.runs.record import FINAL, RESULT_STATUS, RunRecord, RunResult, new_run_id, resume_refusal
+from worker.runs.redrive import redrive_batch
 from worker.runs.resume_point import go_on_under
 from worker.runs.store import RunStore, Unrecoverable
 
@@ -66,8 +68,8 @@ def submit(
     """
     if idempotency_key is not None and not 0 < len(idempotency_key) <= MAX_KEY_LENGTH:
         raise ValidationError(f"idempotency key: 1 to {MAX_KEY_LENGTH} characters, got {len(idempotency_key)}")
-    wf = load(workflow)
     from_file = read_encoded(inputs_file) if inputs_file is not None else {}
+    wf = load(workflow, [*(inputs or {}), *from_file])  # what the run is given is a known input
     store: dict[str, Any] = {}
     apply_inputs(wf, store, inputs, encoded=from_file)
     # A client without the key fails before it records anything; with it, the run's workflow is recorded signed.
@@ -305,11 +307,24 @@ def resume_cluster(run_id: str, workflow: Any = None) -> None:
         raise ValidationError(refusal)
     step = record.step
     if workflow is not None:
-        step = go_on_under(runs, record, build_flow(load(workflow)), source_of(workflow)).step
+        flow = build_flow(load(workflow, given_inputs(record.workflow)))
+        step = go_on_under(runs, record, flow, source_of(workflow)).step
     state = RunState(run_id)
     state.clear_stops()
     runs.set_status(run_id, "queued", None)
     send_advance("chordflow.advance", (run_id, step))
+
+
+def redrive_cluster(run_id: str, node: str) -> int:
+    """Hand a finished cluster run back to the workers from its batch node `node`, which runs its failed items
+    again (worker/runs/redrive.py); returns how many items failed."""
+    record, runs = find_run(run_id, signing.publishing_signer(current_app()))  # its record is written signed
+    with broker_errors(settings.load().result_backend):
+        plan = redrive_batch(runs, record, node)
+        RunState(run_id).clear_stops()
+        runs.set_status(run_id, "queued", None)
+        current_app().send_task("chordflow.advance", (run_id, plan.step))
+    return plan.failed
 
 
 def update_run(run_id: str, changes: dict[str, Any]) -> dict[str, Any]:

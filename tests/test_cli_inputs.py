@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import json
+import uuid
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 import scheduler
 from ir.errors import ValidationError
-from tests.test_cli import assert_one_line_error, run_cli, write_wf
+from tests.test_cli import assert_one_line_error, cli_env, run_cli, write_wf
 
 FOLDER_WF = {
     "inputs": {"folder": {"description": "where the files are", "required": True}},
@@ -77,3 +79,84 @@ def test_run_rejects_an_input_value_nested_too_deep() -> None:
         inner = inner[0]
     with pytest.raises(ValidationError, match=r"^inputs\.folder: nested deeper than 100 levels$"):
         scheduler.run(FOLDER_WF, {"folder": deep})
+
+
+# -- inputs given to a workflow that declares none ---------------------------------------------------------------
+
+
+def given_wf(tmp_path: Path) -> dict:
+    """No declared inputs; a node `s` (so `${xs}` alone would suggest it), a batch over `${xs}` (its chunks load
+    the recorded workflow on the workers), then a node that fails until the file `fix` exists (for a resume)."""
+    batch = {"id": "b", "type": "echo", "params": {"v": "${item}", "all": "${xs}"}, "batch": {"items": "${xs}"}}
+    fails = {"id": "late", "type": "test-side-effect",
+             "params": {"log": str(tmp_path / "log"), "label": "${xs}", "requires": str(tmp_path / "fix")}}  # fmt: skip
+    return {"nodes": [{"id": "s", "type": "echo", "params": {"v": "${xs}"}}, batch, fails]}
+
+
+def test_an_input_given_to_a_workflow_without_declared_inputs_is_known_to_every_load(
+    backend: str, tmp_path: Path
+) -> None:
+    wf = given_wf(tmp_path)
+    run_id = uuid.uuid4().hex[:12]
+    with pytest.raises(FileNotFoundError):  # the node's exception, raised again by `wait` for a cluster run
+        if backend == "local":
+            scheduler.run(wf, {"xs": [1, 2, 3]}, run_id=run_id)
+        else:
+            scheduler.wait(scheduler.submit(wf, {"xs": [1, 2, 3]}, run_id=run_id), timeout=90)
+    assert scheduler.status(run_id)["status"] == "failed"  # at `late`: s and b ran, with ${xs} resolved
+    (tmp_path / "fix").touch()
+    if backend == "local":  # the recorded workflow is loaded again, without the run's inputs at hand
+        resumed = scheduler.resume(run_id)
+    else:
+        scheduler.api.resume_cluster(run_id)
+        resumed = scheduler.wait(run_id, timeout=90)
+    assert resumed.status == "success"
+    assert resumed.shared["s"]["v"] == [1, 2, 3]
+    assert [r["v"] for r in resumed.shared["b"]["results"]] == [1, 2, 3]
+    assert (tmp_path / "log").read_text() == "[1, 2, 3]\n"
+
+
+def test_cli_run_with_an_undeclared_input_on_both_backends(backend: str, tmp_path: Path, request: Any) -> None:
+    wf = given_wf(tmp_path)
+    (tmp_path / "fix").touch()
+    env = cli_env()
+    if backend == "celery":
+        env.update(request.getfixturevalue("celery_cluster").env)
+    path = write_wf(tmp_path, wf)
+    proc = run_cli("run", path, "--input", "xs=[1,2,3]", "--backend", backend, "--output", "json", env=env)
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads(proc.stdout)
+    assert report["status"] == "success"
+    assert report["store"]["s"]["v"] == [1, 2, 3]
+    submitted = run_cli("submit", path, "--input", "xs=[4]", env=env)
+    if backend == "celery":
+        assert submitted.returncode == 0, submitted.stderr
+        assert scheduler.wait(submitted.stdout.strip(), timeout=90).shared["b"]["results"] == [{"v": 4, "all": [4]}]
+
+
+def test_a_misspelt_reference_to_a_given_input_still_gets_the_did_you_mean(tmp_path: Path) -> None:
+    wf = {"nodes": [{"id": "s", "type": "echo", "params": {"v": "${itmes}"}}]}
+    proc = run_cli("run", write_wf(tmp_path, wf), "--input", "items=[1,2,3]")
+    line = assert_one_line_error(proc, 2)
+    assert line.endswith("params.v: ${itmes} refers to unknown node or input 'itmes' (did you mean 'items'?)")
+    with pytest.raises(ValidationError, match=r"'itmes' \(did you mean 'items'\?\)"):
+        scheduler.run(wf, {"items": [1]})
+
+
+def test_a_run_given_undeclared_inputs_resumes_under_an_edited_workflow(backend: str, tmp_path: Path) -> None:
+    wf, run_id = given_wf(tmp_path), uuid.uuid4().hex[:12]
+    with pytest.raises(FileNotFoundError):
+        if backend == "local":
+            scheduler.run(wf, {"xs": [1, 2]}, run_id=run_id)
+        else:
+            scheduler.wait(scheduler.submit(wf, {"xs": [1, 2]}, run_id=run_id), timeout=90)
+    edited = given_wf(tmp_path)  # as the user edits the file: no inputs declared; `late` no longer needs `fix`
+    del edited["nodes"][2]["params"]["requires"]
+    if backend == "local":
+        resumed = scheduler.resume(run_id, workflow=edited)
+    else:
+        scheduler.api.resume_cluster(run_id, workflow=edited)
+        resumed = scheduler.wait(run_id, timeout=90)
+    assert resumed.status == "success"
+    assert (tmp_path / "log").read_text() == "[1, 2]\n"
+    assert scheduler.api.cached_nodes(run_id) == ["s", "b", "late"]

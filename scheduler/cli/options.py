@@ -33,29 +33,46 @@ def _checked_run_id(ctx: click.Context, param: click.Parameter, value: str) -> s
 run_id_argument = click.argument("run_id", callback=_checked_run_id)
 
 
-def parse_inputs(pairs: tuple[str, ...], inputs_file: str | None, wf: ir.Workflow | None = None) -> dict[str, Any]:
-    """`--inputs-file` (a JSON object) first, then each `--input KEY=VALUE` on top of it.
-
-    With `wf`, an `--input` key the workflow does not declare is an error (with a did-you-mean).
-    """
-    from scheduler.inputs import parse_input_value, unknown_input
+def parse_inputs(pairs: tuple[str, ...], inputs_file: str | None) -> dict[str, Any]:
+    """`--inputs-file` (a JSON object) first, then each `--input KEY=VALUE` on top of it."""
+    from scheduler.inputs import parse_input_value
     from scheduler.inputs_file import read_whole
 
     inputs: dict[str, Any] = {}
     if inputs_file is not None:
         inputs.update(read_whole(inputs_file))
-    unknown = []
     for pair in pairs:
         key, sep, value = pair.partition("=")
         key = key.strip()
         if not sep or not key:
             raise CliUsageError(f"--input {pair!r}: expected KEY=VALUE")
-        if wf is not None and (problem := unknown_input(wf, key)):
-            unknown.append(f"--input {key}=...: {problem}")
         inputs[key] = parse_input_value(value, f"--input {key}")
-    if unknown:
-        raise ValidationError(unknown)
     return inputs
+
+
+def load_for_run(
+    workflow: str, pairs: tuple[str, ...], inputs_file: str | None, dataset: dict[str, Any] | None, *, whole: bool
+) -> tuple[ir.Workflow, dict[str, Any]]:
+    """The workflow a run starts with and its inputs: `--inputs-file` parsed whole into them (`whole`: a run of
+    this process) or only its names read (the cluster reads it into the run's store itself), then `--input`.
+
+    Every name given (and a dataset job's `--as`) is a known input of a workflow that declares none (`ir.load`);
+    of one that declares inputs, an `--input` name it does not declare is an error with a did-you-mean (not in
+    a dataset job, whose records may carry inputs)."""
+    from scheduler.inputs import unknown_input
+    from scheduler.inputs_file import read_encoded
+    from worker.engine.loader import load
+
+    inputs = parse_inputs(pairs, inputs_file if whole else None)
+    names = [*inputs, *(read_encoded(inputs_file) if inputs_file is not None and not whole else ())]
+    if dataset is not None and dataset["as_"] != "-":
+        names.append(dataset["as_"])
+    wf = load(workflow, names)
+    if dataset is None:
+        keys = dict.fromkeys(pair.partition("=")[0].strip() for pair in pairs)
+        if unknown := [f"--input {key}=...: {problem}" for key in keys if (problem := unknown_input(wf, key))]:
+            raise ValidationError(unknown)
+    return wf, inputs
 
 
 def dataset_options(command: Callable[..., Any]) -> Callable[..., Any]:

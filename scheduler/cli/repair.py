@@ -104,7 +104,7 @@ def repairing(
             if original is None:
                 raise
             if recorded is None:
-                runner.inputs = parse_inputs(*inputs, None)
+                runner.inputs = parse_inputs(*inputs)
             return run_repair(ctx, original, failure, runner, options, Path(workflow).name, store)
         if result.status != "failed":
             return wf, result

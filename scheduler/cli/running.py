@@ -14,7 +14,7 @@ import ir
 from scheduler.cli import repair as cli_repair
 from scheduler.cli.errors import DEBUG_KEY, EXIT_CANCELLED, EXIT_FAILED, EXIT_OK, CliUsageError
 from scheduler.cli.follow import follow, follow_cluster_run
-from scheduler.cli.options import dataset_job, dataset_options, parse_inputs
+from scheduler.cli.options import dataset_job, dataset_options, load_for_run
 from scheduler.cli.output import stderr_console, to_json
 
 
@@ -55,7 +55,6 @@ def run(
     if debug:
         ctx.meta[DEBUG_KEY] = True
     import scheduler
-    from worker.engine.loader import load
 
     if detach and (backend == "local" or as_stream):
         why = "it follows the run's events" if as_stream else "a local run lives in this process"
@@ -64,18 +63,16 @@ def run(
     run_id = uuid.uuid4().hex[:12]
     dataset = dataset_job(items, job)
     if as_stream:
-        _stream_events(workflow, parse_inputs(pairs, inputs_file, load(workflow)), backend, run_id)
+        _, inputs = load_for_run(workflow, pairs, inputs_file, None, whole=True)  # checked here, loaded by the run
+        _stream_events(workflow, inputs, backend, run_id)
         return
 
     def start(**hooks: Any) -> Any:
-        wf = load(workflow)
+        wf, inputs = load_for_run(workflow, pairs, inputs_file, dataset, whole=backend == "local")
         if dataset is not None and backend == "local":
-            inputs = parse_inputs(pairs, inputs_file, None)
             return wf, scheduler.run(wf, inputs, backend=backend, run_id=run_id, **hooks, **dataset)
         if backend == "local":
-            inputs = parse_inputs(pairs, inputs_file, wf)
             return wf, scheduler.run(wf, inputs, shared=store, backend=backend, run_id=run_id, **hooks)
-        inputs = parse_inputs(pairs, None, None if dataset else wf)
         submitted = {"inputs": inputs, "inputs_file": inputs_file, "priority": priority, **(dataset or {})}
         return wf, _submit_and_wait(ctx, wf, submitted, run_id, store, detach, output, hooks["on_event"])
 
@@ -155,15 +152,13 @@ def submit(
 
     With --items FILE: a dataset job; returns once every record is stored in Redis."""
     from scheduler import api, durable
-    from worker.engine.loader import load
 
-    wf = load(workflow)
     dataset = dataset_job(items, job) or {}
     if dataset and inputs_file is not None:
         raise CliUsageError("--inputs-file: with --items, give the inputs common to every record with --input")
     if dataset and key is not None:
         raise CliUsageError("--idempotency-key: a dataset job (--items) takes none; only a workflow submit does")
-    inputs = parse_inputs(pairs, None, None if dataset else wf)
+    _, inputs = load_for_run(workflow, pairs, inputs_file, dataset or None, whole=False)  # checked before anything
 
     def repeated(run_id: str) -> None:
         click.echo(f"note: idempotency key '{key}' was used by run {run_id}: nothing new submitted", err=True)

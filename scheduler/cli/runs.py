@@ -18,6 +18,7 @@ from rich.text import Text
 
 import ir
 from ir.errors import WaitTimeout
+from ir.loader import given_inputs
 from scheduler.cli import repair as cli_repair
 from scheduler.cli.errors import EXIT_TIMEOUT, CliUsageError
 from scheduler.cli.follow import follow, follow_cluster_run
@@ -88,31 +89,46 @@ def resume(ctx: click.Context, run_id: str, output: str, edited: str | None) -> 
     def start(**hooks: Any) -> Any:
         result = scheduler.resume(run_id, workflow=edited, **hooks)
         store.update(result.shared)
-        return ir.load(edited or record.workflow), result
+        return ir.load(edited or record.workflow, inputs=given_inputs(record.workflow)), result
 
     follow(ctx, output, run_id, store, start)
 
 
 @click.command()
 @run_id_argument
+@click.option("--node", default=None, metavar="N",
+              help="A workflow run: run batch node N's failed items again (its succeeded ones are kept), then the "
+              "nodes after it.")  # fmt: skip
 @click.option("--output", type=click.Choice(["text", "json"]), default="text", show_default=True)
-@click.option("--detach", is_flag=True, help="A cluster job: print the run id and return at once.")
+@click.option("--detach", is_flag=True, help="A cluster run: print the run id and return at once.")
 @click.pass_context
-def redrive(ctx: click.Context, run_id: str, output: str, detach: bool) -> None:
-    """Run a finished dataset job's failed records (and those never run) again, under the same run id.
+def redrive(ctx: click.Context, run_id: str, node: str | None, output: str, detach: bool) -> None:
+    """Run a finished dataset job's failed records (and those never run) again, under the same run id; with
+    --node N, a finished run's batch node N's failed items, then every node after it.
 
-    Every record that succeeded is kept and not run again; `results` then shows the new outcomes. As often
-    as needed. A local job runs here; a cluster job goes to the workers and is followed like `wait`."""
+    Every record or item that succeeded is kept and not run again; `results` then shows the new outcomes. As
+    often as needed. A local run goes on here; a cluster run goes to the workers and is followed like `wait`."""
     from scheduler import api, lookup
 
-    record, _ = lookup.find_run(run_id)
+    record, runs = lookup.find_run(run_id)
     store: dict[str, Any] = {}
-    if record.backend == "local":
-        follow(ctx, output, run_id, store, lambda **hooks: (ir.load(record.workflow), api.redrive(run_id, **hooks)))
+    if node is not None and output != "json":
+        plan = api.plan_redrive(run_id, node)
+        for cached in dict.fromkeys(plan.kept):
+            stderr_console().print(Text(f"↻ cached {cached}", style="dim"))
+        stderr_console().print(Text(f"↻ cached {plan.cached_items} items of batch node {node}", style="dim"))
+    if not runs.durable:
+        if detach:
+            raise CliUsageError(f"--detach: run {run_id} is a local run; it goes on in this process")
+        follow(
+            ctx, output, run_id, store,
+            lambda **hooks: (ir.load(record.workflow), api.redrive(run_id, node, **hooks)),
+        )  # fmt: skip
         return
-    records = api.redrive(run_id)
+    again = api.redrive(run_id, node)
     if output != "json":
-        stderr_console().print(Text(f"run {run_id}: {records} records to run again"))
+        what = "records" if node is None else f"failed items of batch node {node}"
+        stderr_console().print(Text(f"run {run_id}: {again} {what} to run again"))
     if detach:
         click.echo(run_id)
         return

@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import threading
 from collections import OrderedDict
+from collections.abc import Collection
 from pathlib import Path
 from typing import Any
 
@@ -33,11 +34,15 @@ _loaded: OrderedDict[str, ir.Workflow] = OrderedDict()
 _lock = threading.Lock()
 
 
-def load(workflow: Any) -> ir.Workflow:
+def load(workflow: Any, inputs: Collection[str] = ()) -> ir.Workflow:
     """A validated workflow from a dict, JSON text or path (or an `ir.Workflow`, as it is); one
-    ValidationError listing every problem, node types and params included."""
-    if isinstance(workflow, ir.Workflow):
+    ValidationError listing every problem, node types and params included.
+
+    `inputs`: the names of the inputs a run is given, declared in a workflow that declares none (`ir.load`)."""
+    if isinstance(workflow, ir.Workflow) and (workflow.declares_inputs or set(inputs) <= set(workflow.inputs or {})):
         return workflow
+    if inputs:  # a run being started: once per run, not worth a cache entry
+        return ir.load(workflow, node_types=registry.names(), node_checks=node_problems, inputs=inputs)
     key = _key(workflow) if isinstance(workflow, dict) else None
     if key is not None:
         with _lock:

@@ -102,6 +102,13 @@ class RunStore(Protocol):
         """The outcomes kept of a batch (`<node>#<step>`) cut short, chunk by chunk."""
         ...
 
+    def save_chunks(
+        self, run_id: str, batch: str, chunks: list[ChunkResult], counts: dict[str, int] | None = None
+    ) -> None:
+        """Keep outcomes of a batch (`<node>#<step>`) that its next dispatch does not run again (a redrive's
+        succeeded items); `counts`: the batch's {total, done, failed} so far, where the store shows them."""
+        ...
+
     def batch_rows(self, run_id: str, node: str) -> Iterator[Row]:
         """A finished batch node's items as rows, in input order."""
         ...

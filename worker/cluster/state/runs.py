@@ -327,6 +327,13 @@ class ClusterRuns:
         pipe.execute()
         return sorted([*kept, *(c for c, _ in new)], key=lambda c: c.start)
 
+    def save_chunks(
+        self, run_id: str, batch: str, chunks: list[ChunkResult], counts: dict[str, int] | None = None
+    ) -> None:
+        """Keep outcomes a dispatch of `batch` does not run again (a redrive's succeeded items); the counts go in
+        `totals` when the batch is dispatched."""
+        self.keep_chunks(run_id, batch, [snapshot.encode(c.to_wire()) for c in chunks])
+
     def saved_chunks(self, run_id: str, batch: str) -> list[ChunkResult]:
         blobs = self.redis.hgetall(run_key(run_id, f"chunks:{batch}"))
         chunks = [ChunkResult.from_wire(snapshot.decode(blob)) for blob in blobs.values()]
