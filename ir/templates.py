@@ -85,11 +85,14 @@ def is_single_template(text: str) -> bool:
 
 def lookup(context: Mapping[str, Any], path: tuple[str | int, ...]) -> Any:
     """Walk `path` through `context`; returns the MISSING sentinel when absent."""
-    value: Any = context.get(path[0], MISSING) if hasattr(context, "get") else MISSING
+    get = getattr(context, "get", None)
+    value: Any = MISSING if get is None else get(path[0], MISSING)
     for part in path[1:]:
-        if value is MISSING:
+        if value.__class__ is dict and part.__class__ is str:  # the common step (`${node.key}`), checked first
+            value = value.get(part, MISSING)
+        elif value is MISSING:
             return MISSING
-        if isinstance(part, int):
+        elif isinstance(part, int):
             value = value[part] if isinstance(value, list | tuple) and -len(value) <= part < len(value) else MISSING
         elif isinstance(value, Mapping):
             value = value.get(part, MISSING)
@@ -207,7 +210,11 @@ class CompiledParams:
             return dict(self._constant)
         resolved = dict(self._constant)
         for name, (resolver, where) in self._dynamic.items():
-            resolved[name] = resolver.resolve(context, where)
+            if resolver.kind == "ref":  # most params are one template: looked up here, one call less per param
+                value = lookup(context, resolver.payload.path)
+                resolved[name] = value if value is not MISSING else _value(context, resolver.payload, where)
+            else:
+                resolved[name] = resolver.resolve(context, where)
         return resolved
 
 
