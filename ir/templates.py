@@ -129,8 +129,12 @@ class _Resolver:
             return _value(context, payload, where)
         if kind == "text":
             return "".join(p if isinstance(p, str) else _render(_value(context, p, where)) for p in payload)
-        if kind == "dict":
-            return {k: r.resolve(context, f"{where}.{k}") for k, r in payload.items()}
+        if kind == "dict":  # a one-template entry looked up here: its label is made only for a miss's error
+            resolved = {}
+            for key, r in payload.items():
+                value = lookup(context, r.payload.path) if r.kind == "ref" else MISSING
+                resolved[key] = value if value is not MISSING else r.resolve(context, f"{where}.{key}")
+            return resolved
         return [r.resolve(context, f"{where}[{i}]") for i, r in enumerate(payload)]
 
 
@@ -210,11 +214,9 @@ class CompiledParams:
             return dict(self._constant)
         resolved = dict(self._constant)
         for name, (resolver, where) in self._dynamic.items():
-            if resolver.kind == "ref":  # most params are one template: looked up here, one call less per param
-                value = lookup(context, resolver.payload.path)
-                resolved[name] = value if value is not MISSING else _value(context, resolver.payload, where)
-            else:
-                resolved[name] = resolver.resolve(context, where)
+            # Most params are one template: looked up here, one call less per param (a miss raises in resolve).
+            value = lookup(context, resolver.payload.path) if resolver.kind == "ref" else MISSING
+            resolved[name] = value if value is not MISSING else resolver.resolve(context, where)
         return resolved
 
 
