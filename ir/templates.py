@@ -222,7 +222,9 @@ class CompiledParams:
 
 def resolve_template(text: str, context: Mapping[str, Any], where: str) -> Any:
     """Resolve one template string (e.g. `batch.items`, a workflow output) against `context`."""
-    return _compiled_text(text).resolve(context, where)
+    resolver = _compiled_text(text)
+    value = lookup(context, resolver.payload.path) if resolver.kind == "ref" else MISSING  # as CompiledParams
+    return value if value is not MISSING else resolver.resolve(context, where)
 
 
 @functools.lru_cache(maxsize=1024)
