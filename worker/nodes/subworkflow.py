@@ -34,9 +34,10 @@ _local = threading.local()
 Flow = Any
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class Call:
-    """One execution of the node: what prep resolved, for exec and post (nothing is kept on the node)."""
+    """One execution of the node: what prep resolved, for exec and post (nothing is kept on the node). Not frozen:
+    a frozen dataclass's __init__ (object.__setattr__ per field) costs ~0.8 us per record against ~0.2 us."""
 
     node_id: str
     workflow: Any  # the sub-workflow's IR (a path only when the spec did not come through `ir.load`)
