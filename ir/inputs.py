@@ -48,11 +48,13 @@ def apply_inputs(
     is given (`{name}` is its name), told in the problem.
     """
     given = dict(inputs or {})
-    names = [*given, *(name for name in encoded if name not in given)]
+    names = [*given, *(name for name in encoded if name not in given)] if encoded else given
     declared = wf.inputs or {}
-    strays = [name for name in names if name not in declared]  # none, once a run's inputs are right
-    problems = [f"inputs: {problem}" for name in strays if (problem := unknown_input(wf, name))]
-    suggested = {_closest(name, wf) for name in strays}  # a typo explains these
+    problems: list[str] = []
+    suggested: set[str | None] = set()
+    if strays := [name for name in names if name not in declared]:  # none, once a run's inputs are right
+        problems = [f"inputs: {problem}" for name in strays if (problem := unknown_input(wf, name))]
+        suggested = {_closest(name, wf) for name in strays}  # a typo explains these
     for name, value in given.items():
         try:
             check_value(value, f"inputs.{name}")

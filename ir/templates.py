@@ -85,11 +85,14 @@ def is_single_template(text: str) -> bool:
 
 def lookup(context: Mapping[str, Any], path: tuple[str | int, ...]) -> Any:
     """Walk `path` through `context`; returns the MISSING sentinel when absent."""
-    value: Any = context.get(path[0], MISSING) if hasattr(context, "get") else MISSING
+    get = getattr(context, "get", None)
+    value: Any = MISSING if get is None else get(path[0], MISSING)
     for part in path[1:]:
-        if value is MISSING:
+        if value.__class__ is dict and part.__class__ is str:  # the common step (`${node.key}`), checked first
+            value = value.get(part, MISSING)
+        elif value is MISSING:
             return MISSING
-        if isinstance(part, int):
+        elif isinstance(part, int):
             value = value[part] if isinstance(value, list | tuple) and -len(value) <= part < len(value) else MISSING
         elif isinstance(value, Mapping):
             value = value.get(part, MISSING)
@@ -126,8 +129,12 @@ class _Resolver:
             return _value(context, payload, where)
         if kind == "text":
             return "".join(p if isinstance(p, str) else _render(_value(context, p, where)) for p in payload)
-        if kind == "dict":
-            return {k: r.resolve(context, f"{where}.{k}") for k, r in payload.items()}
+        if kind == "dict":  # a one-template entry looked up here: its label is made only for a miss's error
+            resolved = {}
+            for key, r in payload.items():
+                value = lookup(context, r.payload.path) if r.kind == "ref" else MISSING
+                resolved[key] = value if value is not MISSING else r.resolve(context, f"{where}.{key}")
+            return resolved
         return [r.resolve(context, f"{where}[{i}]") for i, r in enumerate(payload)]
 
 
@@ -207,13 +214,17 @@ class CompiledParams:
             return dict(self._constant)
         resolved = dict(self._constant)
         for name, (resolver, where) in self._dynamic.items():
-            resolved[name] = resolver.resolve(context, where)
+            # Most params are one template: looked up here, one call less per param (a miss raises in resolve).
+            value = lookup(context, resolver.payload.path) if resolver.kind == "ref" else MISSING
+            resolved[name] = value if value is not MISSING else resolver.resolve(context, where)
         return resolved
 
 
 def resolve_template(text: str, context: Mapping[str, Any], where: str) -> Any:
     """Resolve one template string (e.g. `batch.items`, a workflow output) against `context`."""
-    return _compiled_text(text).resolve(context, where)
+    resolver = _compiled_text(text)
+    value = lookup(context, resolver.payload.path) if resolver.kind == "ref" else MISSING  # as CompiledParams
+    return value if value is not MISSING else resolver.resolve(context, where)
 
 
 @functools.lru_cache(maxsize=1024)

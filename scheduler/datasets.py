@@ -4,6 +4,9 @@
 Locally the windows run in this process as they are read; on the cluster each window is stored in Redis
 as a chunk and the workers take it from there (worker/cluster/datasets.py), a bounded number of chunks
 in flight. Either way no process holds all records or all results.
+
+The cluster half (Celery, redis-py: ~0.15 s of imports) is imported by the functions that use it, so a local job's
+`run --items` and `results` never load it.
 """
 
 from __future__ import annotations
@@ -13,29 +16,26 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ir.errors import ValidationError
 from ir.limits import check_value
 from ir.names import is_identifier
-from scheduler.backends.celery import broker_errors
 from scheduler.inputs import unknown_input
 from scheduler.lookup import find_run, local_runs
 from scheduler.records import BadRecord, Items, read_records, windows
 from worker import settings
 from worker.batch.executor import ItemExecutor
 from worker.batch.middleware import item_middleware
-from worker.cluster import signing
-from worker.cluster.app import current_app
-from worker.cluster.datasets import ClusterDataset, finish_run, go_on, send
-from worker.cluster.state.runs import ClusterRuns
-from worker.cluster.state.runstate import RunState
 from worker.datasets import job as datasets
 from worker.datasets.job import RECORD, RECORDS, Dataset, run_chunk, verdict
 from worker.datasets.sqlite import LocalDataset
 from worker.engine.build import item_chain
 from worker.engine.loader import load, source_of
 from worker.runs.record import FINAL, RESULT_STATUS, RunRecord, RunResult, new_run_id
+
+if TYPE_CHECKING:
+    from worker.cluster.datasets import ClusterDataset
 
 
 def options(options: dict[str, Any]) -> dict[str, Any]:
@@ -133,6 +133,13 @@ def submit(
 
     A submit that stops part-way (a bad record without `skip_bad_records`, Redis out of memory, Ctrl-C) deletes
     what it wrote and leaves the run's record alone, failed (cancelled) saying why; the error is raised here too."""
+    from scheduler.backends.celery import broker_errors
+    from worker.cluster import signing
+    from worker.cluster.app import current_app
+    from worker.cluster.datasets import ClusterDataset, go_on, send
+    from worker.cluster.state.runs import ClusterRuns
+    from worker.cluster.state.runstate import RunState
+
     record, dataset, common, chunks = prepare(workflow, inputs, items, backend="celery", run_id=run_id, **options)
     record.priority = priority or record.workflow.get("priority") or "normal"
     run_id = record.run_id
@@ -168,6 +175,10 @@ def redrive(run_id: str, **hooks: Any) -> RunResult | int:
     _check_redrivable(record)
     if not runs.durable:
         return _redrive_local(record, **hooks)
+    from scheduler.backends.celery import broker_errors
+    from worker.cluster.datasets import ClusterDataset, go_on
+    from worker.cluster.state.runstate import RunState
+
     with broker_errors(settings.load().result_backend):
         ds = ClusterDataset(run_id)
         if ds.counts()["total"] is None:
@@ -294,7 +305,11 @@ def _result(run_id: str, status: str, error: str | None, counts: dict[str, Any],
 
 # -- reading a job, either backend ----------------------------------------------------------------------
 def store_of(record: RunRecord) -> LocalDataset | ClusterDataset:
-    return LocalDataset(record.run_id) if record.backend == "local" else ClusterDataset(record.run_id)
+    if record.backend == "local":
+        return LocalDataset(record.run_id)
+    from worker.cluster.datasets import ClusterDataset
+
+    return ClusterDataset(record.run_id)
 
 
 def rows(record: RunRecord, *, done_only: bool = False, is_final: Callable[[], bool]) -> Iterator[dict[str, Any]]:
@@ -310,7 +325,7 @@ def progress(record: RunRecord) -> dict[str, Any]:
     now = record.updated if record.status in FINAL else time.time()
     ds = store_of(record)
     counts = datasets.progress(ds.counts(), record.created, now)
-    if counts["eta_s"] is not None and record.status not in FINAL and isinstance(ds, ClusterDataset) and ds.stalled():
+    if counts["eta_s"] is not None and record.status not in FINAL and record.backend != "local" and ds.stalled():
         counts["eta_s"] = None
     return counts
 
@@ -325,6 +340,8 @@ def settle(record: RunRecord) -> None:
     """End a job that has ended with no chunk left to say so: cancelled with nothing in flight, or whose
     reader died (its lease ran out) after its last chunk ran — sending first the chunks a dead reader had
     claimed but perhaps never sent. `cancel` and `wait` call it."""
+    from worker.cluster.datasets import ClusterDataset, finish_run, send
+
     ds = ClusterDataset(record.run_id)
     send(record.run_id, ds.orphans())
     state, claimed = ds.check()

@@ -162,6 +162,8 @@ def _line(f: Any, limit: int) -> bytes | int:
     """The next line of `f` (b"" at its end), read CHUNK_BYTES at a time; when it is longer than `limit` bytes (its
     line break aside), its length instead: the rest of it is read past, and no more than the cap was ever held."""
     piece = f.readline(CHUNK_BYTES)
+    if piece.endswith(b"\n") and len(piece) <= limit + 1:  # most lines: whole in one read, under the cap
+        return piece
     pieces: list[bytes] | None = [piece]
     size = len(piece)
     while piece and not piece.endswith(b"\n"):

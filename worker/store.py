@@ -39,7 +39,9 @@ class NamespacedStore(MutableMapping):
         return key in self.namespace or key in self.root
 
     def __setitem__(self, key: Any, value: Any) -> None:
-        if is_dunder(key):
+        if key.__class__ is str and key[:2] != "__":  # most writes: a plain key, no is_dunder call
+            self.namespace[key] = value
+        elif is_dunder(key):
             self.root[key] = value
         else:
             self.namespace[key] = value

@@ -108,7 +108,7 @@ class ItemExecutor:
         namespace = item_shared.get(self.node_id, {})
         error = failure_of(action, namespace) if namespace or action == "error" else None
         if error is None:
-            return ItemOutcome(index, namespace, None, None, None, _collected(appended))
+            return ItemOutcome(index, namespace, None, None, None, appended and _collected(appended))
         secrets = redact.node_secrets(self.chain, item_shared)
         return ItemOutcome.failed(index, namespace, error, item, _collected(appended), secrets)
 
@@ -129,11 +129,10 @@ def run_items(
     failures: list[ItemOutcome] = []
     appended: dict[str, list] = {}
     run_item, keep = executor.run, results.append
-    before = [m.before_item for m in middleware]
-    after = [m.after_item for m in middleware]
+    before, after = hooks(middleware, "before_item"), hooks(middleware, "after_item")
     try:
         for index, item in enumerate(items, start):
-            if not _may_start(before, index):
+            if before and not _may_start(before, index):
                 break
             outcome = run_item(index, item)
             keep(outcome.result)
@@ -148,6 +147,12 @@ def run_items(
         for m in middleware:
             m.close()
     return ChunkResult(start, results, failures, appended)
+
+
+def hooks(middleware: Sequence[ItemMiddleware], name: str) -> list[Any]:
+    """The bound `name` hooks of the middleware that override it: the loop calls no inherited no-op per item."""
+    base = getattr(ItemMiddleware, name)
+    return [getattr(m, name) for m in middleware if getattr(type(m), name) is not base]
 
 
 def _may_start(checks: list[Any], index: int) -> bool:
@@ -191,9 +196,10 @@ def run_parallel(
     worker's chunk must return. Results land in their slot; failures and accumulator entries are put back in
     index order at the end. Threads start one at a time, each once the one before it was admitted (`_Crew`).
     """
-    claims = _Claims(start, len(items), [m.before_item for m in middleware if not m.waits])
-    waits = [m.before_item for m in middleware if m.waits]
-    after = [m.after_item for m in middleware]
+    checks = hooks(middleware, "before_item")
+    claims = _Claims(start, len(items), [c for c in checks if not c.__self__.waits])
+    waits = [c for c in checks if c.__self__.waits]
+    after = hooks(middleware, "after_item")
     results: list[Any] = [None] * len(items)
     crew = _Crew(threads, contextvars.copy_context(), f"batch-{executor.node_id}")
 

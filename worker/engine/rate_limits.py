@@ -183,7 +183,6 @@ def call(node: BaseNode, shared: Any, limit: RateLimitSpec | None) -> Any:
 def _attempts(node: BaseNode, prep_res: Any, limit: RateLimitSpec | None, limiter: Limiter | None) -> Any:
     """PocketFlow's retry loop (`max_retries` attempts, `wait` between, `exec_fallback` after the last), with
     an admission before each attempt and throttled attempts waited out rather than counted."""
-    retries, pause = getattr(node, "max_retries", 1), getattr(node, "wait", 0)
     attempt, throttles, waited = 0, 0, 0.0
     while True:
         node.cur_retry = attempt
@@ -204,11 +203,11 @@ def _attempts(node: BaseNode, prep_res: Any, limit: RateLimitSpec | None, limite
             time.sleep(delay)
             continue
         except Exception as exc:
-            if attempt >= retries - 1:
+            if attempt >= getattr(node, "max_retries", 1) - 1:
                 if isinstance(node, Node):
                     return node.exec_fallback(prep_res, exc)
                 raise
-            if pause > 0:
+            if (pause := getattr(node, "wait", 0)) > 0:
                 time.sleep(pause)
             attempt += 1
             continue

@@ -70,13 +70,14 @@ def run_step(flow: WorkflowFlow, node_id: str, store: dict[str, Any]) -> Step:
     return Step(node_id, action, getattr(successor, "node_id", None), changed, deleted, config, reads, created)
 
 
-def quiet_step(flow: WorkflowFlow, node_id: str, store: dict[str, Any]) -> Step:
-    """Execute one node of a run nobody checkpoints (a sub-workflow's): its action and next node only.
+def quiet_step(flow: WorkflowFlow, node_id: str, store: dict[str, Any]) -> tuple[Any, str | None]:
+    """Execute one node of a run nobody checkpoints (a sub-workflow's): its action and next node only, not a Step
+    (a dataset record's sub-run steps twice per record; a Step is three containers nobody reads).
 
     Its flow is this thread's own (worker/nodes/subworkflow.py), so the node runs as compiled, uncopied."""
     node = flow.nodes[node_id]
     action = node._run(store)
-    return Step(node_id, action, getattr(flow.get_next_node(node, action), "node_id", None))
+    return action, getattr(flow.get_next_node(node, action), "node_id", None)
 
 
 def drive(
@@ -111,7 +112,10 @@ def drive(
                 store.pop(key, None)
             store.update(step.changed)
         elif journal is None:
-            step = quiet_step(flow, cursor.node, store)
+            action, next_node = quiet_step(flow, cursor.node, store)
+            recent.append(cursor.node)
+            cursor = Cursor(next_node, cursor.step + 1, action)
+            continue
         else:
             step = run_step(flow, cursor.node, store)
         if journal is not None:
