@@ -18,6 +18,7 @@ from pathlib import Path
 
 import scheduler
 from scheduler.localcluster import Cluster, free_port
+from tests.support.cluster import TEST_BROKER
 from tests.test_cli import ROOT, run_cli
 from tests.test_cli_terminal import ANSI
 from tests.test_metrics import gated_batch
@@ -48,7 +49,9 @@ def test_top_shows_a_running_runs_progress_and_quits_on_q(celery_cluster: Cluste
     )
     try:
         # Item 0 waits at its gate on one worker; the other worker ran items 1-5 (item 5 failed).
-        frame = rf"{run_id}.*top-gated.*running.* b .*5/6 83%.* 1 (?s:.*)workers \(2\)(?s:.*)chunks in flight 1"
+        frame = rf"{run_id}.*top-gated.*running.* b .*5/6 83%.* 1 (?s:.*)workers \(2\)"
+        if TEST_BROKER == "redis":  # RabbitMQ does not tell a client its unacknowledged messages (README)
+            frame += r"(?s:.*)chunks in flight 1"
         read_until(master, re.compile(frame))  # the whole frame (workers, queues): a read may end mid-frame
         assert termios.tcgetattr(slave)[3] & (termios.ICANON | termios.ECHO) == 0  # cbreak, no echo
         os.write(master, b"q")
