@@ -46,7 +46,7 @@ def plan_batch_redrive(runs: RunStore, record: RunRecord, node: str) -> BatchRed
         raise ValidationError(f"run {run_id} is {record.status}; only a finished run can be redriven")
     if record.dataset is not None:
         raise ValidationError(f"run {run_id} is a dataset job: `chordflow redrive {run_id}` (no --node) redrives it")
-    if not runs.durable and record.backend != "local":  # its chord bodies merge only the chunks they ran
+    if not runs.durable and record.backend != "local":  # that process merges only the chunks it ran
         raise ValidationError(
             f"run {run_id} sent its batches to the cluster from the process that ran it (scheduler.run with "
             "backend='celery'): only a local or a submitted run's batch node can be redriven"
