@@ -24,6 +24,7 @@ import scheduler
 from scheduler import api, durable
 from tests.support.cluster import destroyable_cluster
 from tests.test_durable import VISIBILITY_TIMEOUT, until
+from worker.cluster.state.runstate import RunState
 from worker.runs.sqlite import LocalRuns
 
 ROOT = Path(__file__).parents[1]
@@ -375,6 +376,11 @@ def test_run_stream_prints_json_lines_of_every_branch(tmp_path: Path) -> None:
     assert events[-1]["type"] == "final" and events[-1]["status"] == "success"
 
 
+def branch_completed(state: RunState, branch: str) -> bool:
+    _, events = state.read_branch_events("0")
+    return any(e["type"] == "branch_complete" and e["branch"] == branch for e in events)
+
+
 def test_workers_killed_mid_branch_then_new_workers_finish_the_section(tmp_path: Path) -> None:
     log = tmp_path / "log"
     wf = {
@@ -389,7 +395,8 @@ def test_workers_killed_mid_branch_then_new_workers_finish_the_section(tmp_path:
     (tmp_path / "cluster").mkdir()
     with destroyable_cluster(tmp_path / "cluster", VISIBILITY_TIMEOUT) as cluster:
         run_id = durable.submit(wf)
-        until(lambda: "b" in logged(tmp_path), 60, "branch b to finish while a still runs")
+        state = RunState(run_id)  # b's end is its branch_complete event: its log line comes before its checkpoint
+        until(lambda: branch_completed(state, "b"), 60, "branch b to finish while a still runs")
         for worker in cluster.workers.values():
             worker.kill(signal.SIGKILL)
         assert "a" not in logged(tmp_path)
