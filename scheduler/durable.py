@@ -323,7 +323,7 @@ def redrive_cluster(run_id: str, node: str) -> int:
         plan = redrive_batch(runs, record, node)
         RunState(run_id).clear_stops()
         runs.set_status(run_id, "queued", None)
-        current_app().send_task("chordflow.advance", (run_id, plan.step))
+        send_advance("chordflow.advance", (run_id, plan.step))
     return plan.failed
 
 

@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import time
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -20,8 +21,9 @@ from ir import snapshot
 from scheduler import api, durable
 from scheduler.localcluster import Cluster
 from tests.support.cluster import PLUGINS, destroyable_cluster
-from worker.cluster import priorities
+from worker.cluster import aging, priorities
 from worker.cluster.batches.dispatch import window_size
+from worker.cluster.state.keys import run_key
 from worker.cluster.state.runs import ClusterRuns
 from worker.cluster.state.runstate import RunState, client
 from worker.cluster.state.windows import BatchWindow
@@ -176,3 +178,48 @@ def test_batches_sharing_the_workers_divide_the_window() -> None:
     assert window_size(processes=2, open_windows=3) == 1  # three batches: one each, a newcomer waits ~one chunk
     assert window_size(processes=8, open_windows=2) == 5
     assert window_size(processes=2, open_windows=50) == 1  # never none
+
+
+# -- aging: low priority is never starved (worker/cluster/aging.py) ----------------------------------------------
+
+
+def test_a_low_run_behind_endless_higher_work_is_sent_again_higher_and_finishes(tmp_path: Path) -> None:
+    """Higher-priority chunks arrive without a gap: the normal batch hands out its next chunks before each one
+    ends, so a low run's messages, already queued, would wait for the whole batch. Aged one level up per second
+    waited (copies of the queued messages), the low run ends while the normal one still runs, each item once."""
+    log = tmp_path / "log"
+    low_wf = {"nodes": [{
+        "id": "b", "type": "test-side-effect", "params": {"log": str(log), "label": "${item}"},
+        "batch": {"items": "${items}"},
+    }]}  # fmt: skip
+    cluster = Cluster(tmp_path, plugins=PLUGINS)
+    cluster.env.update(CHORDFLOW_PRIORITY_AGING="1", CHORDFLOW_CHUNK_SECONDS="0.5")  # a level up per second waited
+    previous = cluster.apply_env()
+    try:
+        cluster.start_worker("k1")
+        cluster.start_worker("k2")
+        big = api.submit(slow_batch(0.02), {"items": list(range(BIG))})
+        wait_until(lambda: progress(big) > 0, 60, "the big run's first item")
+        low = api.submit(low_wf, {"items": [0, 1, 2]}, priority="low")
+        assert api.wait(low, timeout=120).shared["b"]["success_count"] == 3
+        # The big run: about 20 s of work. Without aging the low run waited for nearly all of it (1,902 of 2,000
+        # items done when it ended, measured); with it, for a few of its chunks per message (746).
+        assert status(big) == "running"
+        assert progress(big) < BIG // 2
+        assert sorted(log.read_text().split()) == ["0", "1", "2"]  # copies sent, yet each item ran once
+        assert indexes(api.wait(big, timeout=300)) == list(range(BIG))
+    finally:
+        cluster.restore_env(previous)
+        cluster.stop()
+
+
+@pytest.mark.usefixtures("celery_cluster")
+def test_a_message_and_its_aging_copy_run_once_whichever_begins_first() -> None:
+    redis_client, run_id, first = client(), f"aging{time.time_ns()}", uuid.uuid4().hex
+    original, copy = f"{first}-2", f"{first}-1"
+    redis_client.hset(run_key(run_id, "copies"), mapping={original: first, copy: first})  # what a sweep records
+    assert aging.begin(redis_client, run_id, copy, ttl=60)  # the copy (sent one level up) began first
+    assert not aging.begin(redis_client, run_id, original, ttl=60)  # the original, delivered later: skipped
+    assert aging.begin(redis_client, run_id, copy, ttl=60)  # the copy delivered again (its worker died): runs
+    assert aging.begin(redis_client, run_id, f"{uuid.uuid4().hex}-1", ttl=60)  # never copied: runs
+    assert aging.begin(redis_client, run_id, str(uuid.uuid4()), ttl=60)  # not a tracked id: nothing to check

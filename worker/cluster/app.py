@@ -33,7 +33,7 @@ from celery.local import Proxy
 from celery.utils.nodenames import default_nodename, nodesplit
 
 from worker import settings
-from worker.cluster import logs, outage, priorities, signing
+from worker.cluster import aging, logs, outage, priorities, signing
 from worker.cluster.broker import amqp, deliveries
 from worker.cluster.broker.registry import for_settings as broker_for
 from worker.cluster.rate_limits import RedisLimiter
@@ -335,6 +335,27 @@ def _renew_deliveries(sender: Any, **_: object) -> None:
 def _stop_renewing(**_: object) -> None:
     while _renewers:
         _renewers.popitem()[1].stop()
+
+
+_sweepers: dict[str, aging.Sweeper] = {}
+
+
+@signals.worker_ready.connect
+def _sweep_for_aging(sender: Any, **_: object) -> None:
+    """Messages that waited too long behind higher-priority ones are sent again one level up: every worker
+    sweeps, one at a time (worker/cluster/aging.py)."""
+    app = sender.app
+    if sender.hostname in _sweepers or not isinstance(app, ChordflowCelery):
+        return
+    sweeper = aging.Sweeper(app)
+    _sweepers[sender.hostname] = sweeper
+    sweeper.start()
+
+
+@signals.worker_shutdown.connect
+def _stop_sweeping(**_: object) -> None:
+    while _sweepers:
+        _sweepers.popitem()[1].stop()
 
 
 _solo_heartbeats: dict[str, amqp.SoloHeartbeats] = {}

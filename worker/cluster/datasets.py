@@ -28,7 +28,7 @@ from celery.exceptions import Ignore
 from ir import snapshot
 from worker import settings
 from worker.batch.aggregate import ChunkResult
-from worker.cluster import logs, priorities, signing
+from worker.cluster import aging, logs, priorities, signing
 from worker.cluster.app import current_app, task
 from worker.cluster.batches import chunking
 from worker.cluster.batches.middleware import chunk_middleware
@@ -224,13 +224,12 @@ def send(run_id: str, ns: Sequence[int]) -> None:
     """The job's claimed chunks, at the run's priority (worker/cluster/priorities.py)."""
     if not ns:
         return
-    s = settings.load()
-    app = current_app(s)
-    priority = priorities.message_priority(s.broker_url, ClusterRuns().priority(run_id), priorities.CHUNK)
+    app, priority = current_app(), ClusterRuns().priority(run_id)
     for n in ns:
-        app.send_task(
-            "chordflow.dataset_chunk", (run_id, n), priority=priority, argsrepr=f"records chunk={n} run={run_id}"
-        )
+        aging.send(
+            app, "chordflow.dataset_chunk", (run_id, n), run_id=run_id, priority=priority, kind=priorities.CHUNK,
+            argsrepr=f"records chunk={n} run={run_id}",
+        )  # fmt: skip
 
 
 def finish_run(run_id: str, runs: ClusterRuns | None = None) -> str:

@@ -6,8 +6,8 @@ for every `CHORDFLOW_PRIORITY_AGING` seconds its last finished chunk waited in t
 a low batch that higher ones keep waiting catches up with them (after two such waits it goes with the high
 ones), while a long batch on a cluster with room keeps its level. A message keeps the level it was sent with;
 a batch's chunks are sent a bounded window at a time (worker/cluster/batches/dispatch.py), so a higher run's
-chunks pass at most one window of a lower run's. Not covered: messages already queued are never sent again,
-so a low run none of whose chunks reaches a worker (higher-priority work arriving without a gap) waits.
+chunks pass at most one window of a lower run's. A message already queued that waits a period is sent again one
+level up (worker/cluster/aging.py), so a low run none of whose messages reaches a worker is never stuck.
 
 Redis (kombu's priority steps, one list per step) takes 0 first; RabbitMQ (`x-max-priority` queues) takes the
 highest first: `message_priority` gives the number each broker orders the same way.

@@ -44,6 +44,7 @@ from celery.worker.strategy import default as default_strategy
 
 from ir.errors import BackendError, one_line
 from worker import settings
+from worker.cluster import aging
 from worker.cluster.state.keys import done_key
 from worker.cluster.state.runstate import client
 from worker.runs.record import RunRecord
@@ -295,7 +296,8 @@ class SignedTask(Task):
     Strategy = "worker.cluster.signing:verifying_strategy"
 
     def before_start(self, task_id: str, args: Any, kwargs: Any) -> None:
-        """Ignore (acknowledged, nothing stored or counted: a chord member counts once) a task marked done."""
+        """Ignore (acknowledged, nothing stored or counted: a chord member counts once) a task marked done, and
+        a message another delivery of which began first (a copy sent by aging, or the original it copies)."""
         if _marks_done(self) and client().exists(done_key(task_id)):
             log.warning(
                 "skipped task %s[%s]: it ran to the end already (a replayed message, or one delivered again after "
@@ -303,6 +305,9 @@ class SignedTask(Task):
                 self.name,
                 task_id,
             )
+            raise Ignore()
+        if not aging.begin(client(), aging.run_of(tuple(args or ())), task_id, run_ttl(self.app)):
+            log.info("skipped task %s[%s]: a copy of its message began first (aging)", self.name, task_id)
             raise Ignore()
 
     def after_return(self, status: str, retval: Any, task_id: str, args: Any, kwargs: Any, einfo: Any) -> None:

@@ -19,14 +19,13 @@ from __future__ import annotations
 
 import logging
 import math
-import uuid
 from typing import Any
 
 from ir import snapshot
 from worker import settings
 from worker.batch.backend import BatchJob
 from worker.batch.executor import threads_for
-from worker.cluster import priorities
+from worker.cluster import aging, priorities
 from worker.cluster.app import current_app
 from worker.cluster.batches import chunking
 from worker.cluster.state.runs import ClusterRuns
@@ -110,22 +109,22 @@ def follow(window: BatchWindow, step: WindowStep, header: dict[str, Any] | None 
 
 
 def send_chunks(window: BatchWindow, step: WindowStep, header: dict[str, Any]) -> None:
-    """One `chordflow.run_chunk` per claimed chunk, at the run's priority aged by its last chunk's queue wait."""
-    s = settings.load()
-    app = current_app(s)
+    """One `chordflow.run_chunk` per claimed chunk, at the run's priority aged by its last chunk's queue wait (a copy
+    sent by aging carries the chunk's blocks, read from the window, instead of its items: worker/cluster/aging.py)."""
+    app = current_app()
     meta, run_id = header["meta"], window.state.run_id
-    priority = priorities.message_priority(s.broker_url, step.priority, priorities.CHUNK, step.waited, s.priority_aging)
     ids = []
     with app.backend.quiet():  # nobody waits on a chunk's Celery result: no subscription per message
         for chunk in step.chunks:
-            task_id = uuid.uuid4().hex
             job = {
                 "run": run_id, "batch": meta["batch"], "node": header["node"], "snap": header["snap"],
-                "start": chunk.start, "items": window.items(chunk.blocks), "plan": header["plan"],
+                "start": chunk.start, "plan": header["plan"],
             }  # fmt: skip
-            app.send_task(
-                "chordflow.run_chunk", (job,), task_id=task_id, priority=priority,
-                argsrepr=f"batch={meta['node']} items[{chunk.start}:{chunk.end}] run={run_id}", kwargsrepr="{}",
+            task_id = aging.send(
+                app, "chordflow.run_chunk", ({**job, "items": window.items(chunk.blocks)},), run_id=run_id,
+                priority=step.priority, kind=priorities.CHUNK, waited=step.waited,
+                recorded=({**job, "blocks": chunk.blocks},), kwargsrepr="{}",
+                argsrepr=f"batch={meta['node']} items[{chunk.start}:{chunk.end}] run={run_id}",
             )  # fmt: skip
             ids.append(task_id)
     window.state.record_chunks(ids)
@@ -133,19 +132,18 @@ def send_chunks(window: BatchWindow, step: WindowStep, header: dict[str, Any]) -
 
 def send_merge(window: BatchWindow, step: WindowStep, meta: dict[str, Any]) -> None:
     """`chordflow.aggregate`, the chord body's role: merge the batch's outcomes in input order."""
-    s = settings.load()
-    priority = priorities.message_priority(s.broker_url, step.priority, priorities.CONTROL)
-    app = current_app(s)
+    app, run_id = current_app(), window.state.run_id
     with app.backend.quiet():
-        app.send_task(
-            "chordflow.aggregate", (meta,), priority=priority, kwargsrepr="{}",
-            argsrepr=f"batch={meta['node']} run={window.state.run_id}",
+        aging.send(
+            app, "chordflow.aggregate", (meta,), run_id=run_id, priority=step.priority, kind=priorities.CONTROL,
+            kwargsrepr="{}", argsrepr=f"batch={meta['node']} run={run_id}",
         )  # fmt: skip
 
 
 def send_advance(name: str, args: tuple[Any, ...]) -> None:
     """A run's next `chordflow.advance` (or `advance_branch`; `args[0]` is the run id), at the run's priority:
     an advance goes before the chunks of runs of the same priority."""
-    s = settings.load()
-    priority = priorities.message_priority(s.broker_url, ClusterRuns().priority(args[0]), priorities.CONTROL)
-    current_app(s).send_task(name, args, priority=priority)
+    run_id = args[0]
+    aging.send(
+        current_app(), name, args, run_id=run_id, priority=ClusterRuns().priority(run_id), kind=priorities.CONTROL
+    )

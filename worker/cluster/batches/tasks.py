@@ -85,9 +85,12 @@ def run_chunk(self: Any, job: dict[str, Any]) -> str:
     began = time.monotonic()
     state = RunState(job["run"])
     window = BatchWindow(state, job["batch"], job["plan"])
+    payloads = job["items"] if "items" in job else window.chunk_items(job["blocks"])
+    if payloads is None:  # a copy (worker/cluster/aging.py) of a chunk planned again since
+        return "stale"
     try:
         with deliveries.held(self):
-            blob, count = _run(self, job, state, began)
+            blob, count = _run(self, job, payloads, state, began)
     except (*outage.ERRORS, Ignore, Reject, Retry):
         raise
     except Exception as exc:  # not an item failure (those are outcomes): the batch can never be merged
@@ -101,8 +104,8 @@ def run_chunk(self: Any, job: dict[str, Any]) -> str:
     return step.state
 
 
-def _run(task: Any, job: dict[str, Any], state: RunState, began: float) -> tuple[bytes, int]:
-    """The chunk's outcomes (codec bytes) and how many items ran."""
+def _run(task: Any, job: dict[str, Any], payloads: list[bytes], state: RunState, began: float) -> tuple[bytes, int]:
+    """The chunk's outcomes (codec bytes) and how many items ran; `payloads`: its encoded blocks of items."""
     batch = job["batch"]
     stop, changed = state.chunk_start(batch)
     if stop:
@@ -112,7 +115,7 @@ def _run(task: Any, job: dict[str, Any], state: RunState, began: float) -> tuple
     executor = chunk_executor(overrides.apply_to_node(job["node"], changed), _snapshot(job["snap"], state))
     spec = executor.spec.batch
     assert spec is not None
-    items = [item for payload in job["items"] for item in snapshot.decode(payload)]
+    items = [item for payload in payloads for item in snapshot.decode(payload)]
     hooks = chunk_middleware(
         state, batch, spec.fail_fast, chunk=job["start"], max_concurrent=spec.max_concurrent,
         tolerance=tolerance_of(spec), task=task,

@@ -29,6 +29,9 @@ Keys of a run, `cf:{<run_id>}:<name>`; `<batch>` is `<node id>#<step>`:
   result:<batch>      string  the merged BatchResult, written by `chordflow.aggregate`
   chunks:<batch>      hash    a chunk's start -> its outcomes, kept as chunks finish (resume, `results`)
   chunks              list    a client-driven run's chunk task ids (revoked by `cancel`)
+  queued              zset    the run's messages sent below the top priority, not yet begun: task id -> when sent
+                              (worker/cluster/aging.py); queued_msgs hash: task id -> the packed message
+  copies, begun       hash    aging's copies: task id -> its message's first id; first id -> the delivery that began
   snap:<batch>:<sha>  string  a snapshot too large to travel inside each chunk message
   permits:<batch>     zset    leased item permits (max_concurrent), token -> lease deadline
   branches:<section>  hash    a parallel section's finished branches; joined:<section> set: the join
@@ -39,6 +42,7 @@ Outside any run:
   cf:{windows}        zset    open batch windows, `<run id>|<batch>` -> last activity (fair dispatch's share)
   cf:{limit:<key>}    hash    a rate-limit bucket (worker/cluster/rate_limits.py): tat, tok, iv, iv_at
   cf:done:<task id>   string  a task that ran to the end on a signed cluster: another delivery of it is skipped
+  cf:{queued}         zset    runs with messages sent below the top priority not yet begun: run id -> last send
   cf:{idem:<key>}     string  `<run id> <fingerprint>` of the first submit with this idempotency key (a run TTL)
 """
 
@@ -51,6 +55,9 @@ WORKERS = "cf:{workers}:"
 #: The batches whose windows are open, cluster-wide: `<run id>|<batch>` -> when one of its chunks last began or
 #: finished (worker/cluster/state/windows.py): a batch's window shrinks as more batches share the workers.
 WINDOWS = "cf:{windows}"
+#: The runs with messages sent below the top priority and not yet begun: run id -> when one was last sent
+#: (worker/cluster/aging.py sends again one level up those that waited too long).
+QUEUED = "cf:{queued}"
 #: Prefix of the marks of tasks that ran to the end (worker/cluster/signing.py SignedTask); the rest is the task id.
 DONE = "cf:done:"
 

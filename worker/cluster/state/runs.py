@@ -25,7 +25,7 @@ from ir.models import PRIORITIES
 from worker import settings
 from worker.batch.aggregate import ChunkResult
 from worker.batch.rows import Row, rows_of_aggregate, rows_of_chunks
-from worker.cluster.state.keys import RUNS, run_key, run_prefix
+from worker.cluster.state.keys import QUEUED, RUNS, run_key, run_prefix
 from worker.cluster.state.runstate import client, script
 from worker.engine.steps import Step
 from worker.runs.record import FINAL, RunRecord, TrailStep, trail_action
@@ -153,12 +153,14 @@ class ClusterRuns:
             pipe.execute()
 
     def purge(self, run_id: str) -> None:
-        """Every key under the run's hash tag (found with SCAN) and its entry in `cf:runs` (`chordflow purge`)."""
+        """Every key under the run's hash tag (found with SCAN) and its entries in `cf:runs` and `cf:{queued}`
+        (`chordflow purge`)."""
         names = list(self._keys(run_id))
         pipe = self.redis.pipeline(transaction=False)
         for i in range(0, len(names), DELETE_BATCH):
             pipe.delete(*names[i : i + DELETE_BATCH])
         pipe.zrem(RUNS, run_id)
+        pipe.zrem(QUEUED, run_id)
         pipe.execute()
 
     def abandon(self, record: RunRecord, status: str, error: str) -> None:

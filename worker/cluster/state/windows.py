@@ -135,6 +135,16 @@ class BatchWindow:
             raise LookupError(f"batch {self.batch} of run {self.state.run_id}: items of blocks {blocks} are gone")
         return list(found)
 
+    def chunk_items(self, blocks: list[int]) -> list[bytes] | None:
+        """The encoded items of these blocks, None if the batch was planned again since this window's plan."""
+        pipe = self.state.redis.pipeline(transaction=False)
+        pipe.hget(self.name, "id")
+        pipe.hmget(f"{self.name}:items", [str(b) for b in blocks])
+        plan, found = pipe.execute()
+        if plan is None or plan.decode() != self.plan_id or any(blob is None for blob in found):
+            return None
+        return list(found)
+
     def outcomes(self) -> list[bytes]:
         """Every finished chunk's outcome bytes, in index order (what a chord would hand its body)."""
         out = self.state.redis.hgetall(f"{self.name}:out")

@@ -1,0 +1,165 @@
+"""Aging of queued messages: a message that waits too long behind higher ones is sent again one level up.
+
+Both brokers hand out the highest priority first, strictly: a low run's advance or chunk already in the queue
+waits for as long as higher-priority messages keep arriving, and nothing a worker does later can raise it.
+So every message sent below the top level is recorded in its run's keys when it is sent (`send`), and
+forgotten when a delivery of it begins (`begin`, from every task's `before_start`). Every worker runs a
+`Sweeper`; one at a time (a mutex in Redis) it sends a copy of each message that has waited
+`CHORDFLOW_PRIORITY_AGING` seconds, at the level that wait earns (priorities.rank: one level up per period;
+after two periods a low message goes with the high ones).
+
+A copy is the same message under a sibling task id: whichever delivery of the pair begins first runs, the other
+is skipped unrun (lua/begin_message.lua), so no item runs twice because of a copy, and a redelivery of the one
+that began (its worker died) still runs: it keeps its task id. A chunk's copy carries its window's block numbers
+instead of its items (worker/cluster/batches/tasks.py reads them from the window), so what is kept here is small.
+
+A tracked message's task id is `<32 hex digits>-<rank it was sent at>`; any other id (a high run's message,
+Celery's own) costs nothing at `begin`. Keys: the run's `queued`, `queued_msgs`, `copies` and `begun`
+(worker/cluster/state/keys.py), and `cf:{queued}`, the runs that have queued messages.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import threading
+import time
+import uuid
+from typing import Any
+
+import msgpack
+import redis
+
+from worker.cluster import priorities
+from worker.cluster.state.keys import QUEUED, run_key
+from worker.cluster.state.runstate import client as state_client
+from worker.cluster.state.runstate import script
+
+log = logging.getLogger(__name__)
+
+#: A tracked message's task id: its own id and the rank it was sent at.
+TRACKED = re.compile(r"^([0-9a-f]{32})-([0-9])$")
+#: Messages copied per run per sweep, at most (the oldest first); the rest wait for the next sweep.
+PER_SWEEP = 500
+#: The sweepers' mutex: one worker sweeps at a time.
+SWEEP_LOCK = QUEUED + ":sweeping"
+
+
+def send(app: Any, name: str, args: tuple[Any, ...], *, run_id: str, priority: str, kind: int, waited: float = 0.0,
+         recorded: tuple[Any, ...] | None = None, **options: Any) -> str:  # fmt: skip
+    """Send task `name` of run `run_id` at the run's `priority` aged by `waited` seconds; below the top level,
+    record it so that a sweeper can send it again higher. `recorded`: the arguments a copy is sent with (default:
+    `args`). Returns the task id."""
+    return _send(app, name, args, run_id, priority, kind, waited, uuid.uuid4().hex, recorded or args, options)
+
+
+def _send(app: Any, name: str, args: tuple[Any, ...], run_id: str, priority: str, kind: int, waited: float,
+          first: str, recorded: tuple[Any, ...], options: dict[str, Any]) -> str:  # fmt: skip
+    s = app.chordflow_settings
+    rank = priorities.rank(priority, waited, s.priority_aging)
+    number = priorities.message_priority(s.broker_url, priority, kind, waited, s.priority_aging)
+    task_id = f"{first}-{rank}"
+    app.send_task(name, args, task_id=task_id, priority=number, **options)
+    if rank > 0:
+        now = time.time()
+        message = msgpack.packb([name, list(recorded), priority, kind, now - waited, options])
+        pipe = _client(app).pipeline(transaction=False)
+        pipe.zadd(run_key(run_id, "queued"), {task_id: now})
+        pipe.hset(run_key(run_id, "queued_msgs"), task_id, message)
+        for key in ("queued", "queued_msgs"):
+            pipe.expire(run_key(run_id, key), s.run_ttl)
+        pipe.zadd(QUEUED, {run_id: now})
+        pipe.execute()
+    return task_id
+
+
+def run_of(args: tuple[Any, ...]) -> str | None:
+    """The run a chordflow task's arguments belong to: its first argument, or that job's `run`."""
+    first = args[0] if args else None
+    return first if isinstance(first, str) else first.get("run") if isinstance(first, dict) else None
+
+
+def begin(client: redis.Redis, run_id: str | None, task_id: str, ttl: int) -> bool:
+    """A delivery of task `task_id` begins: False when another delivery of its message (a copy, or the original
+    it copies) began first, and this one is to be skipped. One round trip for a tracked message, none otherwise."""
+    tracked = TRACKED.match(task_id or "")
+    if tracked is None or run_id is None:
+        return True
+    family = [f"{tracked.group(1)}-{rank}" for rank in range(len(priorities.PRIORITIES))]
+    keys = [run_key(run_id, name) for name in ("queued", "queued_msgs", "copies", "begun")]
+    return bool(script(client, "begin_message")(keys=keys, args=[task_id, ttl, *family]))
+
+
+def sweep(app: Any, now: float | None = None) -> int:
+    """Copy every recorded message that has waited a period at the level its wait earns; returns how many."""
+    s, client = app.chordflow_settings, _client(app)
+    now = time.time() if now is None else now
+    copied = 0
+    for raw in client.zrange(QUEUED, 0, -1):
+        run_id = raw.decode()
+        queued, messages = run_key(run_id, "queued"), run_key(run_id, "queued_msgs")
+        due = client.zrangebyscore(queued, "-inf", now - s.priority_aging, start=0, num=PER_SWEEP)
+        if not due and not client.exists(queued):
+            client.zrem(QUEUED, run_id)  # nothing queued (a message sent meanwhile adds it back)
+            continue
+        for task_id, packed in zip(due, client.hmget(messages, due) if due else [], strict=True):
+            copied += _copy(app, run_id, task_id.decode(), packed, now)
+    return copied
+
+
+def _copy(app: Any, run_id: str, task_id: str, packed: bytes | None, now: float) -> int:
+    """Send a copy of one queued message one level up, if its wait earned it; returns 1 if sent."""
+    s, client = app.chordflow_settings, _client(app)
+    pipe = client.pipeline(transaction=False)
+    pipe.zrem(run_key(run_id, "queued"), task_id)
+    pipe.hdel(run_key(run_id, "queued_msgs"), task_id)
+    removed = pipe.execute()[0]
+    tracked = TRACKED.match(task_id)
+    if not removed or packed is None or tracked is None:
+        return 0  # began meanwhile
+    name, args, priority, kind, first_sent, options = msgpack.unpackb(packed, strict_map_key=False)
+    waited = now - first_sent
+    if priorities.rank(priority, waited, s.priority_aging) >= int(tracked.group(2)):
+        return 0  # a clock step: nothing to gain
+    first = tracked.group(1)
+    rank = priorities.rank(priority, waited, s.priority_aging)
+    copies = run_key(run_id, "copies")
+    pipe = client.pipeline(transaction=False)
+    pipe.hset(copies, mapping={task_id: first, f"{first}-{rank}": first})  # before the copy can begin
+    pipe.expire(copies, s.run_ttl)
+    pipe.execute()
+    _send(app, name, tuple(args), run_id, priority, kind, waited, first, tuple(args), options)
+    log.info("run %s: %s waited %.0f s in the queue behind higher priorities: sent again one level up",
+             run_id, name, waited)  # fmt: skip
+    return 1
+
+
+def _client(app: Any) -> redis.Redis:
+    return state_client(app.chordflow_settings.result_backend)
+
+
+class Sweeper:
+    """A worker's aging sweeps, every quarter of `CHORDFLOW_PRIORITY_AGING` (at most every 5 s), until `stop()`;
+    one worker of the cluster sweeps at a time."""
+
+    def __init__(self, app: Any):
+        self.app = app
+        self.interval = min(5.0, app.chordflow_settings.priority_aging / 4)
+        self._stopped = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="chordflow-aging", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stopped.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=5)
+
+    def _run(self) -> None:
+        while not self._stopped.wait(self.interval):
+            try:
+                if _client(self.app).set(SWEEP_LOCK, 1, nx=True, px=int(self.interval * 1000)):
+                    sweep(self.app)
+            except Exception as exc:  # Redis or the broker away for a moment: the next sweep tries again
+                log.warning("could not sweep queued messages for aging: %s", exc)
