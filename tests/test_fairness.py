@@ -21,6 +21,7 @@ from ir import snapshot
 from scheduler import api, durable
 from scheduler.localcluster import Cluster
 from tests.support.cluster import PLUGINS, destroyable_cluster
+from tests.test_durable import VISIBILITY_TIMEOUT
 from worker.cluster import aging, priorities
 from worker.cluster.batches.dispatch import window_size
 from worker.cluster.state.keys import run_key
@@ -223,3 +224,28 @@ def test_a_message_and_its_aging_copy_run_once_whichever_begins_first() -> None:
     assert aging.begin(redis_client, run_id, copy, ttl=60)  # the copy delivered again (its worker died): runs
     assert aging.begin(redis_client, run_id, f"{uuid.uuid4().hex}-1", ttl=60)  # never copied: runs
     assert aging.begin(redis_client, run_id, str(uuid.uuid4()), ttl=60)  # not a tracked id: nothing to check
+
+
+def test_an_advance_killed_after_planning_a_batch_before_sending_a_chunk_is_picked_up(tmp_path: Path) -> None:
+    """The advance that planned the batch (its chunks claimed in the window) dies before sending one: its
+    redelivery finds the batch dispatched and sends the claimed chunks again; every item runs once."""
+    log, marker = tmp_path / "log", tmp_path / "killed"
+    wf = {"nodes": [{
+        "id": "b", "type": "test-side-effect", "params": {"log": str(log), "label": "${item}"},
+        "batch": {"items": "${items}", "chunk_size": 5},
+    }]}  # fmt: skip
+    cluster = Cluster(tmp_path, visibility_timeout=VISIBILITY_TIMEOUT, plugins=f"{PLUGINS},tests.support.faults")
+    cluster.env["CHORDFLOW_TEST_KILL_BEFORE_SEND"] = str(marker)
+    previous = cluster.apply_env()
+    try:
+        workers = [cluster.start_worker("k1"), cluster.start_worker("k2")]
+        run_id = durable.submit(wf, {"items": list(range(20))})
+        wait_until(marker.exists, 60, "a worker to die between planning and sending")
+        wait_until(lambda: any(w.proc.poll() is not None for w in workers), 30, "the worker to be gone")
+        result = durable.wait(run_id, timeout=120)
+    finally:
+        cluster.restore_env(previous)
+        cluster.stop()
+    assert result.status == "success"
+    assert [r["label"] for r in result.shared["b"]["results"]] == [str(i) for i in range(20)]
+    assert sorted(log.read_text().split(), key=int) == [str(i) for i in range(20)]  # each item once

@@ -28,7 +28,7 @@ from worker.batch.backend import BatchJob
 from worker.batch.remote import rebuild, stored_batch_result
 from worker.cluster import logs, outage, signing
 from worker.cluster.app import task
-from worker.cluster.batches.dispatch import dispatch_batch, send_advance
+from worker.cluster.batches.dispatch import dispatch_batch, redispatch, send_advance
 from worker.cluster.state.keys import run_key
 from worker.cluster.state.runs import ClusterRuns
 from worker.cluster.state.runstate import RunState
@@ -103,6 +103,8 @@ class ClusterBatches:
             # before it in this advance were checkpointed, and the step fence must let it through).
             priority = self.runs.priority(self.run_id)
             dispatch_batch(job, self.run_id, advance_step=self.ctx.step, branch=self.branch, priority=priority)
+        else:  # dispatched by an advance that may have died before sending its chunks: they go again
+            redispatch(job, self.run_id, advance_step=self.ctx.step, branch=self.branch)
         raise Suspended
 
 

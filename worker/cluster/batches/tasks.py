@@ -75,7 +75,8 @@ def _snapshot_cache() -> SnapshotCache:
 @task(name="chordflow.run_chunk", bind=True)
 def run_chunk(self: Any, job: dict[str, Any]) -> str:
     """Run items[start:start+len] of one batch node, record their outcomes in the batch's window and send the
-    chunks its place in the window lets go (the merge, if this was the last one).
+    chunks its place in the window lets go (the merge, if this was the last one). Only one message of a chunk runs:
+    the first to begin (another is a copy sent by aging, or one a redelivered advance sent again).
 
     Its worker renews its delivery while it lives, so a long chunk is not delivered again; fenced on the way out:
     a delivery taken over meanwhile (this worker paused past the bound) raises Ignore and records nothing, so the
@@ -85,6 +86,8 @@ def run_chunk(self: Any, job: dict[str, Any]) -> str:
     began = time.monotonic()
     state = RunState(job["run"])
     window = BatchWindow(state, job["batch"], job["plan"])
+    if not window.begin(job["start"], self.request.id or "called directly"):
+        return "duplicate"  # another message of this chunk began first (a copy), or the batch was planned again
     payloads = job["items"] if "items" in job else window.chunk_items(job["blocks"])
     if payloads is None:  # a copy (worker/cluster/aging.py) of a chunk planned again since
         return "stale"

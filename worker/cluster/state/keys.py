@@ -25,7 +25,8 @@ Keys of a run, `cf:{<run_id>}:<name>`; `<batch>` is `<node id>#<step>`:
   failed:<batch>      hash    failures counted against the batch's threshold (chunk start -> count, `total`)
   dispatched:<batch>  string  the batch was planned (a redelivered advance does not plan it twice)
   win:<batch>         hash    the batch's window (worker/cluster/state/windows.py); win:<batch>:todo, :pending, :out,
-                              :items, :next: blocks to do, chunks in flight, their outcomes, items, claims
+                              :items, :next, :begun: blocks to do, chunks in flight, their outcomes, items,
+                              claims, the delivery that began each chunk
   result:<batch>      string  the merged BatchResult, written by `chordflow.aggregate`
   chunks:<batch>      hash    a chunk's start -> its outcomes, kept as chunks finish (resume, `results`)
   chunks              list    a client-driven run's chunk task ids (revoked by `cancel`)

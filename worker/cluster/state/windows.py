@@ -7,7 +7,7 @@ merge needs), the blocks left to do. Each step is one call of `batch_window.lua`
 there): a finish is counted once (a redelivered chunk's finish only returns the chunks it had claimed, to be sent
 again), and exactly one finish sees the batch end.
 
-Keys, under the run's hash tag: `win:<batch>` (the plan) and `win:<batch>:todo|pending|out|items|next`; and one
+Keys, under the run's hash tag: `win:<batch>` (the plan) and `win:<batch>:todo|pending|out|items|next|begun`; and one
 cluster-wide set of the open windows (`cf:{windows}`), so that the batches sharing the workers divide them: each
 keeps about (processes + 1) / (open batches) chunks in flight, at least one, and a newcomer's chunk waits behind
 about one chunk per open batch.
@@ -94,7 +94,7 @@ class BatchWindow:
         """Store the batch's blocks (start, end, encoded items) and header, then claim the first window."""
         pipe = self.state.redis.pipeline(transaction=False)
         items = f"{self.name}:items"
-        pipe.delete(items)
+        pipe.delete(items, f"{self.name}:begun")
         for i in range(0, len(blocks), 500):
             pipe.hset(items, mapping={str(a): payload for a, _, payload in blocks[i : i + 500]})
         pipe.expire(items, self.state.ttl)
@@ -135,6 +135,37 @@ class BatchWindow:
             raise LookupError(f"batch {self.batch} of run {self.state.run_id}: items of blocks {blocks} are gone")
         return list(found)
 
+    def begin(self, start: int, task_id: str) -> bool:
+        """A delivery of chunk `start` begins: False when another message of it (a copy, one sent again by a
+        redelivered advance) began first, or it belongs to an earlier plan. A redelivery of the one that began
+        (same task id: its worker died) begins again."""
+        begun = f"{self.name}:begun"
+        pipe = self.state.redis.pipeline(transaction=False)
+        pipe.hget(self.name, "id")
+        pipe.hsetnx(begun, str(start), task_id)
+        pipe.hget(begun, str(start))
+        pipe.expire(begun, self.state.ttl)
+        plan, _, holder, _ = pipe.execute()
+        return plan is not None and plan.decode() == self.plan_id and holder.decode() == task_id
+
+    def pending(self) -> WindowStep:
+        """The chunks claimed and not finished (sent, or about to be when their sender died), as a step to send
+        again; `ended` if the batch has ended. Raises LookupError when the batch was never planned."""
+        pipe = self.state.redis.pipeline(transaction=False)
+        pipe.hmget(self.name, "id", "ended", "priority", "waited")
+        pipe.hgetall(f"{self.name}:pending")
+        pipe.hget(self.state.key("run"), "priority")
+        (plan, ended, priority, waited), pending, run_priority = pipe.execute()
+        if plan is None:
+            raise LookupError(f"batch {self.batch} of run {self.state.run_id} was never planned")
+        self.plan_id = plan.decode()
+        chunks = []
+        for start, held in sorted(pending.items(), key=lambda kv: int(kv[0])):
+            end, blocks = held.decode().split("@", 1)[0].split(":", 1)
+            chunks.append(Chunk.parse(f"{int(start)}:{end}:{blocks}"))
+        state = "end" if ended else "go"
+        return WindowStep(state, (run_priority or priority or b"normal").decode(), float(waited or 0), chunks)
+
     def chunk_items(self, blocks: list[int]) -> list[bytes] | None:
         """The encoded items of these blocks, None if the batch was planned again since this window's plan."""
         pipe = self.state.redis.pipeline(transaction=False)
@@ -160,6 +191,6 @@ class BatchWindow:
 
     def drop(self) -> None:
         """The window is merged: its keys go (the kept outcomes live on in `chunks:<batch>`)."""
-        names = ["", ":todo", ":pending", ":out", ":items", ":next"]
+        names = ["", ":todo", ":pending", ":out", ":items", ":next", ":begun"]
         self.state.redis.delete(*[self.name + n for n in names])
         self.state.redis.zrem(WINDOWS, self.member)
