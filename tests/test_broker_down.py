@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import secrets
 import subprocess
 import sys
 from pathlib import Path
@@ -22,6 +23,7 @@ def test_cli_run_with_nothing_at_the_broker_url_fails_at_once(tmp_path: Path) ->
     wf = tmp_path / "wf.json"
     wf.write_text(WORKFLOW)
     env = {**os.environ, "CHORDFLOW_BROKER_URL": url, "CHORDFLOW_RESULT_BACKEND": url, "CHORDFLOW_HOME": str(tmp_path)}
+    env["CHORDFLOW_SECRET_KEY"] = secrets.token_hex(32)  # signed, as a cluster client is: the broker is what fails
     argv = [sys.executable, "-m", "scheduler.cli", "run", str(wf), "--input", "items=[1,2,3]", "--backend", "celery"]
     proc = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 1, proc.stderr
