@@ -184,31 +184,40 @@ def test_batches_sharing_the_workers_divide_the_window() -> None:
 # -- aging: low priority is never starved (worker/cluster/aging.py) ----------------------------------------------
 
 
-def test_a_low_run_behind_endless_higher_work_is_sent_again_higher_and_finishes(tmp_path: Path) -> None:
+#: Aging a level up per second waited, and short chunks (the big batch hands out its next ones often).
+AGING_ENV = {"CHORDFLOW_PRIORITY_AGING": "1", "CHORDFLOW_CHUNK_SECONDS": "0.5"}
+
+
+def low_run_behind_endless_higher_work(tmp_path: Path) -> None:
     """Higher-priority chunks arrive without a gap: the normal batch hands out its next chunks before each one
     ends, so a low run's messages, already queued, would wait for the whole batch. Aged one level up per second
-    waited (copies of the queued messages), the low run ends while the normal one still runs, each item once."""
+    waited (copies of the queued messages), the low run ends while the normal one still runs, each item once.
+    On the cluster this process points at (AGING_ENV, two one-process workers)."""
     log = tmp_path / "log"
     low_wf = {"nodes": [{
         "id": "b", "type": "test-side-effect", "params": {"log": str(log), "label": "${item}"},
         "batch": {"items": "${items}"},
     }]}  # fmt: skip
+    big = api.submit(slow_batch(0.02), {"items": list(range(BIG))})
+    wait_until(lambda: progress(big) > 0, 60, "the big run's first item")
+    low = api.submit(low_wf, {"items": [0, 1, 2]}, priority="low")
+    assert api.wait(low, timeout=120).shared["b"]["success_count"] == 3
+    # The big run: about 20 s of work. Without aging the low run waited for nearly all of it (1,974 of 2,000
+    # items done when it ended, measured on Redis); with it, for a few of its chunks per message (746).
+    assert status(big) == "running"
+    assert progress(big) < BIG // 2
+    assert sorted(log.read_text().split()) == ["0", "1", "2"]  # copies sent, yet each item ran once
+    assert indexes(api.wait(big, timeout=300)) == list(range(BIG))
+
+
+def test_a_low_run_behind_endless_higher_work_is_sent_again_higher_and_finishes(tmp_path: Path) -> None:
     cluster = Cluster(tmp_path, plugins=PLUGINS)
-    cluster.env.update(CHORDFLOW_PRIORITY_AGING="1", CHORDFLOW_CHUNK_SECONDS="0.5")  # a level up per second waited
+    cluster.env.update(AGING_ENV)
     previous = cluster.apply_env()
     try:
         cluster.start_worker("k1")
         cluster.start_worker("k2")
-        big = api.submit(slow_batch(0.02), {"items": list(range(BIG))})
-        wait_until(lambda: progress(big) > 0, 60, "the big run's first item")
-        low = api.submit(low_wf, {"items": [0, 1, 2]}, priority="low")
-        assert api.wait(low, timeout=120).shared["b"]["success_count"] == 3
-        # The big run: about 20 s of work. Without aging the low run waited for nearly all of it (1,902 of 2,000
-        # items done when it ended, measured); with it, for a few of its chunks per message (746).
-        assert status(big) == "running"
-        assert progress(big) < BIG // 2
-        assert sorted(log.read_text().split()) == ["0", "1", "2"]  # copies sent, yet each item ran once
-        assert indexes(api.wait(big, timeout=300)) == list(range(BIG))
+        low_run_behind_endless_higher_work(tmp_path)
     finally:
         cluster.restore_env(previous)
         cluster.stop()

@@ -36,6 +36,7 @@ from tests.support import (
 from tests.support.cluster import PLUGINS
 from tests.support.netns import far_host
 from tests.test_dead_workers import Counts, assert_aggregate_once, batch_workflow, chunk_of
+from tests.test_fairness import AGING_ENV, low_run_behind_endless_higher_work
 from tests.test_long_chunks import until
 from tests.test_signing import RUN_CHUNK, chunk_job
 from worker import settings
@@ -301,3 +302,8 @@ def test_the_classic_queue_hands_out_higher_priority_messages_first(monkeypatch:
                                  priority=priorities.message_priority(url, level, priorities.CHUNK))  # fmt: skip
             taken = [queue.get(no_ack=True).payload for _ in range(3)]
     assert taken == ["high", "normal", "low"]
+
+
+def test_a_low_run_behind_endless_higher_work_is_sent_again_higher_and_finishes(tmp_path: Path) -> None:
+    with own_cluster(tmp_path / "cluster", **AGING_ENV):  # x-max-priority: strict too, so aging copies
+        low_run_behind_endless_higher_work(tmp_path)
