@@ -34,6 +34,7 @@ from worker.cluster import priorities
 from worker.cluster.state.keys import QUEUED, run_key
 from worker.cluster.state.runstate import client as state_client
 from worker.cluster.state.runstate import script
+from worker.runs.record import FINAL
 
 log = logging.getLogger(__name__)
 
@@ -102,9 +103,21 @@ def sweep(app: Any, now: float | None = None) -> int:
         if not due and not client.exists(queued):
             client.zrem(QUEUED, run_id)  # nothing queued (a message sent meanwhile adds it back)
             continue
+        if due and _stopped(client, run_id):  # its messages do nothing now: no copies
+            client.delete(queued, messages)
+            continue
         for task_id, packed in zip(due, client.hmget(messages, due) if due else [], strict=True):
             copied += _copy(app, run_id, task_id.decode(), packed, now)
     return copied
+
+
+def _stopped(client: redis.Redis, run_id: str) -> bool:
+    """The run ended or was cancelled (a cancelled client-driven run has no final status in its record)."""
+    pipe = client.pipeline(transaction=False)
+    pipe.hget(run_key(run_id, "run"), "status")
+    pipe.exists(run_key(run_id, "cancel"))
+    status, cancelled = pipe.execute()
+    return bool(cancelled) or (status is not None and status.decode() in FINAL)
 
 
 def _copy(app: Any, run_id: str, task_id: str, packed: bytes | None, now: float) -> int:

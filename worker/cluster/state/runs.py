@@ -137,9 +137,10 @@ class ClusterRuns:
         """A run that ended keeps what `status`, `results` and a resume read (its record, store, trail, steps, undo
         log, kept chunks, totals, its stop flags for chunks still queued) and the end marker of its stream; the
         rest goes now, not at its TTL: snapshots, merged results and dispatch marks (a resume clears them anyway),
-        failure counts, per-item progress, and once it succeeded the branches kept for a resume mid-section.
+        failure counts, per-item progress, the messages aging watched (worker/cluster/aging.py), and once it
+        succeeded the branches kept for a resume mid-section.
         `pipe`: the deletes join it (set_status's transaction), else they are sent at once."""
-        names = ["snap:", "result:", "dispatched:", "failed:", "win:"]
+        names = ["snap:", "result:", "dispatched:", "failed:", "win:", "queued"]
         if status == "succeeded":  # only a resume reads them (a failed run's, mid-section)
             names += ["branches:", "joined:"]
         gone = tuple(run_key(run_id, name).encode() for name in names)
