@@ -25,10 +25,12 @@ from scheduler.inputs import unknown_input
 from scheduler.lookup import find_run, local_runs
 from scheduler.records import BadRecord, Items, read_records, windows
 from worker import settings
+from worker.batch.aggregate import ChunkResult
 from worker.batch.executor import ItemExecutor
 from worker.batch.middleware import item_middleware
+from worker.batch.rows import Row, rows_of_chunks
 from worker.datasets import job as datasets
-from worker.datasets.job import RECORD, RECORDS, Dataset, run_chunk, verdict
+from worker.datasets.job import NOT_RUN, RECORD, RECORDS, Dataset, run_chunk, verdict
 from worker.datasets.sqlite import LocalDataset
 from worker.engine.build import item_chain
 from worker.engine.loader import load, source_of
@@ -42,7 +44,7 @@ def options(options: dict[str, Any]) -> dict[str, Any]:
     """`format=` (the Python name) is `fmt` inside; anything unknown is a TypeError as for any function."""
     known = {
         "as_", "format", "skip_bad_records", "tolerated_failure_percent", "tolerated_failure_count", "chunk_size",
-        "max_record_bytes",
+        "max_record_bytes", "on_rows",
     }  # fmt: skip
     unknown = sorted(set(options) - known)
     if unknown:
@@ -206,16 +208,19 @@ def run_local(
     run_id: str | None = None,
     on_event: Callable[[dict[str, Any]], None] | None = None,
     cancelled: threading.Event | None = None,
+    on_rows: Callable[[list[Row]], None] | None = None,
     **options: Any,
 ) -> RunResult:
-    """Run the job in this process as the file is read, a window at a time; returns when it ended."""
+    """Run the job in this process as the file is read, a window at a time; returns when it ended.
+
+    `on_rows`: called with each chunk's rows (`results`' rows) once it ran, in input order (`run --out FILE`)."""
     started = time.perf_counter()
     record, dataset, common, chunks = prepare(workflow, inputs, items, backend="local", run_id=run_id, **options)
     runs = local_runs()
     runs.create(record, common)
     ds = LocalDataset(record.run_id, runs)
     ds.start(dataset.chunk_size)
-    job = _LocalJob(record, dataset, common, ds, on_event, cancelled)
+    job = _LocalJob(record, dataset, common, ds, on_event, cancelled, on_rows)
     read = 0
     try:
         for n, (records, bad) in enumerate(chunks):
@@ -263,8 +268,9 @@ class _LocalJob:
         ds: LocalDataset,
         on_event: Callable[[dict[str, Any]], None] | None,
         cancelled: threading.Event | None,
+        on_rows: Callable[[list[Row]], None] | None = None,
     ):
-        self.record, self.dataset, self.ds, self.on_event = record, dataset, ds, on_event
+        self.record, self.dataset, self.ds, self.on_event, self.on_rows = record, dataset, ds, on_event, on_rows
         self.cancelled = cancelled or threading.Event()
         spec = dataset.record_spec(record.workflow)
         self.executor = ItemExecutor(spec, item_chain(spec), common)
@@ -289,6 +295,8 @@ class _LocalJob:
 
         chunk = run_chunk(self.executor, records, bad, n * size, done, hooks)
         self.ds.finish(n, chunk, len(records))
+        if self.on_rows is not None:
+            self.on_rows(chunk_rows(chunk, n * size, len(records)))
 
     def end(self, started: float) -> RunResult:
         counts = self.ds.counts()
@@ -307,15 +315,55 @@ def _result(run_id: str, status: str, error: str | None, counts: dict[str, Any],
 def store_of(record: RunRecord) -> LocalDataset | ClusterDataset:
     if record.backend == "local":
         return LocalDataset(record.run_id)
-    from worker.cluster.datasets import ClusterDataset
-
-    return ClusterDataset(record.run_id)
+    return _cluster_dataset(record.run_id)
 
 
 def rows(record: RunRecord, *, done_only: bool = False, is_final: Callable[[], bool]) -> Iterator[dict[str, Any]]:
     """`results` of a job: `{"index", "result", "error"}` per record in input order (see worker/datasets.rows)."""
     ds = store_of(record)
     return datasets.rows(ds, ds.chunk_size(), ended=is_final, done_only=done_only)
+
+
+def chunk_rows(chunk: ChunkResult | None, start: int, length: int) -> list[Row]:
+    """The rows of the chunk of `length` records from index `start`, as `results` of the finished job has them:
+    its outcomes, then NOT_RUN for each record it never ran."""
+    rows = list(rows_of_chunks([chunk])) if chunk is not None else []
+    first = start if chunk is None else chunk.start + len(chunk.results)
+    rows += ({"index": i, "result": None, "error": NOT_RUN} for i in range(first, start + length))
+    return rows
+
+
+def follow_rows(run_id: str, backend: str, ended: threading.Event) -> Iterator[list[Row]]:
+    """A job's rows a chunk at a time, in input order, each chunk as soon as it and every chunk before it ended
+    (looked for every POLL_SECONDS); once `ended` is set (the run is final: what it stored is all there is), the
+    rest, as `chunk_rows`."""
+    ds = LocalDataset(run_id) if backend == "local" else _cluster_dataset(run_id)
+    n, size = 0, 0
+    while True:
+        over = ended.is_set()  # before the store is read, as datasets.rows does
+        ns = list(range(n, min(n + 8, ds.chunk_count())))
+        if not ns and over:
+            return
+        for m, chunk in zip(ns, ds.outcomes(ns) if ns else [], strict=True):
+            if chunk is None and not over:
+                break
+            size = size or ds.chunk_size()
+            yield chunk_rows(chunk, m * size, ds.chunk_length(m))
+            n = m + 1
+        else:
+            if ns:  # all read: there may be more at once
+                continue
+        ended.wait(FOLLOW_POLL_SECONDS)
+
+
+#: How often `follow_rows` looks again for the next chunk while it is not finished.
+FOLLOW_POLL_SECONDS = 0.05
+
+
+def _cluster_dataset(run_id: str) -> ClusterDataset:
+    from worker.cluster.datasets import ClusterDataset
+
+    return ClusterDataset(run_id)
 
 
 def progress(record: RunRecord) -> dict[str, Any]:
