@@ -313,9 +313,16 @@ def _result(run_id: str, status: str, error: str | None, counts: dict[str, Any],
 
 # -- reading a job, either backend ----------------------------------------------------------------------
 def store_of(record: RunRecord) -> LocalDataset | ClusterDataset:
-    if record.backend == "local":
-        return LocalDataset(record.run_id)
-    return _cluster_dataset(record.run_id)
+    return store_for(record.run_id, record.backend)
+
+
+def store_for(run_id: str, backend: str) -> LocalDataset | ClusterDataset:
+    """The store of a job on `backend`, which need not be recorded yet (`run --backend celery --out`)."""
+    if backend == "local":
+        return LocalDataset(run_id)
+    from worker.cluster.datasets import ClusterDataset
+
+    return ClusterDataset(run_id)
 
 
 def rows(record: RunRecord, *, done_only: bool = False, is_final: Callable[[], bool]) -> Iterator[dict[str, Any]]:
@@ -333,11 +340,10 @@ def chunk_rows(chunk: ChunkResult | None, start: int, length: int) -> list[Row]:
     return rows
 
 
-def follow_rows(run_id: str, backend: str, ended: threading.Event) -> Iterator[list[Row]]:
+def follow_rows(ds: LocalDataset | ClusterDataset, ended: threading.Event) -> Iterator[list[Row]]:
     """A job's rows a chunk at a time, in input order, each chunk as soon as it and every chunk before it ended
     (looked for every POLL_SECONDS); once `ended` is set (the run is final: what it stored is all there is), the
     rest, as `chunk_rows`."""
-    ds = LocalDataset(run_id) if backend == "local" else _cluster_dataset(run_id)
     n, size = 0, 0
     while True:
         over = ended.is_set()  # before the store is read, as datasets.rows does
@@ -358,12 +364,6 @@ def follow_rows(run_id: str, backend: str, ended: threading.Event) -> Iterator[l
 
 #: How often `follow_rows` looks again for the next chunk while it is not finished.
 FOLLOW_POLL_SECONDS = 0.05
-
-
-def _cluster_dataset(run_id: str) -> ClusterDataset:
-    from worker.cluster.datasets import ClusterDataset
-
-    return ClusterDataset(run_id)
 
 
 def progress(record: RunRecord) -> dict[str, Any]:

@@ -31,7 +31,9 @@ class RowsFile:
         self.file = os.fdopen(fd, "w", encoding="utf-8", newline="")
 
     def write(self, rows: list[dict[str, Any]]) -> None:
+        """A chunk's rows, flushed: the temp file holds every chunk written so far."""
         self.file.write(jsonl_rows(rows))
+        self.file.flush()
 
     def close(self, keep: bool) -> None:
         """Rename the rows over FILE (`keep`), or delete them."""
@@ -63,10 +65,11 @@ def written_as_it_runs(path: str, run_id: str, backend: str) -> Iterator[None]:
 
     ended, stop = threading.Event(), threading.Event()
     failure: list[BaseException] = []
+    store = datasets.store_for(run_id, backend)  # here: importing Celery in two threads at once can fail
 
     def write_rows(out: RowsFile) -> None:
         try:
-            for rows in datasets.follow_rows(run_id, backend, ended):
+            for rows in datasets.follow_rows(store, ended):
                 if stop.is_set():
                     return
                 out.write(rows)
