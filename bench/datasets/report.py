@@ -308,6 +308,10 @@ def report(session: Session, results: Results) -> str:
 - The workflow: two built-in `echo` nodes per record, `{wf}`, outputs `{{"id": "${{b.n}}"}}`, records
   `{{"id": i, "text": "{TEXT}"}}` one per line (written before any timing). Default chunk size ({CHUNK}).
   An untimed job of {sizes.warm:,} records runs first (the workers' first-chunk costs).
+- Before any timing the sources are byte-compiled (`compileall`, as `pip install` does): this machine's
+  environment sets PYTHONDONTWRITEBYTECODE=1, under which no command would ever write its `.pyc` and each
+  would compile ~120 modules of chordflow's again (0.16 s of CPU per process); the baseline's client imports
+  them too.
 - Every `chordflow` command is a fresh subprocess (`{shlex.join(harness.chordflow())}`); its wall time includes
   the interpreter start and imports; its peak RSS is GNU time's `%M` (the whole process). `wait --output
   json` is checked: status success, `total` = `done` = N, `failed` = 0. Wall time runs from submit start to
