@@ -28,9 +28,8 @@ from worker import settings
 from worker.batch.aggregate import ChunkResult
 from worker.batch.executor import ItemExecutor
 from worker.batch.middleware import item_middleware
-from worker.batch.rows import Row, rows_of_chunks
 from worker.datasets import job as datasets
-from worker.datasets.job import NOT_RUN, RECORD, RECORDS, Dataset, run_chunk, verdict
+from worker.datasets.job import RECORD, RECORDS, Dataset, run_chunk, verdict
 from worker.datasets.sqlite import LocalDataset
 from worker.engine.build import item_chain
 from worker.engine.loader import load, source_of
@@ -39,12 +38,15 @@ from worker.runs.record import FINAL, RESULT_STATUS, RunRecord, RunResult, new_r
 if TYPE_CHECKING:
     from worker.cluster.datasets import ClusterDataset
 
+#: `run_local`'s `on_chunk(outcomes, start, length)`: a chunk of `length` records from index `start` ran.
+OnChunk = Callable[[ChunkResult | None, int, int], None]
+
 
 def options(options: dict[str, Any]) -> dict[str, Any]:
     """`format=` (the Python name) is `fmt` inside; anything unknown is a TypeError as for any function."""
     known = {
         "as_", "format", "skip_bad_records", "tolerated_failure_percent", "tolerated_failure_count", "chunk_size",
-        "max_record_bytes", "on_rows",
+        "max_record_bytes", "on_chunk",
     }  # fmt: skip
     unknown = sorted(set(options) - known)
     if unknown:
@@ -211,19 +213,19 @@ def run_local(
     run_id: str | None = None,
     on_event: Callable[[dict[str, Any]], None] | None = None,
     cancelled: threading.Event | None = None,
-    on_rows: Callable[[list[Row]], None] | None = None,
+    on_chunk: OnChunk | None = None,
     **options: Any,
 ) -> RunResult:
     """Run the job in this process as the file is read, a window at a time; returns when it ended.
 
-    `on_rows`: called with each chunk's rows (`results`' rows) once it ran, in input order (`run --out FILE`)."""
+    `on_chunk(outcomes, start, length)`: called once each chunk ran, in input order (`run --out FILE`)."""
     started = time.perf_counter()
     record, dataset, common, chunks = prepare(workflow, inputs, items, backend="local", run_id=run_id, **options)
     runs = local_runs()
     runs.create(record, common)
     ds = LocalDataset(record.run_id, runs)
     ds.start(dataset.chunk_size)
-    job = _LocalJob(record, dataset, common, ds, on_event, cancelled, on_rows)
+    job = _LocalJob(record, dataset, common, ds, on_event, cancelled, on_chunk)
     read = 0
     try:
         for n, (records, bad) in enumerate(chunks):
@@ -271,9 +273,9 @@ class _LocalJob:
         ds: LocalDataset,
         on_event: Callable[[dict[str, Any]], None] | None,
         cancelled: threading.Event | None,
-        on_rows: Callable[[list[Row]], None] | None = None,
+        on_chunk: OnChunk | None = None,
     ):
-        self.record, self.dataset, self.ds, self.on_event, self.on_rows = record, dataset, ds, on_event, on_rows
+        self.record, self.dataset, self.ds, self.on_event, self.on_chunk = record, dataset, ds, on_event, on_chunk
         self.cancelled = cancelled or threading.Event()
         spec = dataset.record_spec(record.workflow)
         self.executor = ItemExecutor(spec, item_chain(spec), common)
@@ -298,8 +300,8 @@ class _LocalJob:
 
         chunk = run_chunk(self.executor, records, bad, n * size, done, hooks)
         self.ds.finish(n, chunk, len(records))
-        if self.on_rows is not None:
-            self.on_rows(chunk_rows(chunk, n * size, len(records)))
+        if self.on_chunk is not None:
+            self.on_chunk(chunk, n * size, len(records))
 
     def end(self, started: float) -> RunResult:
         counts = self.ds.counts()
@@ -334,22 +336,19 @@ def rows(record: RunRecord, *, done_only: bool = False, is_final: Callable[[], b
     return datasets.rows(ds, ds.chunk_size(), ended=is_final, done_only=done_only)
 
 
-def chunk_rows(chunk: ChunkResult | None, start: int, length: int) -> list[Row]:
-    """The rows of the chunk of `length` records from index `start`, as `results` of the finished job has them:
-    its outcomes, then NOT_RUN for each record it never ran."""
-    rows = list(rows_of_chunks([chunk])) if chunk is not None else []
-    first = start if chunk is None else chunk.start + len(chunk.results)
-    rows += ({"index": i, "result": None, "error": NOT_RUN} for i in range(first, start + length))
-    return rows
-
-
-def follow_rows(ds: LocalDataset | ClusterDataset, ended: threading.Event) -> Iterator[list[Row]]:
-    """A job's rows a chunk at a time, in input order, each chunk as soon as it and every chunk before it ended
-    (looked for every POLL_SECONDS); once `ended` is set (the run is final: what it stored is all there is), the
-    rest, as `chunk_rows`."""
+def follow_chunks(
+    ds: LocalDataset | ClusterDataset,
+    ended: Callable[[], bool],
+    pause: Callable[[float], Any] = time.sleep,
+    done_only: bool = False,
+) -> Iterator[tuple[ChunkResult | None, int, int]]:
+    """A job's chunks in input order as (outcomes, start, length), each as soon as it and every chunk before it
+    ended (looked for every FOLLOW_POLL_SECONDS, `pause` waiting); once `ended()` (the run is final: what it stored
+    is all there is), the rest, a chunk that never ran with None (its records did not run). `done_only`: the
+    chunks that ended so far, then stop. What worker/datasets/job.py `rows` gives, a chunk at a time."""
     n, size = 0, 0
     while True:
-        over = ended.is_set()  # before the store is read, as datasets.rows does
+        over = done_only or ended()  # before the store is read: what a run stored before it ended is seen
         ns = list(range(n, min(n + 8, ds.chunk_count())))
         if not ns and over:
             return
@@ -357,15 +356,16 @@ def follow_rows(ds: LocalDataset | ClusterDataset, ended: threading.Event) -> It
             if chunk is None and not over:
                 break
             size = size or ds.chunk_size()
-            yield chunk_rows(chunk, m * size, ds.chunk_length(m))
+            if chunk is not None or not done_only:
+                yield chunk, m * size, ds.chunk_length(m)
             n = m + 1
         else:
             if ns:  # all read: there may be more at once
                 continue
-        ended.wait(FOLLOW_POLL_SECONDS)
+        pause(FOLLOW_POLL_SECONDS)
 
 
-#: How often `follow_rows` looks again for the next chunk while it is not finished.
+#: How often `follow_chunks` looks again for the next chunk while it is not finished.
 FOLLOW_POLL_SECONDS = 0.05
 
 

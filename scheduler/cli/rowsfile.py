@@ -15,7 +15,17 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from scheduler.cli.output import jsonl_rows
+from scheduler.cli.output import jsonl_chunk
+from worker.batch.aggregate import ChunkResult
+from worker.datasets.job import NOT_RUN
+
+
+def chunk_lines(chunk: ChunkResult | None, start: int, length: int) -> str:
+    """The JSON lines of a dataset chunk of `length` records from `start` (its outcomes; None: it never ran), as
+    `results` writes its rows."""
+    failures = {f.index: f.error for f in chunk.failures} if chunk is not None else {}
+    first, results = (chunk.start, chunk.results) if chunk is not None else (start, [])
+    return jsonl_chunk(first, results, failures, (start + length, NOT_RUN))
 
 
 class RowsFile:
@@ -30,9 +40,9 @@ class RowsFile:
         os.chmod(fd, 0o666 & ~umask)  # the mode `open(FILE, "w")` would give it, not mkstemp's 0600
         self.file = os.fdopen(fd, "w", encoding="utf-8", newline="")
 
-    def write(self, rows: list[dict[str, Any]]) -> None:
-        """A chunk's rows, flushed: the temp file holds every chunk written so far."""
-        self.file.write(jsonl_rows(rows))
+    def write(self, chunk: ChunkResult | None, start: int, length: int) -> None:
+        """A chunk's rows (`chunk_lines`), flushed: the temp file holds every chunk written so far."""
+        self.file.write(chunk_lines(chunk, start, length))
         self.file.flush()
 
     def close(self, keep: bool) -> None:
@@ -59,7 +69,7 @@ def rows_file(path: str) -> Iterator[RowsFile]:
 @contextlib.contextmanager
 def written_as_it_runs(path: str, run_id: str, backend: str) -> Iterator[None]:
     """While the body follows the job to its end, a thread writes its rows as its chunks finish
-    (scheduler/datasets.py follow_rows); once the body returned (the run succeeded) the thread writes the rest
+    (scheduler/datasets.py follow_chunks); once the body returned (the run succeeded) the thread writes the rest
     and FILE is renamed into place. A body that raises stops the thread and leaves no FILE."""
     from scheduler import datasets
 
@@ -69,10 +79,10 @@ def written_as_it_runs(path: str, run_id: str, backend: str) -> Iterator[None]:
 
     def write_rows(out: RowsFile) -> None:
         try:
-            for rows in datasets.follow_rows(store, ended):
+            for chunk in datasets.follow_chunks(store, ended.is_set, ended.wait):
                 if stop.is_set():
                     return
-                out.write(rows)
+                out.write(*chunk)
         except BaseException as exc:  # raised in the command's thread, once it joins this one
             failure.append(exc)
 

@@ -90,7 +90,7 @@ def run(
         follow(ctx, output, run_id, store, start)
     elif backend == "local":  # the rows of each chunk as this process runs it
         with rowsfile.rows_file(rows_out) as sink:
-            dataset["on_rows"] = sink.write  # start() passes it on to scheduler.run
+            dataset["on_chunk"] = sink.write  # start() passes it on to scheduler.run
             follow(ctx, output, run_id, store, start)
     else:
         with rowsfile.written_as_it_runs(rows_out, run_id, backend):

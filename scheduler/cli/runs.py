@@ -197,9 +197,18 @@ def results(
 
     record, runs = lookup.find_run(run_id)
     if record.dataset is not None and node is None and not whole_store:
-        rows = datasets.rows(record, done_only=done_only, is_final=lambda: lookup.find_run(run_id)[0].status in FINAL)
-        at_once = record.dataset.get("chunk_size") or ROWS_AT_ONCE  # a running job's chunk is written as it ends
-        _write_rows(rows, fmt, errors_only, out, list(record.workflow.get("outputs") or {}), at_once)
+
+        def is_final() -> bool:
+            return lookup.find_run(run_id)[0].status in FINAL
+
+        if fmt == "jsonl" and not errors_only:  # the rows of each chunk written at once, none built
+            chunks = datasets.follow_chunks(datasets.store_of(record), is_final, done_only=done_only)
+            with open(out, "w", encoding="utf-8", newline="") if out else contextlib.nullcontext(sys.stdout) as sink:
+                for chunk in chunks:
+                    sink.write(rowsfile.chunk_lines(*chunk))
+            return
+        rows = datasets.rows(record, done_only=done_only, is_final=is_final)
+        _write_rows(rows, fmt, errors_only, out, list(record.workflow.get("outputs") or {}))
         return
     if node is None:
         if fmt == "csv":
@@ -231,7 +240,7 @@ def _llm_line(totals: dict[str, int]) -> str:
     return f"llm: {calls} calls, {inputs} input tokens, {outputs} output tokens"
 
 
-#: Rows `results` encodes at once, with one encoder call (output.jsonl_rows), when not a dataset job's chunk.
+#: Rows of a finished batch `results --node N` encodes at once, with one encoder call (output.jsonl_rows).
 ROWS_AT_ONCE = 500
 
 
@@ -241,15 +250,14 @@ def _write_rows(
     errors_only: bool,
     out: str | None,
     columns: list[str] | None = None,
-    at_once: int = ROWS_AT_ONCE,
 ) -> None:
-    """Rows `{"index", "result", "error"}` as JSON lines (`at_once` rows encoded together; the failed rows of
+    """Rows `{"index", "result", "error"}` as JSON lines (ROWS_AT_ONCE encoded together; the failed rows of
     --errors one by one, as they come), one JSON array or CSV, written one by one.
 
     CSV is for flat results: a column per result key (`columns`, else the first dict result's keys),
     nested values as JSON text."""
     if errors_only:
-        rows, at_once = (row for row in rows if row["error"] is not None), 1
+        rows = (row for row in rows if row["error"] is not None)
     with open(out, "w", encoding="utf-8", newline="") if out else contextlib.nullcontext(sys.stdout) as sink:
         if fmt == "csv":
             _write_csv(rows, sink, list(columns or []))
@@ -259,7 +267,7 @@ def _write_rows(
                 sink.write(("," if i else "") + to_json(row))
             sink.write("]\n")
         else:
-            while batch := list(itertools.islice(rows, at_once)):
+            while batch := list(itertools.islice(rows, 1 if errors_only else ROWS_AT_ONCE)):
                 sink.write(jsonl_rows(batch))
 
 
