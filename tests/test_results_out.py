@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 
+from scheduler.cli.output import to_json
 from tests.test_datasets import ROOT, backend_args, cli, per_record_workflow, write_records
 from tests.test_durable import until
 
@@ -40,7 +41,9 @@ def job(tmp_path: Path) -> dict[str, Path]:
 
 
 def test_run_out_is_results_out_byte_for_byte_failed_record_included(backend: str, job: dict, tmp_path: Path) -> None:
-    items = write_records(tmp_path / "items.jsonl", 57, job["missing"], failing=(13,))
+    items = tmp_path / "items.jsonl"  # non-ASCII ids: the rows hold them as they are, not as \u escapes
+    records = ({"id": f"r{i}-é☃", "requires": str(job["missing"]) if i == 13 else ""} for i in range(57))
+    items.write_text("".join(json.dumps(record) + "\n" for record in records))
     job["out"].parent.mkdir()
     done = cli(
         "run", job["wf"], "--items", items, "--chunk-size", 5, "--tolerated-failure-count", 1, "--output", "json",
@@ -52,8 +55,12 @@ def test_run_out_is_results_out_byte_for_byte_failed_record_included(backend: st
     assert written == results_file(run_id, tmp_path / "results.jsonl")
     rows = [json.loads(line) for line in written.splitlines()]
     assert [r["index"] for r in rows] == list(range(57))  # input order, whatever order the chunks ended in
+    # each line is what `to_json(row)` prints (written a chunk at a time, not row by row), the same rows as JSON
+    assert [line.decode() for line in written.splitlines()] == [to_json(row) for row in rows]
+    assert rows == json.loads(cli("results", run_id, "--format", "json").stdout)
     assert rows[13]["result"] is None and "missing" in rows[13]["error"]
-    assert rows[14] == {"index": 14, "result": {"label": "r14", "upper": "R14"}, "error": None}
+    assert rows[14] == {"index": 14, "result": {"label": "r14-é☃", "upper": "R14-É☃"}, "error": None}
+    assert "é☃" in written.decode()
     assert leftovers(job["out"].parent, "rows.jsonl") == []
 
 
