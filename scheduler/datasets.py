@@ -336,6 +336,10 @@ def rows(record: RunRecord, *, done_only: bool = False, is_final: Callable[[], b
     return datasets.rows(ds, ds.chunk_size(), ended=is_final, done_only=done_only)
 
 
+#: How often `follow_chunks` looks again for the next chunk while it is not finished.
+FOLLOW_POLL_SECONDS = 0.05
+
+
 def follow_chunks(
     ds: LocalDataset | ClusterDataset,
     ended: Callable[[], bool],
@@ -345,7 +349,8 @@ def follow_chunks(
     """A job's chunks in input order as (outcomes, start, length), each as soon as it and every chunk before it
     ended (looked for every FOLLOW_POLL_SECONDS, `pause` waiting); once `ended()` (the run is final: what it stored
     is all there is), the rest, a chunk that never ran with None (its records did not run). `done_only`: the
-    chunks that ended so far, then stop. What worker/datasets/job.py `rows` gives, a chunk at a time."""
+    chunks that ended so far, each as long as what it ran, then stop. What worker/datasets/job.py `rows` gives, a
+    chunk at a time."""
     n, size = 0, 0
     while True:
         over = done_only or ended()  # before the store is read: what a run stored before it ended is seen
@@ -356,17 +361,15 @@ def follow_chunks(
             if chunk is None and not over:
                 break
             size = size or ds.chunk_size()
-            if chunk is not None or not done_only:
+            if not done_only:
                 yield chunk, m * size, ds.chunk_length(m)
+            elif chunk is not None:
+                yield chunk, chunk.start, len(chunk.results)
             n = m + 1
         else:
             if ns:  # all read: there may be more at once
                 continue
         pause(FOLLOW_POLL_SECONDS)
-
-
-#: How often `follow_chunks` looks again for the next chunk while it is not finished.
-FOLLOW_POLL_SECONDS = 0.05
 
 
 def progress(record: RunRecord) -> dict[str, Any]:

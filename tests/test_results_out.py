@@ -181,3 +181,28 @@ def test_out_of_a_run_that_is_no_dataset_job_is_a_one_line_usage_error(job: dict
     detached = cli("run", job["wf"], "--items", tmp_path / "x.jsonl", "--backend", "celery", "--detach", "--out", "f")
     assert detached.returncode == 2 and "--out: not with --detach" in detached.stderr
     assert not (tmp_path / "rows.jsonl").exists()
+    nowhere = cli("run", job["wf"], "--items", tmp_path / "x.jsonl", "--out", tmp_path / "no" / "rows.jsonl")
+    assert nowhere.returncode == 2
+    missing = tmp_path / "no"
+    expected = f"error: --out {missing / 'rows.jsonl'}: cannot write in {missing}: No such file or directory\n"
+    assert nowhere.stderr == expected
+
+
+def test_results_of_a_stopped_job_write_not_run_rows_and_done_only_what_ran(backend: str, job: dict, tmp_path: Path):
+    """A count threshold stops the job inside a chunk: `results` (a chunk at a time) gives every record a row, those
+    that never ran `not run: ...`; `--done` only the records that ran, as the row-by-row path did."""
+    items = write_records(tmp_path / "items.jsonl", 60, job["missing"], failing=tuple(range(60)))
+    job["out"].parent.mkdir()
+    done = cli(
+        "run", job["wf"], "--items", items, "--tolerated-failure-count", 0, "--chunk-size", 7, "--output", "json",
+        "--out", job["out"], *backend_args(backend),
+    )  # fmt: skip
+    assert done.returncode == 1 and not job["out"].exists()
+    report = json.loads(done.stdout)
+    every = [json.loads(line) for line in results_file(report["run_id"], tmp_path / "all.jsonl").splitlines()]
+    assert [r["index"] for r in every] == list(range(60))
+    not_run = [r["index"] for r in every if r["error"].startswith("not run")]
+    assert not_run and len(not_run) == 60 - report["outputs"]["done"]
+    ran = [json.loads(line) for line in cli("results", report["run_id"], "--done").stdout.splitlines()]
+    assert [r["index"] for r in ran] == [r["index"] for r in every if r["index"] not in not_run]
+    assert all(not r["error"].startswith("not run") for r in ran)

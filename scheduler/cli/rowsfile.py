@@ -15,6 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from scheduler.cli.errors import CliUsageError
 from scheduler.cli.output import jsonl_chunk
 from worker.batch.aggregate import ChunkResult
 from worker.datasets.job import NOT_RUN
@@ -33,7 +34,10 @@ class RowsFile:
 
     def __init__(self, path: str):
         self.path = Path(path)
-        fd, temp = tempfile.mkstemp(prefix=f".{self.path.name}.", suffix=".part", dir=self.path.parent)
+        try:  # before the run starts: a FILE that cannot be written is a usage error, not a failed run
+            fd, temp = tempfile.mkstemp(prefix=f".{self.path.name}.", suffix=".part", dir=self.path.parent)
+        except OSError as exc:
+            raise CliUsageError(f"--out {path}: cannot write in {self.path.parent}: {exc.strerror or exc}") from None
         self.temp = Path(temp)
         umask = os.umask(0)
         os.umask(umask)
