@@ -40,7 +40,8 @@ def job_rows(job: dict[str, Any]) -> list[tuple[str, str]]:
         (
             "**one command: `run --backend celery --items FILE --out FILE`** (rows written as chunks finish)",
             f"**{one['seconds']:.2f} s** ({one['child'].cpu:.2f} s CPU, peak RSS {mb(one['child'].maxrss)}; "
-            f"worker CPU {one['worker_cpu']:.2f} s; {'in order' if one['ordered'] else '**NOT in order**'})",
+            f"worker CPU {one['worker_cpu']:.2f} s; {'in order' if one['ordered'] else '**NOT in order**'}; CPU of "
+            f"the machine: {one['cpu']})",
         ),
         ("run record final (status written by the last chunk), from submit start", record_final),
         (
