@@ -25,6 +25,7 @@ from scheduler.inputs import unknown_input
 from scheduler.lookup import find_run, local_runs
 from scheduler.records import BadRecord, Items, read_records, windows
 from worker import settings
+from worker.batch.aggregate import ChunkResult
 from worker.batch.executor import ItemExecutor
 from worker.batch.middleware import item_middleware
 from worker.datasets import job as datasets
@@ -37,12 +38,15 @@ from worker.runs.record import FINAL, RESULT_STATUS, RunRecord, RunResult, new_r
 if TYPE_CHECKING:
     from worker.cluster.datasets import ClusterDataset
 
+#: `run_local`'s `on_chunk(outcomes, start, length)`: a chunk of `length` records from index `start` ran.
+OnChunk = Callable[[ChunkResult | None, int, int], None]
+
 
 def options(options: dict[str, Any]) -> dict[str, Any]:
     """`format=` (the Python name) is `fmt` inside; anything unknown is a TypeError as for any function."""
     known = {
         "as_", "format", "skip_bad_records", "tolerated_failure_percent", "tolerated_failure_count", "chunk_size",
-        "max_record_bytes",
+        "max_record_bytes", "on_chunk",
     }  # fmt: skip
     unknown = sorted(set(options) - known)
     if unknown:
@@ -114,8 +118,11 @@ def prepare(
 def record_windows(records: Iterable[Any], size: int) -> Iterator[tuple[list, dict[int, str]]]:
     """The records in windows of `size`: (records with None where one was bad, {offset: why it was bad})."""
     for window in windows(records, size):
+        if BadRecord not in map(type, window):  # most windows: one pass in C, none per record in Python
+            yield window, {}
+            continue
         bad = {i: r.error for i, r in enumerate(window) if isinstance(r, BadRecord)}
-        yield ([None if i in bad else r for i, r in enumerate(window)] if bad else window), bad
+        yield [None if i in bad else r for i, r in enumerate(window)], bad
 
 
 # -- the cluster ---------------------------------------------------------------------------------------
@@ -206,16 +213,19 @@ def run_local(
     run_id: str | None = None,
     on_event: Callable[[dict[str, Any]], None] | None = None,
     cancelled: threading.Event | None = None,
+    on_chunk: OnChunk | None = None,
     **options: Any,
 ) -> RunResult:
-    """Run the job in this process as the file is read, a window at a time; returns when it ended."""
+    """Run the job in this process as the file is read, a window at a time; returns when it ended.
+
+    `on_chunk(outcomes, start, length)`: called once each chunk ran, in input order (`run --out FILE`)."""
     started = time.perf_counter()
     record, dataset, common, chunks = prepare(workflow, inputs, items, backend="local", run_id=run_id, **options)
     runs = local_runs()
     runs.create(record, common)
     ds = LocalDataset(record.run_id, runs)
     ds.start(dataset.chunk_size)
-    job = _LocalJob(record, dataset, common, ds, on_event, cancelled)
+    job = _LocalJob(record, dataset, common, ds, on_event, cancelled, on_chunk)
     read = 0
     try:
         for n, (records, bad) in enumerate(chunks):
@@ -263,8 +273,9 @@ class _LocalJob:
         ds: LocalDataset,
         on_event: Callable[[dict[str, Any]], None] | None,
         cancelled: threading.Event | None,
+        on_chunk: OnChunk | None = None,
     ):
-        self.record, self.dataset, self.ds, self.on_event = record, dataset, ds, on_event
+        self.record, self.dataset, self.ds, self.on_event, self.on_chunk = record, dataset, ds, on_event, on_chunk
         self.cancelled = cancelled or threading.Event()
         spec = dataset.record_spec(record.workflow)
         self.executor = ItemExecutor(spec, item_chain(spec), common)
@@ -289,6 +300,8 @@ class _LocalJob:
 
         chunk = run_chunk(self.executor, records, bad, n * size, done, hooks)
         self.ds.finish(n, chunk, len(records))
+        if self.on_chunk is not None:
+            self.on_chunk(chunk, n * size, len(records))
 
     def end(self, started: float) -> RunResult:
         counts = self.ds.counts()
@@ -305,17 +318,58 @@ def _result(run_id: str, status: str, error: str | None, counts: dict[str, Any],
 
 # -- reading a job, either backend ----------------------------------------------------------------------
 def store_of(record: RunRecord) -> LocalDataset | ClusterDataset:
-    if record.backend == "local":
-        return LocalDataset(record.run_id)
+    return store_for(record.run_id, record.backend)
+
+
+def store_for(run_id: str, backend: str) -> LocalDataset | ClusterDataset:
+    """The store of a job on `backend`, which need not be recorded yet (`run --backend celery --out`)."""
+    if backend == "local":
+        return LocalDataset(run_id)
     from worker.cluster.datasets import ClusterDataset
 
-    return ClusterDataset(record.run_id)
+    return ClusterDataset(run_id)
 
 
 def rows(record: RunRecord, *, done_only: bool = False, is_final: Callable[[], bool]) -> Iterator[dict[str, Any]]:
     """`results` of a job: `{"index", "result", "error"}` per record in input order (see worker/datasets.rows)."""
     ds = store_of(record)
     return datasets.rows(ds, ds.chunk_size(), ended=is_final, done_only=done_only)
+
+
+#: How often `follow_chunks` looks again for the next chunk while it is not finished.
+FOLLOW_POLL_SECONDS = 0.05
+
+
+def follow_chunks(
+    ds: LocalDataset | ClusterDataset,
+    ended: Callable[[], bool],
+    pause: Callable[[float], Any] = time.sleep,
+    done_only: bool = False,
+) -> Iterator[tuple[ChunkResult | None, int, int]]:
+    """A job's chunks in input order as (outcomes, start, length), each as soon as it and every chunk before it
+    ended (looked for every FOLLOW_POLL_SECONDS, `pause` waiting); once `ended()` (the run is final: what it stored
+    is all there is), the rest, a chunk that never ran with None (its records did not run). `done_only`: the
+    chunks that ended so far, each as long as what it ran, then stop. What worker/datasets/job.py `rows` gives, a
+    chunk at a time."""
+    n, size = 0, 0
+    while True:
+        over = done_only or ended()  # before the store is read: what a run stored before it ended is seen
+        ns = list(range(n, min(n + 8, ds.chunk_count())))
+        if not ns and over:
+            return
+        for m, chunk in zip(ns, ds.outcomes(ns) if ns else [], strict=True):
+            if chunk is None and not over:
+                break
+            size = size or ds.chunk_size()
+            if not done_only:
+                yield chunk, m * size, ds.chunk_length(m)
+            elif chunk is not None:
+                yield chunk, chunk.start, len(chunk.results)
+            n = m + 1
+        else:
+            if ns:  # all read: there may be more at once
+                continue
+        pause(FOLLOW_POLL_SECONDS)
 
 
 def progress(record: RunRecord) -> dict[str, Any]:

@@ -92,6 +92,28 @@ def test_jsonl_gives_every_json_value_in_file_order() -> None:
     assert [type(v) for v in got] == [type(v) for v in values]  # 7 stays an int, -0.25 a float
 
 
+@pytest.mark.parametrize("cap", [records.MAX_RECORD_BYTES, records.CHUNK_BYTES + 100, 700])
+def test_jsonl_lines_cut_by_the_reads_blocks_are_whole_records_and_a_long_one_over_the_cap_is_bad(cap: int) -> None:
+    """The reader takes CHUNK_BYTES at a time: lines of every length across its block boundaries read as the
+    records they are, each with its line number; a line over the cap is a bad record wherever it falls."""
+    values: list[Any] = []
+    for i in range(3000):  # short and long lines, some crossing a block boundary, one longer than a block
+        values.append({"i": i, "pad": "x" * (i % 97 if i % 500 else 5 * i if i < 2500 else 600)})
+    values.insert(1500, {"long": "y" * (records.CHUNK_BYTES + 10)})
+    write("items.jsonl", jsonl(values) + '{"last": "no line break"}')
+    values.append({"last": "no line break"})
+    got = list(read_records("items.jsonl", skip_bad=True, max_record_bytes=cap))
+    sizes = [len(json.dumps(value)) for value in values]
+    assert len(got) == len(values)
+    for line, (value, size, record) in enumerate(zip(values, sizes, got, strict=True), 1):
+        if size > cap:
+            assert record == BadRecord(
+                line, f"items.jsonl line {line}: record is {size} bytes, over --max-record-bytes {cap}"
+            )
+        else:
+            assert record == value
+
+
 def test_jsonl_blank_lines_at_the_end_are_not_records() -> None:
     write("items.jsonl", '{"a": 1}\n{"a": 2}\r\n{"a": 3}\n\n  \n\t\r\n')
     assert list(read_records("items.jsonl")) == [{"a": 1}, {"a": 2}, {"a": 3}]

@@ -1,17 +1,19 @@
 """`python -m bench.datasets`: the scale check of dataset jobs (issue 9, item 6).
 
-A two-node workflow once per record of a JSONL file, through `chordflow submit WF.json --items FILE` and
-`chordflow wait RUN`, at 1,000,000 and at 100,000 records (the client's memory must not grow with the file),
-on its own cluster (bench/harness.py: a redis-server on a free port and two solo workers). For each: wall
-time, the submitting client's peak RSS (target: < 150 MB at 1,000,000), the workers' peak RSS, Redis's peak
-memory and what the job leaves in it, the time to the first readable result, and `chordflow results RUN
---out FILE` streaming every row to a file.
+A two-node workflow once per record of a JSONL file, through `chordflow submit WF.json --items FILE`,
+`chordflow wait RUN` and `chordflow results RUN --out FILE` (every row in a file), at 1,000,000 and at 100,000
+records (the client's memory must not grow with the file), on its own cluster (bench/harness.py: a redis-server
+on a free port and two solo workers). For each: wall time to the rows in the file, the submitting client's peak
+RSS (target: < 150 MB at 1,000,000), the workers' peak RSS, Redis's peak memory and what the job leaves in it,
+the time to the first readable result; then the same job as one command, `chordflow run WF --items FILE
+--backend celery --out FILE` (the rows written as the chunks finish).
 
 Beside it, in the same run: what a user writes by hand with Celery (read the file, a `group` of tasks over
 chunks of 500 records, each running the workflow's two steps as two PocketFlow nodes per record,
-`GroupResult.get()`); the local backend (`chordflow run WF --items FILE` + `chordflow results RUN --out FILE`)
-against a plain PocketFlow loop over the file writing the same rows; and a local batch of no-op items against
-a plain PocketFlow loop keeping every item's result (issue 22).
+`GroupResult.get()`, the rows written to a file); the local backend (`chordflow run WF --items FILE` +
+`chordflow results RUN --out FILE`, and `chordflow run WF --items FILE --out FILE`) against a plain PocketFlow
+loop over the file writing the same rows; and a local batch of no-op items against a plain PocketFlow loop
+keeping every item's result (issue 22).
 
 Writes bench/DATASETS.md (or --out). Progress lines go to stderr.
 """
@@ -60,11 +62,11 @@ def main(argv: list[str] | None = None) -> int:
             "--chunk-size", type=int, action="append", default=[], metavar="N",
             help="also a job of the small size with this --chunk-size (repeatable)",
         )  # fmt: skip
-        parser.add_argument("--celery-client", type=Path, metavar="FILE", help=argparse.SUPPRESS)
+        parser.add_argument("--celery-client", type=Path, nargs=2, metavar=("FILE", "OUT"), help=argparse.SUPPRESS)
 
     args = harness.arguments("bench.datasets", __doc__, "DATASETS.md", f"small sizes: {QUICK}", argv, options)
     if args.celery_client:
-        return celery_client(args.celery_client, CHUNK)
+        return celery_client(*args.celery_client, CHUNK)
     from bench.datasets.report import report  # it reads this module's constants
 
     harness.run_bench(args, measure, report, plugins=PLUGINS, needed=(RECORDS_TASK, "chordflow.dataset_chunk"))
@@ -93,9 +95,10 @@ def records_chunk(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [one_record(flow, record) for record in records]
 
 
-def celery_client(path: Path, chunk: int) -> int:
-    """The baseline client, run as its own process (`--celery-client FILE`): read the whole file, send a
-    `group` of one task per `chunk` records, `GroupResult.get()`, check the results are in input order.
+def celery_client(path: Path, out: Path, chunk: int) -> int:
+    """The baseline client, run as its own process (`--celery-client FILE OUT`): read the whole file, send a
+    `group` of one task per `chunk` records, `GroupResult.get()`, check the results are in input order, write
+    them to OUT as the rows `chordflow results --out` writes (a `json.dumps` per row, as a user would).
     Prints its phases as one JSON object. A stock Celery app with worker/app.py's config, signing its
     messages as chordflow's do (the workers drop unsigned ones), as bench/variants.py's baselines."""
     from celery import Celery, group
@@ -120,7 +123,12 @@ def celery_client(path: Path, chunk: int) -> int:
     results = [row for part in result.get(timeout=LIMIT) for row in part]
     got = time.perf_counter()
     ordered = len(results) == len(records) and all(row["id"] == i for i, row in enumerate(results))
-    print(json.dumps({"read": read - t0, "send": sent - read, "get": got - sent, "n": len(results), "ok": ordered}))
+    with out.open("w", encoding="utf-8") as rows:
+        for i, row in enumerate(results):
+            rows.write(json.dumps({"index": i, "result": row, "error": None}, ensure_ascii=False) + "\n")
+    wrote = time.perf_counter()
+    phases = {"read": read - t0, "send": sent - read, "get": got - sent, "write": wrote - got}
+    print(json.dumps({**phases, "n": len(results), "ok": ordered}))
     return 0 if ordered else 1
 
 
@@ -205,6 +213,8 @@ class Results:
 
 def measure(session: Session, bench: BenchCluster) -> Results:
     sizes = QUICK if session.quick else FULL
+    byte_compiled = precompile()
+    log(f"sources byte-compiled: {byte_compiled}")
     results, jobs = Results(sizes), Jobs(bench)
     for n in (sizes.large, sizes.small):
         jobs.records(n)
@@ -220,6 +230,16 @@ def measure(session: Session, bench: BenchCluster) -> Results:
     results.noop = noop_batch(sizes.small)
     results.resettable = bench.peaks.resettable
     return results
+
+
+def precompile() -> bool:
+    """Byte-compile the sources, untimed, as `pip install` does: under PYTHONDONTWRITEBYTECODE=1 (this machine's
+    environment) no `chordflow` command ever writes its .pyc, and each would compile ~120 modules again
+    (0.16 s of CPU); a .pyc that exists is read whatever that variable says."""
+    import compileall
+
+    root = harness.HERE.parent
+    return all(compileall.compile_dir(root / name, quiet=1) for name in ("ir", "scheduler", "worker", "bench"))
 
 
 class Jobs:
@@ -248,12 +268,13 @@ class Jobs:
         return submit
 
     def job(self, n: int, chunk_size: int | None = None) -> dict[str, Any]:
-        """`chordflow submit WF --items FILE` then `chordflow wait RUN`, timed from submit start to wait end;
-        then `chordflow results RUN --out FILE`."""
+        """`chordflow submit WF --items FILE`, `chordflow wait RUN`, `chordflow results RUN --out FILE`, timed from
+        submit start to the rows in the file; then the one-command form (`one_command`)."""
         from worker.cluster.state.runs import ClusterRuns
 
         bench, path = self.bench, self.records(n)
         extra = ["--chunk-size", str(chunk_size)] if chunk_size else []
+        rows_path = bench.workdir / "results.jsonl"
         first = FirstResult(bench)
         try:
             with Phase(bench) as phase:
@@ -262,17 +283,17 @@ class Jobs:
                 run_id = submit.last_line()
                 log(f"submit {n:,} records: run {run_id}, {submit.seconds:.3f} s, client peak rss {mb(submit.maxrss)}")
                 waited = bench.cli("wait", run_id, "--output", "json", limit=LIMIT)
+                wait_end = phase.elapsed()
+                streamed = bench.cli("results", run_id, "--out", str(rows_path), limit=LIMIT)
         finally:
             first.stop()
         check_job(waited, n)
+        if streamed.code != 0:
+            raise streamed.failure()
         left = self.left(run_id)
         record = ClusterRuns().get(run_id)
         seen = "never" if first.seconds is None else f"{first.seconds:.3f} s"
         log(f"job of {n:,} records: {phase.seconds:.3f} s ({n / phase.seconds:,.0f} records/s); first result {seen}")
-        rows_path = bench.workdir / "results.jsonl"
-        streamed = bench.cli("results", run_id, "--out", str(rows_path), limit=LIMIT)
-        if streamed.code != 0:
-            raise streamed.failure()
         ordered = check_rows(rows_path, n)
         size = rows_path.stat().st_size
         rows_path.unlink()
@@ -285,6 +306,7 @@ class Jobs:
             "chunk_size": chunk_size or CHUNK,
             "submit": submit,
             "wait": waited,
+            "wait_end": wait_end,
             "record_final": record.updated - phase.wall if record else None,
             "first": first.seconds,
             "confirm": first.confirm,
@@ -293,7 +315,22 @@ class Jobs:
             "ordered": ordered,
             "left": left,
             "timeline": timeline,
+            "one": self.one_command(n, extra),
         }
+
+    def one_command(self, n: int, extra: list[str]) -> dict[str, Any]:
+        """`chordflow run WF --items FILE --backend celery --out FILE`: the same job as one process, its rows
+        written as its chunks finish."""
+        rows_path = self.bench.workdir / "results-one.jsonl"
+        argv = ["run", self.wf, "--items", self.records(n), *extra, "--backend", "celery", "--out", str(rows_path)]
+        with Phase(self.bench) as phase:
+            child = self.bench.cli(*argv, "--output", "json", limit=LIMIT)
+        run_id = check_job(child, n)["run_id"]
+        ordered = check_rows(rows_path, n)
+        rows_path.unlink()
+        log(f"run --backend celery --out, {n:,} records: {phase.seconds:.3f} s, in order: {ordered}")
+        self.bench.forget(run_id, task_results=True)
+        return {**phase.as_dict(), "child": child, "ordered": ordered}
 
     def left(self, run_id: str) -> dict[str, Any]:
         """What a finished job leaves in Redis: used_memory, its own keys (and their MEMORY USAGE), the
@@ -309,13 +346,17 @@ class Jobs:
 
     def baseline(self, n: int) -> dict[str, Any]:
         """The hand-written Celery client (`celery_client`) in its own process, over the same file."""
-        argv = [sys.executable, "-m", "bench.datasets", "--celery-client", self.records(n)]
+        rows_path = self.bench.workdir / "baseline.jsonl"
+        argv = [sys.executable, "-m", "bench.datasets", "--celery-client", self.records(n), str(rows_path)]
         env = {**self.bench.env, "PYTHONPATH": str(harness.HERE.parent)}
         with Phase(self.bench) as phase:
             child = harness.run_child(argv, env, self.bench.workdir, LIMIT)
         phases: dict[str, Any] = {}
         with contextlib.suppress(ValueError, IndexError):
             phases = json.loads(child.stdout.strip().splitlines()[-1])
+        if phases.get("ok"):
+            phases["ok"] = check_rows(rows_path, n)
+        rows_path.unlink(missing_ok=True)
         if child.code != 0 or not phases.get("ok"):
             log(f"baseline {n:,} records did not complete: exit {child.code}, peak rss {mb(child.maxrss)}")
             self.bench.purge()
@@ -326,7 +367,8 @@ class Jobs:
 
     def local(self, n: int) -> dict[str, Any]:
         """`chordflow run WF --items FILE` (the local backend: one process, the embedded store) then
-        `chordflow results RUN --out FILE`; and the plain PocketFlow loop writing the same file."""
+        `chordflow results RUN --out FILE`; `chordflow run WF --items FILE --out FILE`, one process writing the rows
+        as the records run; and the plain PocketFlow loop writing the same file."""
         rows_path = self.bench.workdir / "local-results.jsonl"
         with CpuUse(self.bench.pids, self.bench.cluster.redis.pid) as cpu:
             child = self.bench.cli("run", self.wf, "--items", self.records(n), "--output", "json", limit=LIMIT)
@@ -334,6 +376,11 @@ class Jobs:
             streamed = self.bench.cli("results", report["run_id"], "--out", str(rows_path), limit=LIMIT)
         if streamed.code != 0 or not check_rows(rows_path, n):
             raise streamed.failure()
+        rows_path.unlink()
+        one = self.bench.cli("run", self.wf, "--items", self.records(n), "--output", "json", "--out", str(rows_path))
+        check_job(one, n)
+        if not check_rows(rows_path, n):
+            raise one.failure()
         argv = [sys.executable, "-m", "bench.record_flow", self.records(n), str(rows_path)]
         env = {**self.bench.env, "PYTHONPATH": str(harness.HERE.parent)}
         loop = harness.run_child(argv, env, self.bench.workdir, LIMIT)
@@ -342,9 +389,9 @@ class Jobs:
         rows_path.unlink()
         log(
             f"local run of {n:,} records: {child.seconds:.3f} s + results --out {streamed.seconds:.3f} s; "
-            f"plain PocketFlow loop {loop.seconds:.3f} s"
+            f"run --out {one.seconds:.3f} s; plain PocketFlow loop {loop.seconds:.3f} s"
         )
-        return {"n": n, "child": child, "results": streamed, "loop": loop, "cpu": cpu.text()}
+        return {"n": n, "child": child, "results": streamed, "one": one, "loop": loop, "cpu": cpu.text()}
 
 
 def noop_batch(n: int) -> dict[str, Any]:

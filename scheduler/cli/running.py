@@ -12,6 +12,7 @@ from rich.text import Text
 
 import ir
 from scheduler.cli import repair as cli_repair
+from scheduler.cli import rowsfile
 from scheduler.cli.errors import DEBUG_KEY, EXIT_CANCELLED, EXIT_FAILED, EXIT_OK, CliUsageError
 from scheduler.cli.follow import follow, follow_cluster_run
 from scheduler.cli.options import dataset_job, dataset_options, load_for_run
@@ -32,6 +33,7 @@ from scheduler.cli.output import stderr_console, to_json
 @click.option("--detach", is_flag=True, help="With --backend celery: print the run id and return at once.")
 @click.option("--stream", "as_stream", is_flag=True, help="Print the run's events as JSON lines while it runs.")
 @click.option("--debug", is_flag=True, help="Print full tracebacks instead of one-line errors.")
+@rowsfile.out_option
 @cli_repair.repair_options
 @click.pass_context
 def run(
@@ -46,12 +48,14 @@ def run(
     debug: bool,
     items: str | None,
     priority: str | None,
+    rows_out: str | None,
     **job: Any,
 ) -> None:
     """Run a workflow and print a summary (with --output json: one JSON object, the run report, always).
 
     With --items FILE: a dataset job, the workflow once per record; exit 1 when more records failed than
-    tolerated (any, without a threshold); `chordflow results RUN` streams each record's result."""
+    tolerated (any, without a threshold); `chordflow results RUN` streams each record's result, and --out FILE
+    writes them to FILE as the records run."""
     if debug:
         ctx.meta[DEBUG_KEY] = True
     import scheduler
@@ -62,6 +66,11 @@ def run(
     store: dict[str, Any] = {}  # passed as `shared`, so still readable when the run raises
     run_id = uuid.uuid4().hex[:12]
     dataset = dataset_job(items, job)
+    if rows_out is not None and (dataset is None or detach or as_stream):
+        raise CliUsageError(
+            rowsfile.not_a_dataset(workflow) if dataset is None else "--out: not with --detach or --stream (the rows "
+            "are written as this command follows the job; `chordflow wait RUN --out FILE` does it later)"
+        )  # fmt: skip
     if as_stream:
         _, inputs = load_for_run(workflow, pairs, inputs_file, None, whole=True)  # checked here, loaded by the run
         _stream_events(workflow, inputs, backend, run_id)
@@ -77,7 +86,15 @@ def run(
         return wf, _submit_and_wait(ctx, wf, submitted, run_id, store, detach, output, hooks["on_event"])
 
     start = cli_repair.repairing(ctx, start, workflow, backend, run_id, store, (pairs, inputs_file))
-    follow(ctx, output, run_id, store, start)
+    if rows_out is None:
+        follow(ctx, output, run_id, store, start)
+    elif backend == "local":  # the rows of each chunk as this process runs it
+        with rowsfile.rows_file(rows_out) as sink:
+            dataset["on_chunk"] = sink.write  # start() passes it on to scheduler.run
+            follow(ctx, output, run_id, store, start)
+    else:
+        with rowsfile.written_as_it_runs(rows_out, run_id, backend):
+            follow(ctx, output, run_id, store, start)
 
 
 def _stream_events(workflow: str, inputs: dict[str, Any], backend: str, run_id: str) -> None:

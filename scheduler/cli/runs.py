@@ -5,6 +5,7 @@ them: `purge`, `runs --prune`."""
 from __future__ import annotations
 
 import contextlib
+import itertools
 import re
 import sys
 import time
@@ -20,10 +21,11 @@ import ir
 from ir.errors import WaitTimeout
 from ir.loader import given_inputs
 from scheduler.cli import repair as cli_repair
+from scheduler.cli import rowsfile
 from scheduler.cli.errors import EXIT_TIMEOUT, CliUsageError
 from scheduler.cli.follow import follow, follow_cluster_run
 from scheduler.cli.options import run_id_argument
-from scheduler.cli.output import stderr_console, stdout_console, to_json
+from scheduler.cli.output import jsonl_rows, stderr_console, stdout_console, to_json
 from worker.runs.record import FINAL
 
 
@@ -31,12 +33,17 @@ from worker.runs.record import FINAL
 @run_id_argument
 @click.option("--timeout", type=float, default=None, help="Give up after S seconds (exit 124; the run goes on).")
 @click.option("--output", type=click.Choice(["text", "json"]), default="text", show_default=True)
+@rowsfile.out_option
 @click.pass_context
-def wait(ctx: click.Context, run_id: str, timeout: float | None, output: str) -> None:
-    """Follow a run until it ends, with the same display and exit codes as `run` (124: timeout)."""
+def wait(ctx: click.Context, run_id: str, timeout: float | None, output: str, rows_out: str | None) -> None:
+    """Follow a run until it ends, with the same display and exit codes as `run` (124: timeout).
+
+    --out FILE (a dataset job): its rows written to FILE as its chunks finish, so no `results` is needed after."""
     from scheduler import lookup
 
     record, _ = lookup.find_run(run_id)
+    if rows_out is not None and record.dataset is None:
+        raise CliUsageError(rowsfile.not_a_dataset(f"run {run_id}"))
     store: dict[str, Any] = {}
 
     def start(on_event: Any = None, **_: Any) -> Any:
@@ -47,7 +54,11 @@ def wait(ctx: click.Context, run_id: str, timeout: float | None, output: str) ->
             raise click.exceptions.Exit(EXIT_TIMEOUT) from None
         return ir.load(record.workflow), result
 
-    follow(ctx, output, run_id, store, start, owns=False)
+    if rows_out is None:
+        follow(ctx, output, run_id, store, start, owns=False)
+        return
+    with rowsfile.written_as_it_runs(rows_out, run_id, record.backend):
+        follow(ctx, output, run_id, store, start, owns=False)
 
 
 @click.command()
@@ -186,7 +197,17 @@ def results(
 
     record, runs = lookup.find_run(run_id)
     if record.dataset is not None and node is None and not whole_store:
-        rows = datasets.rows(record, done_only=done_only, is_final=lambda: lookup.find_run(run_id)[0].status in FINAL)
+
+        def is_final() -> bool:
+            return lookup.find_run(run_id)[0].status in FINAL
+
+        if fmt == "jsonl" and not errors_only:  # the rows of each chunk written at once, none built
+            chunks = datasets.follow_chunks(datasets.store_of(record), is_final, done_only=done_only)
+            with open(out, "w", encoding="utf-8", newline="") if out else contextlib.nullcontext(sys.stdout) as sink:
+                for chunk in chunks:
+                    sink.write(rowsfile.chunk_lines(*chunk))
+            return
+        rows = datasets.rows(record, done_only=done_only, is_final=is_final)
         _write_rows(rows, fmt, errors_only, out, list(record.workflow.get("outputs") or {}))
         return
     if node is None:
@@ -219,10 +240,19 @@ def _llm_line(totals: dict[str, int]) -> str:
     return f"llm: {calls} calls, {inputs} input tokens, {outputs} output tokens"
 
 
+#: Rows of a finished batch `results --node N` encodes at once, with one encoder call (output.jsonl_rows).
+ROWS_AT_ONCE = 500
+
+
 def _write_rows(
-    rows: Iterator[dict[str, Any]], fmt: str, errors_only: bool, out: str | None, columns: list[str] | None = None
+    rows: Iterator[dict[str, Any]],
+    fmt: str,
+    errors_only: bool,
+    out: str | None,
+    columns: list[str] | None = None,
 ) -> None:
-    """Rows `{"index", "result", "error"}` as JSON lines, one JSON array or CSV, written one by one.
+    """Rows `{"index", "result", "error"}` as JSON lines (ROWS_AT_ONCE encoded together; the failed rows of
+    --errors one by one, as they come), one JSON array or CSV, written one by one.
 
     CSV is for flat results: a column per result key (`columns`, else the first dict result's keys),
     nested values as JSON text."""
@@ -237,13 +267,12 @@ def _write_rows(
                 sink.write(("," if i else "") + to_json(row))
             sink.write("]\n")
         else:
-            for row in rows:
-                sink.write(to_json(row) + "\n")
+            while batch := list(itertools.islice(rows, 1 if errors_only else ROWS_AT_ONCE)):
+                sink.write(jsonl_rows(batch))
 
 
 def _write_csv(rows: Iterator[dict[str, Any]], sink: Any, columns: list[str]) -> None:
     import csv
-    import itertools
 
     held: list[dict[str, Any]] = []
     if not columns:  # the first dict result names the columns (the rows before it wait, a few at most)
