@@ -41,6 +41,15 @@ class Checkpoints(ItemMiddleware):
 
     def after_item(self, outcome: ItemOutcome) -> None:
         with self.lock:  # per item: the next one in order (always, in a sequential slice) goes straight in
+            chunk = self.chunk
+            if (
+                outcome.error is None
+                and not outcome.appended
+                and not self.early
+                and outcome.index == chunk.start + len(chunk.results)
+            ):  # the usual item: its result, nothing else
+                chunk.results.append(outcome.result)
+                return
             if outcome.error is not None:
                 self.failures += 1
             if outcome.index != self.chunk.start + len(self.chunk.results):

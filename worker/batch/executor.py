@@ -24,7 +24,7 @@ from ir.errors import Outage
 from ir.models import BatchSpec, NodeSpec
 from worker import redact
 from worker.batch.aggregate import ChunkResult
-from worker.batch.cloning import clone_node
+from worker.batch.cloning import clone_node, runner
 from worker.batch.outcome import ItemOutcome, failure_of
 from worker.store import is_dunder
 
@@ -42,6 +42,8 @@ class ItemMiddleware:
     #: its claim lock, before the thread claims an item (with the next unclaimed index), so one thread's wait
     #: never holds up the others.
     waits = False
+    #: False: `after_item` only cares about failed items (a stop on failures), and the loop calls it for those only.
+    every_item = True
 
     def before_item(self, index: int) -> bool:
         """Return False to stop the loop before this item (abort, cancel)."""
@@ -78,6 +80,7 @@ class ItemExecutor:
         self.node_id, self.alias = spec.id, spec.batch.alias
         self.attempts, self.wait = spec.batch.max_retries, spec.batch.retry_wait
         self.accumulators = accumulator_keys(shared)
+        self.call = runner(chain)  # the chain compiled once: one call per item (worker/batch/cloning.py)
 
     def clone(self) -> ItemExecutor:
         return ItemExecutor(self.spec, clone_node(self.chain), self.shared)
@@ -86,27 +89,31 @@ class ItemExecutor:
         # One fresh list per accumulator for the whole item, across its attempts: every call an item
         # made (e.g. an LLM call before a retry or a raise) is accounted for.
         appended = {key: [] for key in self.accumulators} if self.accumulators else None
-        for attempt in range(self.attempts):
+        node_id, attempt = self.node_id, 1
+        while True:
             item_shared = dict(self.shared)
-            item_shared[self.node_id] = {}
+            item_shared[node_id] = {}
             item_shared[self.alias] = item
             item_shared["__index__"] = index
             if appended:
                 item_shared.update(appended)
             try:
-                action = self.chain._run(item_shared)
+                action = self.call(item_shared)
                 break
             except Outage:
                 raise  # chordflow's state out of reach is not this item's failure: the chunk is given back
             except Exception as exc:
-                if attempt + 1 >= self.attempts:
+                if attempt >= self.attempts:
                     outcome = ItemOutcome.raised(index, item, exc, redact.node_secrets(self.chain, item_shared))
                     outcome.appended = _collected(appended)
                     return outcome
+                attempt += 1
                 if self.wait > 0:
                     time.sleep(self.wait)
-        namespace = item_shared.get(self.node_id, {})
-        error = failure_of(action, namespace) if namespace or action == "error" else None
+        namespace = item_shared.get(node_id, {})
+        if not namespace and action != "error":
+            return ItemOutcome(index, namespace, None, None, None, appended and _collected(appended))
+        error = failure_of(action, namespace)
         if error is None:
             return ItemOutcome(index, namespace, None, None, None, appended and _collected(appended))
         secrets = redact.node_secrets(self.chain, item_shared)
@@ -129,20 +136,26 @@ def run_items(
     failures: list[ItemOutcome] = []
     appended: dict[str, list] = {}
     run_item, keep = executor.run, results.append
-    before, after = hooks(middleware, "before_item"), hooks(middleware, "after_item")
+    before, (after, after_failed) = hooks(middleware, "before_item"), _after_hooks(middleware)
+    check = before[0] if len(before) == 1 else None  # one stop hook (the usual): called as it is
     try:
         for index, item in enumerate(items, start):
-            if before and not _may_start(before, index):
+            if check is not None:
+                if not check(index):
+                    break
+            elif before and not _may_start(before, index):
                 break
             outcome = run_item(index, item)
             keep(outcome.result)
-            if outcome.error is not None:
-                failures.append(outcome)
             if outcome.appended:
                 for key, entries in outcome.appended.items():
                     appended.setdefault(key, []).extend(entries)
             for hook in after:
                 hook(outcome)
+            if outcome.error is not None:
+                failures.append(outcome)
+                for hook in after_failed:
+                    hook(outcome)
     finally:
         for m in middleware:
             m.close()
@@ -153,6 +166,13 @@ def hooks(middleware: Sequence[ItemMiddleware], name: str) -> list[Any]:
     """The bound `name` hooks of the middleware that override it: the loop calls no inherited no-op per item."""
     base = getattr(ItemMiddleware, name)
     return [getattr(m, name) for m in middleware if getattr(type(m), name) is not base]
+
+
+def _after_hooks(middleware: Sequence[ItemMiddleware]) -> tuple[list[Any], list[Any]]:
+    """The `after_item` hooks called for every item, and those called for failed items only (`every_item`
+    False), each in the middleware's order."""
+    after = hooks(middleware, "after_item")
+    return [h for h in after if h.__self__.every_item], [h for h in after if not h.__self__.every_item]
 
 
 def _may_start(checks: list[Any], index: int) -> bool:
@@ -199,7 +219,7 @@ def run_parallel(
     checks = hooks(middleware, "before_item")
     claims = _Claims(start, len(items), [c for c in checks if not c.__self__.waits])
     waits = [c for c in checks if c.__self__.waits]
-    after = hooks(middleware, "after_item")
+    after, after_failed = _after_hooks(middleware)
     results: list[Any] = [None] * len(items)
     crew = _Crew(threads, contextvars.copy_context(), f"batch-{executor.node_id}")
 
@@ -225,12 +245,14 @@ def run_parallel(
                     break
                 outcome = clone.run(start + offset, items[offset])
                 results[offset] = outcome.result
-                if outcome.error is not None:
-                    failures.append(outcome)
                 if outcome.appended:
                     appended.append((offset, outcome.appended))
                 for hook in after:
                     hook(outcome)
+                if outcome.error is not None:
+                    failures.append(outcome)
+                    for hook in after_failed:
+                        hook(outcome)
         except BaseException:
             claims.stop()
             raise

@@ -64,8 +64,11 @@ class StopSignals(ItemMiddleware):
     """In-process stops: the run was cancelled (Ctrl-C, a closed stream), or an item failed — fail_fast —
     or the batch's failed items exceed its failure threshold (of `total` items).
 
-    One hook for all keeps the per-item cost of the default (fail_fast) batch to two cheap calls.
+    One hook for all keeps the per-item cost of the default (fail_fast) batch to one cheap call, and `after_item`
+    only for the items that failed.
     """
+
+    every_item = False
 
     def __init__(
         self, cancelled: threading.Event, fail_fast: bool, tolerance: Tolerance = NO_THRESHOLD, total: int = 0
