@@ -12,6 +12,8 @@ from pocketflow import Node
 
 import scheduler
 from ir.errors import StepLimitExceeded, Throttled
+from worker.batch import checkpoints
+from worker.batch.aggregate import ChunkResult
 from worker.batch.cloning import runner
 from worker.batch.executor import ItemExecutor, ItemMiddleware, run_items
 from worker.batch.outcome import ItemOutcome
@@ -129,3 +131,36 @@ def test_a_hook_for_failed_items_only_is_called_for_those_alone() -> None:
     assert every.indexes == [10, 11, 12]
     assert failed.indexes == [11]
     assert [f.index for f in chunk.failures] == [11]
+
+
+class StopAt(ItemMiddleware):
+    def __init__(self, index: int):
+        self.index = index
+
+    def before_item(self, index: int) -> bool:
+        return index < self.index
+
+
+@pytest.mark.parametrize("keep_seconds", [0.0, 0.5])
+def test_checkpoints_following_a_sequential_loop_keep_every_outcome_once_in_order(
+    monkeypatch: pytest.MonkeyPatch, keep_seconds: float
+) -> None:
+    """Checkpoints read a sequential slice's outcomes where its loop collects them (no call per item); a writer
+    writing all the time (0 s) or only at the end still keeps each outcome once, failures with their items."""
+    monkeypatch.setattr(checkpoints, "KEEP_SECONDS", keep_seconds)
+    spec = load(
+        {"nodes": [{"id": "b", "type": "echo", "params": {"v": "${item}"}, "batch": {"items": "${items}"}}]}
+    ).nodes[0]
+    items = ["Error: bad" if i % 7 == 3 else "ok" for i in range(3000)]
+    kept: list[ChunkResult] = []
+    keeper = checkpoints.Checkpoints(100, len(items), kept.extend)
+    chunk = run_items(ItemExecutor(spec, item_chain(spec), {}), items, 100, [StopAt(2900), keeper])
+    assert len(chunk.results) == 2800
+    position, results, failures = 100, [], []
+    for part in kept:
+        assert part.start == position
+        position += len(part.results)
+        results.extend(part.results)
+        failures.extend(f.index for f in part.failures)
+    assert results == chunk.results  # cut short: every outcome written, once, in order
+    assert failures == [f.index for f in chunk.failures] == [i + 100 for i in range(2800) if i % 7 == 3]

@@ -52,6 +52,13 @@ class ItemMiddleware:
     def after_item(self, outcome: ItemOutcome) -> None:
         pass
 
+    def follow(self, chunk: ChunkResult) -> bool:
+        """A sequential loop offers the ChunkResult it collects its outcomes in, before its first item: return True
+        to read them there (from another thread, say) instead of `after_item` per item. The loop appends a failed
+        item's outcome to `chunk.failures` before its result to `chunk.results`, so every failure below the length of
+        `results` read first is there. Offered only when items append to no accumulators."""
+        return False
+
     def enter_thread(self) -> None:
         """A thread of a parallel loop starts (give it what the caller's thread has that threads do not inherit)."""
 
@@ -135,8 +142,11 @@ def run_items(
     results: list[Any] = []
     failures: list[ItemOutcome] = []
     appended: dict[str, list] = {}
+    chunk = ChunkResult(start, results, failures, appended)
     run_item, keep = executor.run, results.append
     before, (after, after_failed) = hooks(middleware, "before_item"), _after_hooks(middleware)
+    if not executor.accumulators and (following := {id(m) for m in middleware if m.follow(chunk)}):
+        after = [hook for hook in after if id(hook.__self__) not in following]
     check = before[0] if len(before) == 1 else None  # one stop hook (the usual): called as it is
     try:
         for index, item in enumerate(items, start):
@@ -146,6 +156,8 @@ def run_items(
             elif before and not _may_start(before, index):
                 break
             outcome = run_item(index, item)
+            if outcome.error is not None:
+                failures.append(outcome)  # before its result: what a follower reads (`ItemMiddleware.follow`)
             keep(outcome.result)
             if outcome.appended:
                 for key, entries in outcome.appended.items():
@@ -153,13 +165,12 @@ def run_items(
             for hook in after:
                 hook(outcome)
             if outcome.error is not None:
-                failures.append(outcome)
                 for hook in after_failed:
                     hook(outcome)
     finally:
         for m in middleware:
             m.close()
-    return ChunkResult(start, results, failures, appended)
+    return chunk
 
 
 def hooks(middleware: Sequence[ItemMiddleware], name: str) -> list[Any]:
