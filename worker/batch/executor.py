@@ -93,6 +93,12 @@ class ItemExecutor:
         return ItemExecutor(self.spec, clone_node(self.chain), self.shared)
 
     def run(self, index: int, item: Any) -> ItemOutcome:
+        result, outcome = self.settle(index, item)
+        return ItemOutcome(index, result) if outcome is None else outcome
+
+    def settle(self, index: int, item: Any) -> tuple[Any, ItemOutcome | None]:
+        """Run one item: (its result, None) when it succeeded and appended to no accumulator (the usual item: no
+        ItemOutcome built for it), else (its result, its ItemOutcome)."""
         # One fresh list per accumulator for the whole item, across its attempts: every call an item
         # made (e.g. an LLM call before a retry or a raise) is accounted for.
         appended = {key: [] for key in self.accumulators} if self.accumulators else None
@@ -113,18 +119,18 @@ class ItemExecutor:
                 if attempt >= self.attempts:
                     outcome = ItemOutcome.raised(index, item, exc, redact.node_secrets(self.chain, item_shared))
                     outcome.appended = _collected(appended)
-                    return outcome
+                    return None, outcome
                 attempt += 1
                 if self.wait > 0:
                     time.sleep(self.wait)
         namespace = item_shared.get(node_id, {})
-        if not namespace and action != "error":
-            return ItemOutcome(index, namespace, None, None, None, appended and _collected(appended))
-        error = failure_of(action, namespace)
+        error = failure_of(action, namespace) if namespace or action == "error" else None
         if error is None:
-            return ItemOutcome(index, namespace, None, None, None, appended and _collected(appended))
+            appended = appended and _collected(appended)
+            return namespace, None if appended is None else ItemOutcome(index, namespace, appended=appended)
         secrets = redact.node_secrets(self.chain, item_shared)
-        return ItemOutcome.failed(index, namespace, error, item, _collected(appended), secrets)
+        outcome = ItemOutcome.failed(index, namespace, error, item, _collected(appended), secrets)
+        return outcome.result, outcome
 
 
 def _collected(appended: dict[str, list] | None) -> dict[str, list] | None:
@@ -143,7 +149,7 @@ def run_items(
     failures: list[ItemOutcome] = []
     appended: dict[str, list] = {}
     chunk = ChunkResult(start, results, failures, appended)
-    run_item, keep = executor.run, results.append
+    settle, keep = executor.settle, results.append
     before, (after, after_failed) = hooks(middleware, "before_item"), _after_hooks(middleware)
     if not executor.accumulators and (following := {id(m) for m in middleware if m.follow(chunk)}):
         after = [hook for hook in after if id(hook.__self__) not in following]
@@ -155,10 +161,17 @@ def run_items(
                     break
             elif before and not _may_start(before, index):
                 break
-            outcome = run_item(index, item)
+            result, outcome = settle(index, item)
+            if outcome is None:  # succeeded, nothing appended: an ItemOutcome only for hooks that see every item
+                keep(result)
+                if after:
+                    outcome = ItemOutcome(index, result)
+                    for hook in after:
+                        hook(outcome)
+                continue
             if outcome.error is not None:
                 failures.append(outcome)  # before its result: what a follower reads (`ItemMiddleware.follow`)
-            keep(outcome.result)
+            keep(result)
             if outcome.appended:
                 for key, entries in outcome.appended.items():
                     appended.setdefault(key, []).extend(entries)
