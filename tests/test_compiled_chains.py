@@ -15,7 +15,8 @@ from ir.errors import StepLimitExceeded, Throttled
 from worker.batch import checkpoints
 from worker.batch.aggregate import ChunkResult
 from worker.batch.cloning import runner
-from worker.batch.executor import ItemExecutor, ItemMiddleware, run_items
+from worker.batch.executor import ItemExecutor, ItemMiddleware, run_items, run_slice
+from worker.batch.middleware import item_middleware
 from worker.batch.outcome import ItemOutcome
 from worker.engine.build import item_chain
 from worker.engine.loader import load
@@ -164,3 +165,30 @@ def test_checkpoints_following_a_sequential_loop_keep_every_outcome_once_in_orde
         failures.extend(f.index for f in part.failures)
     assert results == chunk.results  # cut short: every outcome written, once, in order
     assert failures == [f.index for f in chunk.failures] == [i + 100 for i in range(2800) if i % 7 == 3]
+
+
+@pytest.mark.parametrize("threads", [1, 3])
+def test_chunk_progress_counts_a_followed_loop_as_it_counts_one_item_at_a_time(threads: int) -> None:
+    """A dataset chunk's progress: an event per failed record (with the count done so far) and one for the rest
+    (the last that succeeded), whether it follows a sequential loop's chunk or is told of every item (threads)."""
+    spec = load(
+        {
+            "nodes": [
+                {
+                    "id": "b",
+                    "type": "echo",
+                    "params": {"v": "${item}"},
+                    "batch": {"items": "${items}", "parallel": threads > 1, "max_concurrent": threads},
+                }
+            ]
+        }
+    ).nodes[0]
+    items = ["ok", "Error: a", "ok", "ok", "Error: b", "Error: c"]
+    events: list[dict[str, Any]] = []
+    hooks = item_middleware("records", 20, False, emit=events.append, done_before=7, per_chunk=True)
+    run_slice(ItemExecutor(spec, item_chain(spec), {}), items, 40, hooks)
+    failed = sorted((e["index"], e["done"]) for e in events if not e["ok"])
+    assert [index for index, _ in failed] == [41, 44, 45]
+    if threads == 1:
+        assert failed == [(41, 9), (44, 12), (45, 13)]
+    assert [(e["index"], e["done"]) for e in events if e["ok"]] == [(43, 13)]

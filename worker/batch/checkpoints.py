@@ -43,6 +43,8 @@ class Checkpoints(ItemMiddleware):
         self.writer.start()
 
     def after_item(self, outcome: ItemOutcome) -> None:
+        if self.followed is not None:  # a failed item of a followed loop: read from its chunk
+            return
         with self.lock:  # per item: the next one in order (always, in a sequential slice) goes straight in
             chunk = self.chunk
             if (

@@ -54,9 +54,10 @@ class ItemMiddleware:
 
     def follow(self, chunk: ChunkResult) -> bool:
         """A sequential loop offers the ChunkResult it collects its outcomes in, before its first item: return True
-        to read them there (from another thread, say) instead of `after_item` per item. The loop appends a failed
-        item's outcome to `chunk.failures` before its result to `chunk.results`, so every failure below the length of
-        `results` read first is there. Offered only when items append to no accumulators."""
+        to read them there (from another thread, say, or at `close`) and be called `after_item` for failed items
+        only. The loop appends a failed item's outcome to `chunk.failures` before its result to `chunk.results`, so
+        every failure below the length of `results` read first is there. Offered only when items append to no
+        accumulators."""
         return False
 
     def enter_thread(self) -> None:
@@ -152,6 +153,7 @@ def run_items(
     settle, keep = executor.settle, results.append
     before, (after, after_failed) = hooks(middleware, "before_item"), _after_hooks(middleware)
     if not executor.accumulators and (following := {id(m) for m in middleware if m.follow(chunk)}):
+        after_failed = [hook for hook in after if id(hook.__self__) in following] + after_failed
         after = [hook for hook in after if id(hook.__self__) not in following]
     check = before[0] if len(before) == 1 else None  # one stop hook (the usual): called as it is
     try:
