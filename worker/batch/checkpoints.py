@@ -25,8 +25,9 @@ KEEP_SECONDS = 0.5
 
 class Checkpoints(ItemMiddleware):
     """Hands `keep` the outcomes of a slice's `count` items (from index `start`) in contiguous chunks, every
-    KEEP_SECONDS and at the end. Thread-safe: a parallel slice finishes its items out of order; an item joins
-    the chunk being built once those before it finished (until then it waits in `early`)."""
+    KEEP_SECONDS and at the end. A sequential slice's loop lets them be read where it collects them (`follow`): no
+    call per item. Thread-safe: a parallel slice finishes its items out of order; an item joins the chunk being
+    built once those before it finished (until then it waits in `early`)."""
 
     def __init__(self, start: int, count: int, keep: Callable[[list[ChunkResult]], None]):
         self.keep, self.end = keep, start + count
@@ -36,11 +37,24 @@ class Checkpoints(ItemMiddleware):
         self.lock = threading.Lock()
         self.closed = threading.Event()
         self.failed: Exception | None = None  # the writer's error (a full disk), raised again at close
+        self.followed: ChunkResult | None = None  # a sequential loop's own outcomes (`follow`)
+        self.taken = (0, 0)  # of `followed`: the results and failures written so far
         self.writer = threading.Thread(target=self._every, name="batch-checkpoints", daemon=True)
         self.writer.start()
 
     def after_item(self, outcome: ItemOutcome) -> None:
+        if self.followed is not None:  # a failed item of a followed loop: read from its chunk
+            return
         with self.lock:  # per item: the next one in order (always, in a sequential slice) goes straight in
+            chunk = self.chunk
+            if (
+                outcome.error is None
+                and not outcome.appended
+                and not self.early
+                and outcome.index == chunk.start + len(chunk.results)
+            ):  # the usual item: its result, nothing else
+                chunk.results.append(outcome.result)
+                return
             if outcome.error is not None:
                 self.failures += 1
             if outcome.index != self.chunk.start + len(self.chunk.results):
@@ -50,6 +64,12 @@ class Checkpoints(ItemMiddleware):
             if self.early:
                 while (follows := self.early.pop(self.chunk.start + len(self.chunk.results), None)) is not None:
                     self._add(follows)
+
+    def follow(self, chunk: ChunkResult) -> bool:
+        """A sequential slice: its outcomes are read where its loop collects them, no call per item."""
+        with self.lock:
+            self.followed = chunk
+        return True
 
     def _add(self, outcome: ItemOutcome) -> None:
         chunk = self.chunk
@@ -63,7 +83,9 @@ class Checkpoints(ItemMiddleware):
     def close(self) -> None:
         self.closed.set()
         self.writer.join()
-        if self.failures or self.chunk.start + len(self.chunk.results) < self.end:  # cut short, or it may fail
+        at = self.followed or self.chunk
+        failed = self.failures or (self.followed is not None and self.followed.failures)
+        if failed or at.start + len(at.results) < self.end:  # cut short, or it may fail
             self._write()
         if self.failed is not None:
             raise self.failed
@@ -78,7 +100,24 @@ class Checkpoints(ItemMiddleware):
 
     def _write(self) -> None:
         with self.lock:
-            done = self.chunk
-            self.chunk = ChunkResult(done.start + len(done.results), [], [], {})
+            if self.followed is not None:
+                done = self._news(self.followed)
+            else:
+                done = self.chunk
+                self.chunk = ChunkResult(done.start + len(done.results), [], [], {})
         if done.results:
             self.keep([done])
+
+    def _news(self, chunk: ChunkResult) -> ChunkResult:
+        """What the followed chunk gained since the last write. Its length is read first: the loop adds a failed
+        item's outcome before its result, so each failure below it is there already."""
+        count = len(chunk.results)
+        results_from, failures_from = self.taken
+        end = chunk.start + count
+        failures = []
+        for failure in chunk.failures[failures_from:]:
+            if failure.index >= end:
+                break
+            failures.append(failure)
+        self.taken = (count, failures_from + len(failures))
+        return ChunkResult(chunk.start + results_from, chunk.results[results_from:count], failures, {})

@@ -24,7 +24,7 @@ from ir.errors import Outage
 from ir.models import BatchSpec, NodeSpec
 from worker import redact
 from worker.batch.aggregate import ChunkResult
-from worker.batch.cloning import clone_node
+from worker.batch.cloning import clone_node, runner
 from worker.batch.outcome import ItemOutcome, failure_of
 from worker.store import is_dunder
 
@@ -42,6 +42,8 @@ class ItemMiddleware:
     #: its claim lock, before the thread claims an item (with the next unclaimed index), so one thread's wait
     #: never holds up the others.
     waits = False
+    #: False: `after_item` only cares about failed items (a stop on failures), and the loop calls it for those only.
+    every_item = True
 
     def before_item(self, index: int) -> bool:
         """Return False to stop the loop before this item (abort, cancel)."""
@@ -49,6 +51,14 @@ class ItemMiddleware:
 
     def after_item(self, outcome: ItemOutcome) -> None:
         pass
+
+    def follow(self, chunk: ChunkResult) -> bool:
+        """A sequential loop offers the ChunkResult it collects its outcomes in, before its first item: return True
+        to read them there (from another thread, say, or at `close`) and be called `after_item` for failed items
+        only. The loop appends a failed item's outcome to `chunk.failures` before its result to `chunk.results`, so
+        every failure below the length of `results` read first is there. Offered only when items append to no
+        accumulators."""
+        return False
 
     def enter_thread(self) -> None:
         """A thread of a parallel loop starts (give it what the caller's thread has that threads do not inherit)."""
@@ -78,39 +88,50 @@ class ItemExecutor:
         self.node_id, self.alias = spec.id, spec.batch.alias
         self.attempts, self.wait = spec.batch.max_retries, spec.batch.retry_wait
         self.accumulators = accumulator_keys(shared)
+        self.call = runner(chain)  # the chain compiled once: one call per item (worker/batch/cloning.py)
 
     def clone(self) -> ItemExecutor:
         return ItemExecutor(self.spec, clone_node(self.chain), self.shared)
 
     def run(self, index: int, item: Any) -> ItemOutcome:
+        result, outcome = self.settle(index, item)
+        return ItemOutcome(index, result) if outcome is None else outcome
+
+    def settle(self, index: int, item: Any) -> tuple[Any, ItemOutcome | None]:
+        """Run one item: (its result, None) when it succeeded and appended to no accumulator (the usual item: no
+        ItemOutcome built for it), else (its result, its ItemOutcome)."""
         # One fresh list per accumulator for the whole item, across its attempts: every call an item
         # made (e.g. an LLM call before a retry or a raise) is accounted for.
         appended = {key: [] for key in self.accumulators} if self.accumulators else None
-        for attempt in range(self.attempts):
+        node_id, attempt = self.node_id, 1
+        while True:
             item_shared = dict(self.shared)
-            item_shared[self.node_id] = {}
+            item_shared[node_id] = {}
             item_shared[self.alias] = item
             item_shared["__index__"] = index
             if appended:
                 item_shared.update(appended)
             try:
-                action = self.chain._run(item_shared)
+                action = self.call(item_shared)
                 break
             except Outage:
                 raise  # chordflow's state out of reach is not this item's failure: the chunk is given back
             except Exception as exc:
-                if attempt + 1 >= self.attempts:
+                if attempt >= self.attempts:
                     outcome = ItemOutcome.raised(index, item, exc, redact.node_secrets(self.chain, item_shared))
                     outcome.appended = _collected(appended)
-                    return outcome
+                    return None, outcome
+                attempt += 1
                 if self.wait > 0:
                     time.sleep(self.wait)
-        namespace = item_shared.get(self.node_id, {})
+        namespace = item_shared.get(node_id, {})
         error = failure_of(action, namespace) if namespace or action == "error" else None
         if error is None:
-            return ItemOutcome(index, namespace, None, None, None, appended and _collected(appended))
+            appended = appended and _collected(appended)
+            return namespace, None if appended is None else ItemOutcome(index, namespace, appended=appended)
         secrets = redact.node_secrets(self.chain, item_shared)
-        return ItemOutcome.failed(index, namespace, error, item, _collected(appended), secrets)
+        outcome = ItemOutcome.failed(index, namespace, error, item, _collected(appended), secrets)
+        return outcome.result, outcome
 
 
 def _collected(appended: dict[str, list] | None) -> dict[str, list] | None:
@@ -128,31 +149,56 @@ def run_items(
     results: list[Any] = []
     failures: list[ItemOutcome] = []
     appended: dict[str, list] = {}
-    run_item, keep = executor.run, results.append
-    before, after = hooks(middleware, "before_item"), hooks(middleware, "after_item")
+    chunk = ChunkResult(start, results, failures, appended)
+    settle, keep = executor.settle, results.append
+    before, (after, after_failed) = hooks(middleware, "before_item"), _after_hooks(middleware)
+    if not executor.accumulators and (following := {id(m) for m in middleware if m.follow(chunk)}):
+        after_failed = [hook for hook in after if id(hook.__self__) in following] + after_failed
+        after = [hook for hook in after if id(hook.__self__) not in following]
+    check = before[0] if len(before) == 1 else None  # one stop hook (the usual): called as it is
     try:
         for index, item in enumerate(items, start):
-            if before and not _may_start(before, index):
+            if check is not None:
+                if not check(index):
+                    break
+            elif before and not _may_start(before, index):
                 break
-            outcome = run_item(index, item)
-            keep(outcome.result)
+            result, outcome = settle(index, item)
+            if outcome is None:  # succeeded, nothing appended: an ItemOutcome only for hooks that see every item
+                keep(result)
+                if after:
+                    outcome = ItemOutcome(index, result)
+                    for hook in after:
+                        hook(outcome)
+                continue
             if outcome.error is not None:
-                failures.append(outcome)
+                failures.append(outcome)  # before its result: what a follower reads (`ItemMiddleware.follow`)
+            keep(result)
             if outcome.appended:
                 for key, entries in outcome.appended.items():
                     appended.setdefault(key, []).extend(entries)
             for hook in after:
                 hook(outcome)
+            if outcome.error is not None:
+                for hook in after_failed:
+                    hook(outcome)
     finally:
         for m in middleware:
             m.close()
-    return ChunkResult(start, results, failures, appended)
+    return chunk
 
 
 def hooks(middleware: Sequence[ItemMiddleware], name: str) -> list[Any]:
     """The bound `name` hooks of the middleware that override it: the loop calls no inherited no-op per item."""
     base = getattr(ItemMiddleware, name)
     return [getattr(m, name) for m in middleware if getattr(type(m), name) is not base]
+
+
+def _after_hooks(middleware: Sequence[ItemMiddleware]) -> tuple[list[Any], list[Any]]:
+    """The `after_item` hooks called for every item, and those called for failed items only (`every_item`
+    False), each in the middleware's order."""
+    after = hooks(middleware, "after_item")
+    return [h for h in after if h.__self__.every_item], [h for h in after if not h.__self__.every_item]
 
 
 def _may_start(checks: list[Any], index: int) -> bool:
@@ -199,7 +245,7 @@ def run_parallel(
     checks = hooks(middleware, "before_item")
     claims = _Claims(start, len(items), [c for c in checks if not c.__self__.waits])
     waits = [c for c in checks if c.__self__.waits]
-    after = hooks(middleware, "after_item")
+    after, after_failed = _after_hooks(middleware)
     results: list[Any] = [None] * len(items)
     crew = _Crew(threads, contextvars.copy_context(), f"batch-{executor.node_id}")
 
@@ -225,12 +271,14 @@ def run_parallel(
                     break
                 outcome = clone.run(start + offset, items[offset])
                 results[offset] = outcome.result
-                if outcome.error is not None:
-                    failures.append(outcome)
                 if outcome.appended:
                     appended.append((offset, outcome.appended))
                 for hook in after:
                     hook(outcome)
+                if outcome.error is not None:
+                    failures.append(outcome)
+                    for hook in after_failed:
+                        hook(outcome)
         except BaseException:
             claims.stop()
             raise

@@ -56,8 +56,17 @@ def current() -> RunContext:
 
 @contextlib.contextmanager
 def using(ctx: RunContext) -> Iterator[RunContext]:
-    token = _current.set(ctx)
+    token = enter(ctx)
     try:
         yield ctx
     finally:
-        _current.reset(token)
+        leave(token)
+
+
+def enter(ctx: RunContext) -> contextvars.Token:
+    """Make `ctx` current until `leave(token)`: `using` without a generator, for a sub-run per dataset record."""
+    return _current.set(ctx)
+
+
+def leave(token: contextvars.Token) -> None:
+    _current.reset(token)

@@ -180,15 +180,49 @@ def call(node: BaseNode, shared: Any, limit: RateLimitSpec | None) -> Any:
     return node.post(shared, prep_res, exec_res)
 
 
-def _attempts(node: BaseNode, prep_res: Any, limit: RateLimitSpec | None, limiter: Limiter | None) -> Any:
+def runner(node: BaseNode, limit: RateLimitSpec | None) -> Callable[[Any], Any]:
+    """`call(node, shared, limit)` compiled once for a node run many times (a batch's items, a sub-workflow's
+    records): a plain node without a rate limit or retries runs prep -> exec -> post straight, its bound steps
+    looked up once, and only an exec that raises goes on in `_attempts` (a Throttled waited out, the fallback)."""
+    if limit is not None or not _plain(type(node)) or getattr(node, "max_retries", 1) > 1:
+        return functools.partial(_call, node, limit)
+    prep, exec_, post = node.prep, node.exec, node.post
+    node.cur_retry = 0  # the only attempt's number, as `_attempts` would set it
+
+    def run(shared: Any) -> Any:
+        prep_res = prep(shared)
+        try:
+            exec_res = exec_(prep_res)
+        except Exception as exc:
+            exec_res = _attempts(node, prep_res, None, None, exc)
+        return post(shared, prep_res, exec_res)
+
+    return run
+
+
+def _call(node: BaseNode, limit: RateLimitSpec | None, shared: Any) -> Any:
+    return call(node, shared, limit)
+
+
+def _attempts(
+    node: BaseNode,
+    prep_res: Any,
+    limit: RateLimitSpec | None,
+    limiter: Limiter | None,
+    raised: Exception | None = None,
+) -> Any:
     """PocketFlow's retry loop (`max_retries` attempts, `wait` between, `exec_fallback` after the last), with
-    an admission before each attempt and throttled attempts waited out rather than counted."""
+    an admission before each attempt and throttled attempts waited out rather than counted. `raised`: what the
+    first attempt raised when a `runner` made it (the loop goes on from there)."""
     attempt, throttles, waited = 0, 0, 0.0
     while True:
         node.cur_retry = attempt
-        if limiter is not None:
-            admit(limit, limiter)  # type: ignore[arg-type]
         try:
+            if raised is not None:
+                exc, raised = raised, None
+                raise exc
+            if limiter is not None:
+                admit(limit, limiter)  # type: ignore[arg-type]
             exec_res = node.exec(prep_res)
         except Throttled as exc:
             delay = exc.retry_after if exc.retry_after is not None else backoff(throttles)

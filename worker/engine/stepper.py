@@ -70,16 +70,6 @@ def run_step(flow: WorkflowFlow, node_id: str, store: dict[str, Any]) -> Step:
     return Step(node_id, action, getattr(successor, "node_id", None), changed, deleted, config, reads, created)
 
 
-def quiet_step(flow: WorkflowFlow, node_id: str, store: dict[str, Any]) -> tuple[Any, str | None]:
-    """Execute one node of a run nobody checkpoints (a sub-workflow's): its action and next node only, not a Step
-    (a dataset record's sub-run steps twice per record; a Step is three containers nobody reads).
-
-    Its flow is this thread's own (worker/nodes/subworkflow.py), so the node runs as compiled, uncopied."""
-    node = flow.nodes[node_id]
-    action = node._run(store)
-    return action, getattr(flow.get_next_node(node, action), "node_id", None)
-
-
 def drive(
     flow: WorkflowFlow,
     cursor: Cursor,
@@ -94,6 +84,8 @@ def drive(
     looping. Without a journal (a sub-workflow's in-memory run) a node's step reports nothing: no checkpoint reads
     what changed or the hash of what it read, so neither is computed."""
     limit = max_steps(flow) if limit is None else limit
+    if journal is None and stop_before is None and not flow.sections:
+        return _quiet(flow, cursor, store, ctx, limit)
     recent: deque[str] = deque(maxlen=2 * len(flow.nodes) + 2)
     while cursor.node is not None:
         if stop_before is not None and stop_before(cursor.node):  # first: a branch at its fan-in has finished
@@ -111,10 +103,11 @@ def drive(
             for key in step.deleted:
                 store.pop(key, None)
             store.update(step.changed)
-        elif journal is None:
-            action, next_node = quiet_step(flow, cursor.node, store)
+        elif journal is None:  # nobody checkpoints: the node's compiled chain, no Step
+            run, after = flow.plan()[cursor.node]
+            action = run(store)
             recent.append(cursor.node)
-            cursor = Cursor(next_node, cursor.step + 1, action)
+            cursor = Cursor(after.get(action or "default"), cursor.step + 1, action)
             continue
         else:
             step = run_step(flow, cursor.node, store)
@@ -123,6 +116,29 @@ def drive(
         recent.append(step.node)
         cursor = Cursor(step.next_node, cursor.step + 1, step.action)
     return cursor
+
+
+def _quiet(flow: WorkflowFlow, cursor: Cursor, store: dict[str, Any], ctx: RunContext, limit: int) -> Cursor:
+    """`drive` of a run nobody checkpoints, without parallel sections (a sub-workflow's, once per dataset record):
+    each node's compiled chain and its successor (WorkflowFlow.plan), no Step, no Cursor per step. The stops are
+    `drive`'s: the cancel flag before each node, the step limit naming the loop."""
+    plan, cancelled = flow.plan(), ctx.cancelled
+    recent: deque[str] = deque(maxlen=2 * len(flow.nodes) + 2)
+    node, step, action = cursor.node, cursor.step, cursor.last_action
+    while node is not None:
+        if cancelled.is_set():
+            raise RunCancelled("run cancelled")
+        if step >= limit:
+            raise StepLimitExceeded(
+                f"run stopped after {limit} steps (max_steps): {loop_of(list(recent), node)} kept looping"
+            )
+        ctx.step = step
+        run, after = plan[node]
+        action = run(store)
+        recent.append(node)
+        node = after.get(action or "default")
+        step += 1
+    return Cursor(None, step, action)
 
 
 def _sections(ctx: RunContext) -> Any:

@@ -2,12 +2,15 @@
 InstrumentedNode > [PflowBatchNode >] NamespacedNode > TemplateNode > the actual node.
 
 Each exposes what it wraps as `.inner` and can `clone()` itself with fresh inner instances
-(worker/batch/cloning.py says why).
+(worker/batch/cloning.py says why), and compile itself with its inner chain into one callable per execution
+(`compile_runner`, for worker/batch/cloning.py `runner`): each wrapper's step around its inner chain's runner.
 """
 
 from __future__ import annotations
 
 import copy
+import functools
+from collections.abc import Callable
 from typing import Any
 
 from pocketflow import BaseNode
@@ -16,7 +19,7 @@ from ir.errors import Outage
 from ir.models import RateLimitSpec
 from ir.templates import CompiledParams
 from worker import redact
-from worker.batch.cloning import clone_node
+from worker.batch.cloning import clone_node, runner
 from worker.engine import context, rate_limits
 from worker.node_error import NodeError
 from worker.store import NamespacedStore
@@ -53,6 +56,18 @@ class TemplateNode(_Wrapper):
             self.inner.params = self.compiled.resolve(shared)
         return rate_limits.call(self.inner, shared, self.limit)
 
+    def compile_runner(self) -> Callable[[Any], Any]:
+        node, call = self.inner, rate_limits.runner(self.inner, self.limit)
+        if not self.dynamic:
+            return call
+        resolve = self.compiled.resolve
+
+        def run(shared: Any) -> Any:
+            node.params = resolve(shared)
+            return call(shared)
+
+        return run
+
 
 class NamespacedNode(_Wrapper):
     """Gives the node a NamespacedStore view so its writes land in `shared[node_id]`."""
@@ -63,6 +78,14 @@ class NamespacedNode(_Wrapper):
 
     def _run(self, shared: Any) -> Any:
         return self.inner._run(NamespacedStore(shared, self.node_id))
+
+    def compile_runner(self) -> Callable[[Any], Any]:
+        inner, node_id = runner(self.inner), self.node_id
+
+        def run(shared: Any) -> Any:
+            return inner(NamespacedStore(shared, node_id))
+
+        return run
 
 
 class InstrumentedNode(_Wrapper):
@@ -83,12 +106,18 @@ class InstrumentedNode(_Wrapper):
         return node
 
     def _run(self, shared: Any) -> Any:
+        return self._around(self.inner._run, shared)
+
+    def compile_runner(self) -> Callable[[Any], Any]:
+        return functools.partial(self._around, runner(self.inner))
+
+    def _around(self, inner: Callable[[Any], Any], shared: Any) -> Any:
         ctx = context.current()
         ctx.last_node = self.node_id
         if ctx.on_node_start is not None:
             ctx.on_node_start(self.node_id)
         try:
-            action = self.inner._run(shared)
+            action = inner(shared)
         except Outage:
             raise  # not the node's error: never routed to its `error` successor
         except Exception as raised:

@@ -127,13 +127,15 @@ def _run(sub: SubFlow, store: dict[str, Any], call: Call) -> tuple[str, str | No
     """Drive the sub-workflow to its end in this process, in a run context of its own (events dropped, batches
     in-process, no run record) that shares the parent run's cancel flag; the parent's context is left as it was."""
     ctx, flow, stepper = sub.context(), sub.flow, sub.stepper
-    with context.using(ctx):
-        try:
-            cursor = stepper.drive(flow, stepper.Cursor(flow.start_id), store, ctx, limit=sub.limit)
-        except Exception as exc:
-            node = f" node '{ctx.last_node}'" if ctx.last_node else ""
-            exc.add_note(f"raised in{node} of {call.what}")
-            raise
+    token = context.enter(ctx)
+    try:
+        cursor = stepper.drive(flow, stepper.Cursor(flow.start_id), store, ctx, limit=sub.limit)
+    except Exception as exc:
+        node = f" node '{ctx.last_node}'" if ctx.last_node else ""
+        exc.add_note(f"raised in{node} of {call.what}")
+        raise
+    finally:
+        context.leave(token)
     return stepper.ending(flow, cursor, store, ctx.last_node)
 
 
