@@ -130,6 +130,10 @@ def send_chunks(window: BatchWindow, step: WindowStep, header: dict[str, Any]) -
     app = current_app()
     meta, run_id = header["meta"], window.state.run_id
     ids = []
+    # Every claimed chunk's items in one read, before any is sent: once a chunk runs, the run may end (a crash)
+    # and its window go with the run's trim.
+    blocks = [block for chunk in step.chunks for block in chunk.blocks]
+    payloads = dict(zip(blocks, window.items(blocks), strict=True))
     with app.backend.quiet():  # nobody waits on a chunk's Celery result: no subscription per message
         for chunk in step.chunks:
             job = {
@@ -137,7 +141,7 @@ def send_chunks(window: BatchWindow, step: WindowStep, header: dict[str, Any]) -
                 "start": chunk.start, "plan": header["plan"],
             }  # fmt: skip
             task_id = aging.send(
-                app, "chordflow.run_chunk", ({**job, "items": window.items(chunk.blocks)},), run_id=run_id,
+                app, "chordflow.run_chunk", ({**job, "items": [payloads[b] for b in chunk.blocks]},), run_id=run_id,
                 priority=step.priority, kind=priorities.CHUNK, waited=step.waited,
                 recorded=({**job, "blocks": chunk.blocks},), kwargsrepr="{}",
                 argsrepr=f"batch={meta['node']} items[{chunk.start}:{chunk.end}] run={run_id}",

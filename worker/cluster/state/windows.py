@@ -137,16 +137,15 @@ class BatchWindow:
 
     def begin(self, start: int, task_id: str) -> bool:
         """A delivery of chunk `start` begins: False when another message of it (a copy, one sent again by a
-        redelivered advance) began first, or it belongs to an earlier plan. A redelivery of the one that began
-        (same task id: its worker died) begins again."""
-        begun = f"{self.name}:begun"
+        redelivered advance) began first. A redelivery of the one that began (same task id: its worker died) begins
+        again. Keyed by plan: a chunk of an earlier plan never holds up this one's (its finish is `stale`)."""
+        begun, field = f"{self.name}:begun", f"{self.plan_id}:{start}"
         pipe = self.state.redis.pipeline(transaction=False)
-        pipe.hget(self.name, "id")
-        pipe.hsetnx(begun, str(start), task_id)
-        pipe.hget(begun, str(start))
+        pipe.hsetnx(begun, field, task_id)
+        pipe.hget(begun, field)
         pipe.expire(begun, self.state.ttl)
-        plan, _, holder, _ = pipe.execute()
-        return plan is not None and plan.decode() == self.plan_id and holder.decode() == task_id
+        holder = pipe.execute()[1]
+        return holder is None or holder.decode() == task_id
 
     def pending(self) -> WindowStep:
         """The chunks claimed and not finished (sent, or about to be when their sender died), as a step to send
