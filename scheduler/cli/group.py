@@ -81,7 +81,7 @@ COMMANDS = {
     "plan-to-ir": "plans:plan_to_ir",
     "metrics": "ops:metrics",
     "top": "ops:top",
-    "dashboard": "dashboard:dashboard",
+    "dashboard": "ops:dashboard",
 }
 
 

@@ -60,8 +60,7 @@ def _send(app: Any, name: str, args: tuple[Any, ...], run_id: str, priority: str
     rank = priorities.rank(priority, waited, s.priority_aging)
     number = priorities.message_priority(s.broker_url, priority, kind, waited, s.priority_aging)
     task_id = f"{first}-{rank}"
-    app.send_task(name, args, task_id=task_id, priority=number, **options)
-    if rank > 0:
+    if rank > 0:  # recorded before it is sent: a worker may begin it at once, and its begin forgets it
         now = time.time()
         message = msgpack.packb([name, list(recorded), priority, kind, now - waited, options])
         pipe = _client(app).pipeline(transaction=False)
@@ -71,7 +70,21 @@ def _send(app: Any, name: str, args: tuple[Any, ...], run_id: str, priority: str
             pipe.expire(run_key(run_id, key), s.run_ttl)
         pipe.zadd(QUEUED, {run_id: now})
         pipe.execute()
+    try:
+        app.send_task(name, args, task_id=task_id, priority=number, **options)
+    except BaseException:
+        if rank > 0:  # never sent: nothing to copy
+            _forget(_client(app), run_id, task_id)
+        raise
     return task_id
+
+
+def _forget(client: redis.Redis, run_id: str, task_id: str) -> int:
+    """Stop watching a message; returns 1 if it was watched."""
+    pipe = client.pipeline(transaction=False)
+    pipe.zrem(run_key(run_id, "queued"), task_id)
+    pipe.hdel(run_key(run_id, "queued_msgs"), task_id)
+    return int(pipe.execute()[0])
 
 
 def run_of(args: tuple[Any, ...]) -> str | None:
@@ -121,26 +134,28 @@ def _stopped(client: redis.Redis, run_id: str) -> bool:
 
 
 def _copy(app: Any, run_id: str, task_id: str, packed: bytes | None, now: float) -> int:
-    """Send a copy of one queued message one level up, if its wait earned it; returns 1 if sent."""
+    """Send a copy of one queued message one level up, if its wait earned it; returns 1 if sent.
+
+    The pair is written in `copies` before the message is forgotten: a delivery of it that begins after that
+    contends with the copy (lua/begin_message.lua), and one that began before has forgotten it already, so no
+    copy goes."""
     s, client = app.chordflow_settings, _client(app)
-    pipe = client.pipeline(transaction=False)
-    pipe.zrem(run_key(run_id, "queued"), task_id)
-    pipe.hdel(run_key(run_id, "queued_msgs"), task_id)
-    removed = pipe.execute()[0]
     tracked = TRACKED.match(task_id)
-    if not removed or packed is None or tracked is None:
-        return 0  # began meanwhile
+    if packed is None or tracked is None:
+        _forget(client, run_id, task_id)
+        return 0
     name, args, priority, kind, first_sent, options = msgpack.unpackb(packed, strict_map_key=False)
     waited = now - first_sent
-    if priorities.rank(priority, waited, s.priority_aging) >= int(tracked.group(2)):
-        return 0  # a clock step: nothing to gain
-    first = tracked.group(1)
-    rank = priorities.rank(priority, waited, s.priority_aging)
+    first, rank = tracked.group(1), priorities.rank(priority, waited, s.priority_aging)
+    if rank >= int(tracked.group(2)):
+        return 0  # a clock step: nothing to gain yet
     copies = run_key(run_id, "copies")
     pipe = client.pipeline(transaction=False)
-    pipe.hset(copies, mapping={task_id: first, f"{first}-{rank}": first})  # before the copy can begin
+    pipe.hset(copies, mapping={task_id: first, f"{first}-{rank}": first})
     pipe.expire(copies, s.run_ttl)
     pipe.execute()
+    if not _forget(client, run_id, task_id):
+        return 0  # began meanwhile
     _send(app, name, tuple(args), run_id, priority, kind, waited, first, tuple(args), options)
     log.info("run %s: %s waited %.0f s in the queue behind higher priorities: sent again one level up",
              run_id, name, waited)  # fmt: skip

@@ -57,6 +57,8 @@ class StopCheck(ItemMiddleware):
     by failures past the threshold (`tolerated` failed items at most; the flag is set in Redis by
     ProgressPublisher's script, or here when this chunk's own failures pass it)."""
 
+    every_item = False  # failed items only: they are what stops a batch
+
     def __init__(
         self, state: RunState, batch: str, fail_fast: bool, tolerated: int | None = None, interval: float = 0.1
     ):
@@ -77,8 +79,6 @@ class StopCheck(ItemMiddleware):
         return not self.stopped
 
     def after_item(self, outcome: ItemOutcome) -> None:
-        if outcome.error is None:
-            return
         with self.lock:  # threads of a parallel chunk fail at once: count each, set the flag once
             self.failed += 1
             if self.stopped or not (self.fail_fast or (self.tolerated is not None and self.failed > self.tolerated)):
