@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import logging
 import re
-import threading
 import time
 import uuid
 from typing import Any
@@ -34,6 +33,7 @@ from worker.cluster import priorities
 from worker.cluster.state.keys import QUEUED, run_key
 from worker.cluster.state.runstate import client as state_client
 from worker.cluster.state.runstate import script
+from worker.periodic import Periodic
 from worker.runs.record import FINAL
 
 log = logging.getLogger(__name__)
@@ -166,28 +166,19 @@ def _client(app: Any) -> redis.Redis:
     return state_client(app.chordflow_settings.result_backend)
 
 
-class Sweeper:
+class Sweeper(Periodic):
     """A worker's aging sweeps, every quarter of `CHORDFLOW_PRIORITY_AGING` (at most every 5 s), until `stop()`;
     one worker of the cluster sweeps at a time."""
 
+    name = "chordflow-aging"
+
     def __init__(self, app: Any):
+        super().__init__(min(5.0, app.chordflow_settings.priority_aging / 4))
         self.app = app
-        self.interval = min(5.0, app.chordflow_settings.priority_aging / 4)
-        self._stopped = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="chordflow-aging", daemon=True)
 
-    def start(self) -> None:
-        self._thread.start()
-
-    def stop(self) -> None:
-        self._stopped.set()
-        if self._thread.is_alive():
-            self._thread.join(timeout=5)
-
-    def _run(self) -> None:
-        while not self._stopped.wait(self.interval):
-            try:
-                if _client(self.app).set(SWEEP_LOCK, 1, nx=True, px=int(self.interval * 1000)):
-                    sweep(self.app)
-            except Exception as exc:  # Redis or the broker away for a moment: the next sweep tries again
-                log.warning("could not sweep queued messages for aging: %s", exc)
+    def tick(self) -> None:
+        try:
+            if _client(self.app).set(SWEEP_LOCK, 1, nx=True, px=int(self.interval * 1000)):
+                sweep(self.app)
+        except Exception as exc:  # Redis or the broker away for a moment: the next sweep tries again
+            log.warning("could not sweep queued messages for aging: %s", exc)

@@ -40,6 +40,7 @@ from worker.cluster.rate_limits import RedisLimiter
 from worker.cluster.state import connection, heartbeat, runstate
 from worker.engine import rate_limits
 from worker.nodes import registry
+from worker.periodic import Periodic
 
 log = logging.getLogger(__name__)
 
@@ -290,29 +291,33 @@ def _share_rate_limits(**_: object) -> None:
     rate_limits.use(RedisLimiter(runstate.client()))
 
 
-_heartbeats: dict[str, heartbeat.Heartbeat] = {}
+#: The threads a worker keeps while it lives, by (hostname, what): started once at worker_ready, stopped at shutdown.
+_loops: dict[tuple[str, str], Periodic] = {}
+
+
+def _keep(sender: Any, what: str, make: Callable[[], Periodic | None]) -> None:
+    """Start the thread `make` builds (None: none is needed here) once per worker."""
+    if (sender.hostname, what) in _loops or not isinstance(sender.app, ChordflowCelery):
+        return
+    loop = make()
+    if loop is not None:
+        _loops[(sender.hostname, what)] = loop
+        loop.start()
+
+
+@signals.worker_shutdown.connect
+def _stop_loops(**_: object) -> None:
+    while _loops:
+        _loops.popitem()[1].stop()
 
 
 @signals.worker_ready.connect
 def _register_worker(sender: Any, **_: object) -> None:
     """Announce this worker's pool size in the registry (chunk sizing reads it), refreshed until shutdown."""
-    hostname = sender.hostname
-    if hostname in _heartbeats:
-        return
     s = settings.load()
     processes = int(sender.pool.info.get("max-concurrency") or 1)
-    beat = heartbeat.Heartbeat(runstate.client(s.result_backend), hostname, processes, s.worker_heartbeat)
-    _heartbeats[hostname] = beat
-    beat.start()
-
-
-@signals.worker_shutdown.connect
-def _unregister_worker(**_: object) -> None:
-    while _heartbeats:
-        _heartbeats.popitem()[1].stop()
-
-
-_renewers: dict[str, deliveries.DeliveryRenewer] = {}
+    client = runstate.client(s.result_backend)
+    _keep(sender, "heartbeat", lambda: heartbeat.Heartbeat(client, sender.hostname, processes, s.worker_heartbeat))
 
 
 @signals.worker_ready.connect
@@ -320,45 +325,22 @@ def _renew_deliveries(sender: Any, **_: object) -> None:
     """While this worker lives, no message it holds (running, prefetched, waiting for its ETA) is delivered again:
     a thread of the main process, where the consumer holds them, renews them all
     (worker/cluster/broker/deliveries.py)."""
-    app = sender.app
-    if sender.hostname in _renewers or not isinstance(app, ChordflowCelery):
-        return
-    if not broker_for(app.chordflow_settings).renews_deliveries:
-        return
-    bound = app.conf.broker_transport_options.get("visibility_timeout") or deliveries.DEAD_DELIVERY_SECONDS
-    renewer = deliveries.DeliveryRenewer(sender, deliveries.renew_interval(bound))
-    _renewers[sender.hostname] = renewer
-    renewer.start()
 
+    def make() -> Periodic | None:
+        app = sender.app
+        if not broker_for(app.chordflow_settings).renews_deliveries:
+            return None
+        bound = app.conf.broker_transport_options.get("visibility_timeout") or deliveries.DEAD_DELIVERY_SECONDS
+        return deliveries.DeliveryRenewer(sender, deliveries.renew_interval(bound))
 
-@signals.worker_shutdown.connect
-def _stop_renewing(**_: object) -> None:
-    while _renewers:
-        _renewers.popitem()[1].stop()
-
-
-_sweepers: dict[str, aging.Sweeper] = {}
+    _keep(sender, "deliveries", make)
 
 
 @signals.worker_ready.connect
 def _sweep_for_aging(sender: Any, **_: object) -> None:
     """Messages that waited too long behind higher-priority ones are sent again one level up: every worker
     sweeps, one at a time (worker/cluster/aging.py)."""
-    app = sender.app
-    if sender.hostname in _sweepers or not isinstance(app, ChordflowCelery):
-        return
-    sweeper = aging.Sweeper(app)
-    _sweepers[sender.hostname] = sweeper
-    sweeper.start()
-
-
-@signals.worker_shutdown.connect
-def _stop_sweeping(**_: object) -> None:
-    while _sweepers:
-        _sweepers.popitem()[1].stop()
-
-
-_solo_heartbeats: dict[str, amqp.SoloHeartbeats] = {}
+    _keep(sender, "aging", lambda: aging.Sweeper(sender.app))
 
 
 @signals.worker_ready.connect
@@ -366,22 +348,17 @@ def _keep_solo_heartbeats(sender: Any, **_: object) -> None:
     """A `-P solo` worker on RabbitMQ runs each task inside its consumer loop, which sends no heartbeat meanwhile:
     without these, RabbitMQ would drop the connection of a worker running a chunk longer than two heartbeat
     intervals and deliver its chunk again (worker/cluster/broker/amqp.py)."""
-    app = sender.app
-    if sender.hostname in _solo_heartbeats or not isinstance(app, ChordflowCelery):
-        return
-    heartbeat_seconds = app.conf.broker_heartbeat
-    solo = type(sender.pool).__module__ == "celery.concurrency.solo"
-    if not solo or not heartbeat_seconds or broker_for(app.chordflow_settings).renews_deliveries:
-        return
-    log.info("solo pool on RabbitMQ: broker heartbeats sent from a thread while a task runs")
-    beats = amqp.SoloHeartbeats(sender, heartbeat_seconds / 3)
-    _solo_heartbeats[sender.hostname] = beats
-    signals.task_prerun.connect(lambda **_: beats.started(), weak=False)
-    signals.task_postrun.connect(lambda **_: beats.finished(), weak=False)
-    beats.start()
 
+    def make() -> Periodic | None:
+        app = sender.app
+        heartbeat_seconds = app.conf.broker_heartbeat
+        solo = type(sender.pool).__module__ == "celery.concurrency.solo"
+        if not solo or not heartbeat_seconds or broker_for(app.chordflow_settings).renews_deliveries:
+            return None
+        log.info("solo pool on RabbitMQ: broker heartbeats sent from a thread while a task runs")
+        beats = amqp.SoloHeartbeats(sender, heartbeat_seconds / 3)
+        signals.task_prerun.connect(lambda **_: beats.started(), weak=False)
+        signals.task_postrun.connect(lambda **_: beats.finished(), weak=False)
+        return beats
 
-@signals.worker_shutdown.connect
-def _stop_solo_heartbeats(**_: object) -> None:
-    while _solo_heartbeats:
-        _solo_heartbeats.popitem()[1].stop()
+    _keep(sender, "solo heartbeats", make)

@@ -30,6 +30,7 @@ from kombu import Connection, Exchange, Queue
 from worker.cluster import priorities
 from worker.cluster.broker.base import READ_TIMEOUT, Broker, QueuesView, QueueView
 from worker.cluster.broker.pool import SENT_AT_HEADER
+from worker.periodic import Periodic
 
 #: Broker URL schemes of RabbitMQ (kombu's py-amqp transport).
 SCHEMES = ("amqp", "amqps", "pyamqp")
@@ -88,24 +89,18 @@ class AmqpBroker(Broker):
         return QueueView(name, messages, max(0.0, now - float(sent)) if isinstance(sent, int | float) else None)
 
 
-class SoloHeartbeats:
+class SoloHeartbeats(Periodic):
     """Heartbeats of a `-P solo` worker's broker connection while it runs a task (its consumer loop, which sends
     them otherwise, is blocked in the task). `started`/`finished` bracket each task: `finished` returns only once
     no heartbeat is being written, so the loop's acknowledgement never interleaves with one."""
 
+    name = "chordflow-heartbeats"
+
     def __init__(self, consumer: Any, interval: float):
+        super().__init__(interval)
         self.consumer = consumer
-        self.interval = interval
         self._running = False
         self._lock = threading.Lock()
-        self._stopped = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="chordflow-heartbeats", daemon=True)
-
-    def start(self) -> None:
-        self._thread.start()
-
-    def stop(self) -> None:
-        self._stopped.set()
 
     def started(self) -> None:
         with self._lock:
@@ -122,13 +117,12 @@ class SoloHeartbeats:
         found = (getattr(getattr(owner, "connection", None), "connection", None) for owner in owners)
         return list({id(c): c for c in found if c is not None}.values())
 
-    def _run(self) -> None:
-        while not self._stopped.wait(self.interval):
-            with self._lock:
-                if not self._running:
+    def tick(self) -> None:
+        with self._lock:
+            if not self._running:
+                return
+            for connection in self.connections():
+                try:
+                    connection.send_heartbeat()
+                except Exception:  # a broken connection is the consumer loop's to handle
                     continue
-                for connection in self.connections():
-                    try:
-                        connection.send_heartbeat()
-                    except Exception:  # a broken connection is the consumer loop's to handle
-                        continue

@@ -48,6 +48,8 @@ from celery.exceptions import Ignore
 from celery.worker import state as worker_state
 from kombu.transport import redis as kombu_redis
 
+from worker.periodic import Periodic
+
 log = logging.getLogger(__name__)
 
 #: Seconds without renewal after which a delivery is a dead worker's and is delivered again (at most).
@@ -58,8 +60,6 @@ RENEWALS_PER_BOUND = 6
 SWEEP_SECONDS = 5
 #: Seconds a sweeper's mutex lasts: one that died mid-sweep holds up the others this long (kombu's default: 300).
 SWEEP_MUTEX_SECONDS = 10
-#: Seconds `stop()` waits for a renewal in flight.
-STOP_TIMEOUT = 5.0
 
 _channels: dict[tuple[Any, ...], Any] = {}  # (pid, broker uri, transport options) -> kombu Redis channel
 _channels_lock = threading.Lock()
@@ -157,30 +157,23 @@ def _request_tag(request: Any) -> str | None:
     return getattr(message, "delivery_tag", None)
 
 
-class DeliveryRenewer:
+class DeliveryRenewer(Periodic):
     """Keeps every message a worker's consumer holds unacknowledged from being delivered again, until `stop()`.
 
     Parameters: the worker's consumer (Celery's, in the worker's main process: `task_consumer.channel` is the
     kombu channel its deliveries are on, looked up at every beat since a reconnect replaces it) and the seconds
     between renewals."""
 
+    name = "chordflow-deliveries"
+    tick_at_start = True
+
     def __init__(self, consumer: Any, interval: float):
+        super().__init__(interval)
         self.consumer = consumer
-        self.interval = interval
         #: Beats that renewed (whatever they held), and entries moved by the last one.
         self.beats = 0
         self.renewed = 0
         self._failing = False
-        self._stopped = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="chordflow-deliveries", daemon=True)
-
-    def start(self) -> None:
-        self._thread.start()
-
-    def stop(self) -> None:
-        self._stopped.set()
-        if self._thread.is_alive():
-            self._thread.join(timeout=STOP_TIMEOUT)
 
     def held(self) -> tuple[Any, list[str]]:
         """The consumer's kombu channel and the delivery tags this worker holds unacknowledged (none: (None, [])):
@@ -206,19 +199,17 @@ class DeliveryRenewer:
         with channel.conn_or_acquire() as client:
             return int(client.zadd(channel.unacked_index_key, dict.fromkeys(tags, time.time()), xx=True, ch=True))
 
-    def _run(self) -> None:
-        while not self._stopped.is_set():
-            try:
-                self.renewed = self.renew()
-                self.beats += 1
-                if self._failing:
-                    log.info("renewing this worker's deliveries again")
-                self._failing = False
-            except Exception as exc:  # broker away for a moment (redis or kombu errors): the next beat tries again
-                if not self._failing:
-                    log.warning("could not renew this worker's deliveries in the broker: %s", exc)
-                self._failing = True
-            self._stopped.wait(self.interval)
+    def tick(self) -> None:
+        try:
+            self.renewed = self.renew()
+            self.beats += 1
+            if self._failing:
+                log.info("renewing this worker's deliveries again")
+            self._failing = False
+        except Exception as exc:  # broker away for a moment (redis or kombu errors): the next beat tries again
+            if not self._failing:
+                log.warning("could not renew this worker's deliveries in the broker: %s", exc)
+            self._failing = True
 
 
 # -- fencing, where a task runs --------------------------------------------------------------------------------

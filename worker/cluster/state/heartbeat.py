@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import threading
 
 import redis
 
 from worker.cluster.state.keys import WORKERS, worker_key
+from worker.periodic import Periodic
 
 log = logging.getLogger(__name__)
 
@@ -36,38 +36,32 @@ def pool_sizes(client: redis.Redis) -> dict[str, int]:
     return sizes
 
 
-class Heartbeat:
+class Heartbeat(Periodic):
     """Keeps one worker's registry entry alive until `stop()`.
 
     Parameters: the state Redis client, the worker's hostname, its pool size, and the seconds between
     refreshes (the entry expires after MISSED_BEATS of them).
     """
 
+    name = "chordflow-heartbeat"
+
     def __init__(self, client: redis.Redis, hostname: str, processes: int, interval: int):
+        super().__init__(interval)
         self.client = client
         self.key = worker_key(hostname)
         self.processes = processes
-        self.interval = interval
-        self._stopped = threading.Event()
-        self._thread = threading.Thread(target=self._run, name=f"chordflow-heartbeat-{hostname}", daemon=True)
 
     def start(self) -> None:
-        self._beat()
-        self._thread.start()
+        self.tick()  # registered before the worker says it is ready
+        super().start()
 
     def stop(self) -> None:
-        self._stopped.set()
-        if self._thread.is_alive():
-            self._thread.join(timeout=5)
+        super().stop()
         with contextlib.suppress(redis.RedisError, OSError):  # the entry expires anyway
             self.client.delete(self.key)
 
-    def _beat(self) -> None:
+    def tick(self) -> None:
         try:
             self.client.set(self.key, self.processes, ex=self.interval * MISSED_BEATS)
         except (redis.RedisError, OSError) as exc:  # Redis away for a moment: the next beat tries again
             log.warning("could not register this worker in Redis: %s", exc)
-
-    def _run(self) -> None:
-        while not self._stopped.wait(self.interval):
-            self._beat()
