@@ -172,6 +172,11 @@ def test_submit_priority_from_the_cli_shows_in_status_and_runs(celery_cluster: C
     assert "high" in row
     refused = cli("submit", str(wf), "--input", "items=[1]", "--priority", "urgent")
     assert refused.returncode == 2 and "'urgent' is not one of 'high', 'normal', 'low'" in refused.stderr
+    local = cli("run", str(wf), "--input", "items=[1]", "--priority", "high")  # nothing queued: refused, not ignored
+    assert (local.returncode, local.stderr) == (
+        2,
+        "error: --priority: only with --backend celery and without --stream (a local run is not queued)\n",
+    )
 
 
 def test_batches_sharing_the_workers_divide_the_window() -> None:

@@ -12,6 +12,8 @@ from typing import IO, Any
 
 import click
 
+from scheduler.cli.errors import CliUsageError
+
 
 class CannotServe(click.ClickException):
     """The address or port cannot be listened on (taken, not ours): one line on stderr, exit 2."""
@@ -80,7 +82,6 @@ def dashboard(port: int, address: str, unauthenticated: bool) -> None:
 
     try:
         users = users_from(settings.get("dashboard_basic_auth"), unauthenticated)
-    except UsersError as exc:  # a usage error: one line, exit 2 (as the group reports CliUsageError)
-        click.echo(f"error: {exc}", err=True)
-        raise click.exceptions.Exit(2) from None
+    except UsersError as exc:
+        raise CliUsageError(str(exc)) from None
     serve(users, address, port)

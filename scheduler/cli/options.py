@@ -14,6 +14,7 @@ import click
 
 import ir
 from ir.errors import ValidationError
+from ir.models import PRIORITIES
 from scheduler.cli.errors import CliUsageError
 from worker.runs.record import RUN_ID_RULE, valid_run_id
 
@@ -111,3 +112,10 @@ def dataset_job(items: str | None, job: dict[str, Any]) -> dict[str, Any] | None
         flag = "--" + given[0].rstrip("_").replace("_", "-").replace("fmt", "format")
         raise CliUsageError(f"{flag} needs --items FILE (a dataset job)")
     return None
+
+
+#: `run` and `submit`: the run's priority on a cluster (worker/cluster/priorities.py).
+priority_option = click.option(
+    "--priority", type=click.Choice(PRIORITIES), default=None,
+    help="On a cluster: a higher run's chunks go first (default: the workflow's priority field, else normal).",
+)  # fmt: skip

@@ -1,5 +1,6 @@
-"""`--out FILE` of `wait` and `run` on a dataset job: its rows (what `results RUN --out FILE` writes) written to FILE
-as the job runs, a chunk at a time in input order, so that writing them overlaps the records still running.
+"""`--out FILE` of `results` (`sink`), and of `wait` and `run` on a dataset job: its rows (what `results RUN --out
+FILE` writes) written to FILE as the job runs, a chunk at a time in input order, so that writing them overlaps the
+records still running.
 
 FILE appears whole or not at all: the rows go to a temp file beside it, renamed over FILE once the job succeeded;
 a run that fails, is cancelled or is left (Ctrl-C, a timeout) leaves FILE as it was.
@@ -9,11 +10,12 @@ from __future__ import annotations
 
 import contextlib
 import os
+import sys
 import tempfile
 import threading
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 from scheduler.cli.errors import CliUsageError
 from scheduler.cli.output import jsonl_chunk
@@ -68,6 +70,16 @@ def rows_file(path: str) -> Iterator[RowsFile]:
         out.close(keep=False)
         raise
     out.close(keep=True)
+
+
+@contextlib.contextmanager
+def sink(path: str | None) -> Iterator[TextIO]:
+    """Where `results` writes: stdout, or FILE whole or not at all (a RowsFile)."""
+    if path is None:
+        yield sys.stdout
+        return
+    with rows_file(path) as out:
+        yield out.file
 
 
 @contextlib.contextmanager

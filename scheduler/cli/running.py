@@ -15,7 +15,7 @@ from scheduler.cli import repair as cli_repair
 from scheduler.cli import rowsfile
 from scheduler.cli.errors import DEBUG_KEY, EXIT_CANCELLED, EXIT_FAILED, EXIT_OK, CliUsageError
 from scheduler.cli.follow import follow, follow_cluster_run
-from scheduler.cli.options import dataset_job, dataset_options, load_for_run
+from scheduler.cli.options import dataset_job, dataset_options, load_for_run, priority_option
 from scheduler.cli.output import stderr_console, to_json
 
 
@@ -25,10 +25,7 @@ from scheduler.cli.output import stderr_console, to_json
 @click.option("--inputs-file", type=str, metavar="F.json", help="A JSON object of inputs.")
 @dataset_options
 @click.option("--backend", type=click.Choice(["local", "celery"]), default="local", show_default=True)
-@click.option(
-    "--priority", type=click.Choice(["high", "normal", "low"]), default=None,
-    help="On a cluster: a higher run's chunks go first (default: the workflow's priority field, else normal).",
-)  # fmt: skip
+@priority_option
 @click.option("--output", type=click.Choice(["text", "json"]), default="text", show_default=True)
 @click.option("--detach", is_flag=True, help="With --backend celery: print the run id and return at once.")
 @click.option("--stream", "as_stream", is_flag=True, help="Print the run's events as JSON lines while it runs.")
@@ -60,6 +57,9 @@ def run(
         ctx.meta[DEBUG_KEY] = True
     import scheduler
 
+    if priority is not None and (backend == "local" or as_stream):
+        where = "a streamed run is not queued" if as_stream else "a local run is not queued"
+        raise CliUsageError(f"--priority: only with --backend celery and without --stream ({where})")
     if detach and (backend == "local" or as_stream):
         why = "it follows the run's events" if as_stream else "a local run lives in this process"
         raise CliUsageError(f"--detach: only with --backend celery and without --stream ({why})")
@@ -152,10 +152,7 @@ def _submit_and_wait(
               help="Submit at most once per KEY: the same KEY again (within CHORDFLOW_RUN_TTL) prints the first "
               "run's id and records nothing; another workflow or other inputs under it are an error.")  # fmt: skip
 @dataset_options
-@click.option(
-    "--priority", type=click.Choice(["high", "normal", "low"]), default=None,
-    help="On a cluster: a higher run's chunks go first (default: the workflow's priority field, else normal).",
-)  # fmt: skip
+@priority_option
 def submit(
     workflow: str,
     pairs: tuple[str, ...],

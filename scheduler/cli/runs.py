@@ -123,14 +123,14 @@ def redrive(ctx: click.Context, run_id: str, node: str | None, output: str, deta
 
     record, runs = lookup.find_run(run_id)
     store: dict[str, Any] = {}
+    if detach and not runs.durable:
+        raise CliUsageError(f"--detach: run {run_id} is a local run; it goes on in this process")
     if node is not None and output != "json":
         plan = api.plan_redrive(run_id, node)
         for cached in dict.fromkeys(plan.kept):
             stderr_console().print(Text(f"↻ cached {cached}", style="dim"))
         stderr_console().print(Text(f"↻ cached {plan.cached_items} items of batch node {node}", style="dim"))
     if not runs.durable:
-        if detach:
-            raise CliUsageError(f"--detach: run {run_id} is a local run; it goes on in this process")
         follow(
             ctx, output, run_id, store,
             lambda **hooks: (ir.load(record.workflow), api.redrive(run_id, node, **hooks)),
@@ -203,7 +203,7 @@ def results(
 
         if fmt == "jsonl" and not errors_only:  # the rows of each chunk written at once, none built
             chunks = datasets.follow_chunks(datasets.store_of(record), is_final, done_only=done_only)
-            with open(out, "w", encoding="utf-8", newline="") if out else contextlib.nullcontext(sys.stdout) as sink:
+            with rowsfile.sink(out) as sink:
                 for chunk in chunks:
                     sink.write(rowsfile.chunk_lines(*chunk))
             return
@@ -220,7 +220,7 @@ def results(
             raise CliUsageError(f"run {run_id} is {record.status}: it has no outputs (try --store)")
         else:
             value = api.outputs(run_id)
-        with open(out, "w", encoding="utf-8") if out else contextlib.nullcontext(sys.stdout) as sink:
+        with rowsfile.sink(out) as sink:
             sink.write(to_json(value) + "\n")
         from worker.nodes.llm import usage_totals
 
@@ -258,7 +258,7 @@ def _write_rows(
     nested values as JSON text."""
     if errors_only:
         rows = (row for row in rows if row["error"] is not None)
-    with open(out, "w", encoding="utf-8", newline="") if out else contextlib.nullcontext(sys.stdout) as sink:
+    with rowsfile.sink(out) as sink:
         if fmt == "csv":
             _write_csv(rows, sink, list(columns or []))
         elif fmt == "json":  # one JSON array, still written row by row
@@ -371,7 +371,7 @@ def _warn_local_only(exc: Exception) -> None:
     click.echo(f"warning: local runs only: {exc}", err=True)
 
 
-#: The columns of `runs`; in a narrow terminal the last of DROPPED_FIRST go first, `run` and `status` never.
+#: The columns of `runs`; in a narrow terminal DROPPED_FIRST go in its order, `run` and `status` never.
 RUNS_COLUMNS = ("run", "workflow", "backend", "priority", "status", "progress", "started", "duration")
 DROPPED_FIRST = ("backend", "priority", "duration", "started", "progress", "workflow")
 

@@ -12,9 +12,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from ir.models import PRIORITIES
+
 #: What `update` may change, with the type each is kept as.
 LIMITS: dict[str, type] = {"max_concurrent": int, "tolerated_failure_percent": float, "tolerated_failure_count": int}
-PRIORITIES = ("high", "normal", "low")
 
 
 def problems(changes: Mapping[str, Any]) -> list[str]:

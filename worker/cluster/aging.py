@@ -11,7 +11,8 @@ after two periods a low message goes with the high ones).
 A copy is the same message under a sibling task id: whichever delivery of the pair begins first runs, the other
 is skipped unrun (lua/begin_message.lua), so no item runs twice because of a copy, and a redelivery of the one
 that began (its worker died) still runs: it keeps its task id. A chunk's copy carries its window's block numbers
-instead of its items (worker/cluster/batches/tasks.py reads them from the window), so what is kept here is small.
+instead of its items (worker/cluster/batches/tasks.py reads them from the window); it still carries its node spec
+and snapshot, as every chunk message does.
 
 A tracked message's task id is `<32 hex digits>-<rank it was sent at>`; any other id (a high run's message,
 Celery's own) costs nothing at `begin`. Keys: the run's `queued`, `queued_msgs`, `copies` and `begun`

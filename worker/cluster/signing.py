@@ -296,7 +296,7 @@ class SignedTask(Task):
     Strategy = "worker.cluster.signing:verifying_strategy"
 
     def before_start(self, task_id: str, args: Any, kwargs: Any) -> None:
-        """Ignore (acknowledged, nothing stored or counted: a chord member counts once) a task marked done, and
+        """Ignore (acknowledged, nothing stored or counted: a chunk's window counts it once) a task marked done, and
         a message another delivery of which began first (a copy sent by aging, or the original it copies)."""
         if _marks_done(self) and client().exists(done_key(task_id)):
             log.warning(

@@ -118,10 +118,13 @@ def window_size(processes: int, open_windows: int) -> int:
 
 def follow(window: BatchWindow, step: WindowStep, header: dict[str, Any] | None = None) -> None:
     """Send what a step of the window claimed, and the merge once the batch has ended."""
+    if not (step.chunks or step.ended):
+        return
+    header = header or window.header()  # read once
     if step.chunks:
-        send_chunks(window, step, header or window.header())
+        send_chunks(window, step, header)
     if step.ended:
-        send_merge(window, step, (header or window.header())["meta"])
+        send_merge(window, step, header["meta"])
 
 
 def send_chunks(window: BatchWindow, step: WindowStep, header: dict[str, Any]) -> None:

@@ -168,6 +168,7 @@ def aggregate(job: dict[str, Any]) -> str:
             if state.cancelled():
                 runs.set_status(run_id, "cancelled", "run cancelled", job["node"])
                 logs.transition(run_id, "running", "cancelled", node=job["node"])
+                window.drop()  # no longer a batch sharing the workers
                 return "cancelled"
         else:
             chunks = [ChunkResult.from_wire(snapshot.decode(blob)) for blob in chunk_results]

@@ -138,13 +138,17 @@ class BatchWindow:
     def begin(self, start: int, task_id: str) -> bool:
         """A delivery of chunk `start` begins: False when another message of it (a copy, one sent again by a
         redelivered advance) began first. A redelivery of the one that began (same task id: its worker died) begins
-        again. Keyed by plan: a chunk of an earlier plan never holds up this one's (its finish is `stale`)."""
+        again. False too for a chunk of an earlier plan (a resume planned the batch again: its items are in this
+        plan's chunks); a chunk of no window at all (sent by hand) runs, and its finish is `stale`."""
         begun, field = f"{self.name}:begun", f"{self.plan_id}:{start}"
         pipe = self.state.redis.pipeline(transaction=False)
+        pipe.hget(self.name, "id")
         pipe.hsetnx(begun, field, task_id)
         pipe.hget(begun, field)
         pipe.expire(begun, self.state.ttl)
-        holder = pipe.execute()[1]
+        plan, _, holder, _ = pipe.execute()
+        if plan is not None and plan.decode() != self.plan_id:
+            return False
         return holder is None or holder.decode() == task_id
 
     def pending(self) -> WindowStep:
@@ -181,8 +185,12 @@ class BatchWindow:
         return [out[k] for k in sorted(out, key=int)]
 
     def crash(self, error: str) -> None:
-        """A chunk raised (not an item failure): the batch can never be merged; a client following it is told."""
-        self.state.redis.hset(self.name, "error", error)
+        """A chunk raised (not an item failure): the batch can never be merged; a client following it is told, and
+        it no longer shares the workers."""
+        pipe = self.state.redis.pipeline(transaction=False)
+        pipe.hset(self.name, "error", error)
+        pipe.zrem(WINDOWS, self.member)
+        pipe.execute()
 
     def crashed(self) -> str | None:
         raw = self.state.redis.hget(self.name, "error")
