@@ -81,7 +81,8 @@ def prepare(
     if as_ != "-" and not is_identifier(as_):
         problems.append(f"--as: must be an input name or '-' (the record's fields are the inputs), got '{as_}'")
     elif as_ != "-" and (problem := unknown_input(wf, as_)):
-        problems.append(f"--as: {problem}")
+        given = " (the default: each record is given as the input 'record')" if as_ == "record" else ""
+        problems.append(f"--as{given}: {problem}")
     if as_ == "-" and common:
         problems.append("--input: with --as - every input comes from the record's fields")
     if as_ in common:
