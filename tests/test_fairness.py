@@ -263,3 +263,19 @@ def test_an_advance_killed_after_planning_a_batch_before_sending_a_chunk_is_pick
     assert result.status == "success"
     assert [r["label"] for r in result.shared["b"]["results"]] == [str(i) for i in range(20)]
     assert sorted(log.read_text().split(), key=int) == [str(i) for i in range(20)]  # each item once
+
+
+@pytest.mark.usefixtures("celery_cluster")
+def test_a_chunk_runs_from_the_first_of_its_messages_to_begin_and_never_from_an_earlier_plan() -> None:
+    """BatchWindow.begin on the real redis-server: a copy (or a chunk a redelivered advance sent again) is skipped
+    once one message of the chunk began; a redelivery of that one begins again; a chunk of an earlier plan never
+    begins (a resume planned the batch again), while a chunk of no window at all (sent by hand) does."""
+    state = RunState(f"begin{time.time_ns()}", client())
+    window = BatchWindow(state, "b#0")
+    window.plan([(0, 10, snapshot.encode(list(range(10))))], {"meta": {}}, window=2, max_items=10, min_items=1,
+                chunk_seconds=2.0, priority="normal")  # fmt: skip
+    assert window.begin(0, "task-a")
+    assert not window.begin(0, "task-b")  # a second message of chunk 0
+    assert window.begin(0, "task-a")  # task-a delivered again: its worker died
+    assert not BatchWindow(state, "b#0", "an-earlier-plan").begin(0, "task-c")
+    assert BatchWindow(RunState(f"nowindow{time.time_ns()}", client()), "b#0", "no-plan").begin(0, "task-d")
