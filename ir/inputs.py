@@ -48,8 +48,17 @@ def apply_inputs(
     is given (`{name}` is its name), told in the problem.
     """
     given = dict(inputs or {})
-    names = [*given, *(name for name in encoded if name not in given)] if encoded else given
     declared = wf.inputs or {}
+    if not encoded and given.keys() == declared.keys():  # each declared input given, no other (a dataset record)
+        try:
+            for name, value in given.items():
+                check_value(value, f"inputs.{name}")
+        except ValidationError:
+            pass  # the whole check below names every problem
+        else:
+            store.update(given)
+            return
+    names = [*given, *(name for name in encoded if name not in given)] if encoded else given
     problems: list[str] = []
     suggested: set[str | None] = set()
     if strays := [name for name in names if name not in declared]:  # none, once a run's inputs are right

@@ -77,10 +77,11 @@ def problem_in(value: Any) -> tuple[tuple[Any, ...], str] | None:
     the containers between the root and the current one, so a value shared by two branches is fine and a
     value inside itself is caught at once. Dicts, lists, tuples, sets and pydantic models are walked.
     """
-    if not isinstance(value, _CONTAINERS):
+    if type(value) is dict:
+        if _SCALARS.issuperset(map(type, value.values())) and _SCALARS.issuperset(map(type, value)):
+            return None  # a flat record, the common input: nothing to walk (both checks loop in C)
+    elif not isinstance(value, _CONTAINERS):
         return None
-    if type(value) is dict and all(type(k) in _SCALARS and type(v) in _SCALARS for k, v in value.items()):
-        return None  # a flat record, the common input: nothing to walk
     on_path: set[int] = set()
     stack: list[tuple[Any, int, tuple[Any, ...], bool]] = [(value, 1, (), False)]
     while stack:

@@ -80,12 +80,30 @@ class NamespacedNode(_Wrapper):
         return self.inner._run(NamespacedStore(shared, self.node_id))
 
     def compile_runner(self) -> Callable[[Any], Any]:
-        inner, node_id = runner(self.inner), self.node_id
+        node_id, templated = self.node_id, self.inner
+        if isinstance(templated, TemplateNode) and templated.dynamic:
+            return _namespaced_templates(node_id, templated)
+        inner = runner(templated)
 
         def run(shared: Any) -> Any:
             return inner(NamespacedStore(shared, node_id))
 
         return run
+
+
+def _namespaced_templates(node_id: str, templated: TemplateNode) -> Callable[[Any], Any]:
+    """NamespacedNode > TemplateNode compiled as one call (a sub-workflow's nodes run once per dataset record).
+    Templates resolve against the store itself while the node's namespace is empty, as usual before it runs: the
+    view would only read through to it, one Python-level `get` per template."""
+    node, resolve = templated.inner, templated.compiled.resolve
+    call = rate_limits.runner(node, templated.limit)
+
+    def run(shared: Any) -> Any:
+        view = NamespacedStore(shared, node_id)
+        node.params = resolve(view if view.namespace else shared)
+        return call(view)
+
+    return run
 
 
 class InstrumentedNode(_Wrapper):

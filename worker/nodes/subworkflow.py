@@ -84,7 +84,7 @@ class WorkflowNode(Node):
         inputs = self.params.get(subworkflows.INPUTS)
         if inputs is None:
             inputs = {}
-        if not isinstance(inputs, Mapping):
+        if type(inputs) is not dict and not isinstance(inputs, Mapping):  # a dict checked without the ABC
             raise ValueError(
                 f"workflow node '{node_id}': param 'inputs' must be an object of inputs, got {type(inputs).__name__}"
             )
