@@ -1,7 +1,7 @@
 """`python -m bench.record_profile [--profile N]`: what one dataset record costs inside a chunk, in-process.
 
 The bench workflow of bench/DATASETS.md (two `echo` nodes per record) run as a worker's chunk runs it —
-`worker.datasets.job.run_chunk` over an executor of the per-record `workflow` node — on 40 chunks of 500
+`worker.datasets.chunks.run_chunk` over an executor of the per-record `workflow` node — on 40 chunks of 500
 records, no store and no Redis: the per-record engine cost alone. Prints CPU us/record (process time, best of
 three); with `--profile N`, a cProfile of one more pass, its N dearest functions by own time.
 Findings: bench/PROFILE_DATASETS.md.
@@ -17,7 +17,8 @@ import time
 from bench.datasets import workflow
 from worker.batch.executor import ItemExecutor
 from worker.batch.middleware import item_middleware
-from worker.datasets.job import RECORDS, Dataset, run_chunk
+from worker.datasets.chunks import run_chunk
+from worker.datasets.job import RECORDS, Dataset
 from worker.engine.build import item_chain
 
 CHUNK, CHUNKS = 500, 40

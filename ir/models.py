@@ -35,7 +35,7 @@ def _check_names(value: Any, what: str) -> Any:
 
 
 class _Model(BaseModel):
-    model_config = ConfigDict(extra="forbid", populate_by_name=True, frozen=False)
+    model_config = ConfigDict(extra="forbid", populate_by_name=True, frozen=False, defer_build=True)
 
 
 class BatchSpec(_Model):
@@ -212,8 +212,7 @@ class OutputSpec(_Model):
     description: str | None = None
 
 
-#: A run's priority on a cluster (`chordflow submit --priority`, the workflow's `priority` field), highest first.
-PRIORITIES = ("high", "normal", "low")
+#: ir/priorities.py PRIORITIES, as a type.
 Priority = Literal["high", "normal", "low"]
 
 

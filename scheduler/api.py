@@ -4,7 +4,7 @@
 The ONE place that routes a call: to a dataset job (`items=`) or a workflow, to a run this process drives
 (scheduler/driver.py) or one the cluster's workers drive (scheduler/durable.py), and to the store that
 holds a run (scheduler/lookup.py). The cluster half is imported only when a call needs it, so a local
-workflow run never loads Celery or Redis (a dataset job does: scheduler/datasets.py serves both stores).
+workflow run never loads Celery or Redis (a dataset job does: scheduler/datasets/ serves both stores).
 """
 
 from __future__ import annotations
@@ -50,7 +50,7 @@ def run(
 
     A fail_fast batch failure (or any node exception without an `error` edge) propagates as the
     original exception; an unhandled `error` action ends the run with status "failed".
-    `items`: a dataset job, the workflow once per record (scheduler/datasets.py; `as_`, `format`... in
+    `items`: a dataset job, the workflow once per record (scheduler/datasets/; `as_`, `format`... in
     `options`); its RunResult's outputs are the record counts, `results` streams the rest.
     """
     use_cwd_modules()  # `examples.*` and `python` functions of the working directory, as the CLI imports them
@@ -59,14 +59,12 @@ def run(
             workflow, inputs, shared=shared, backend=backend, on_event=on_event, run_id=run_id,
             cancelled=cancelled, on_node_start=on_node_start, **options,
         )  # fmt: skip
-    from scheduler import datasets
+    from scheduler.datasets import running
 
-    opts = datasets.options(options)
+    opts = running.options(options)
     if backend == "local":
-        return datasets.run_local(
-            workflow, inputs, items, run_id=run_id, on_event=on_event, cancelled=cancelled, **opts
-        )
-    return wait(datasets.submit(workflow, inputs, items, run_id=run_id, **opts), on_event=on_event)
+        return running.run_local(workflow, inputs, items, run_id=run_id, on_event=on_event, cancelled=cancelled, **opts)
+    return wait(running.submit(workflow, inputs, items, run_id=run_id, **opts), on_event=on_event)
 
 
 def submit(
@@ -89,7 +87,7 @@ def submit(
 
     `inputs_file`: a JSON object of inputs, under `inputs` (which win where both name a key), read
     straight into the run's stored bytes: a large input is never built as objects in this process.
-    `items`: a dataset job, the workflow once per record of this file (or iterable): scheduler/datasets.py,
+    `items`: a dataset job, the workflow once per record of this file (or iterable): scheduler/datasets/,
     with its options (`as_`, `format`, `skip_bad_records`, `tolerated_failure_percent`,
     `tolerated_failure_count`, `chunk_size`, `max_record_bytes`); returns once every record is stored in Redis.
     `priority`: high, normal or low (None: the workflow's `priority` field, else normal): a higher run's chunks and
@@ -97,12 +95,12 @@ def submit(
     """
     use_cwd_modules()
     if items is not None:
-        from scheduler import datasets
+        from scheduler.datasets import running
 
         if idempotency_key is not None:
             raise ValidationError("idempotency_key: a dataset job (items) takes none; only a workflow submit does")
-        return datasets.submit(
-            workflow, inputs, items, run_id=run_id, priority=priority, **datasets.options(dataset_options)
+        return running.submit(
+            workflow, inputs, items, run_id=run_id, priority=priority, **running.options(dataset_options)
         )
     from scheduler import durable
 
@@ -115,17 +113,17 @@ def submit(
 def wait(
     run_id: str, timeout: float | None = None, *, on_event: Callable[[dict[str, Any]], None] | None = None
 ) -> RunResult:
-    """Follow a run until it ends (see scheduler/durable.py `wait`)."""
-    from scheduler import durable
+    """Follow a run until it ends (see scheduler/waiting.py `wait`)."""
+    from scheduler import waiting
 
-    return durable.wait(run_id, timeout, on_event=on_event)
+    return waiting.wait(run_id, timeout, on_event=on_event)
 
 
 def status(run_id: str) -> dict[str, Any]:
     """The `chordflow status --json` object of a run in either store."""
-    from scheduler import durable
+    from scheduler import waiting
 
-    return durable.status(run_id)
+    return waiting.status(run_id)
 
 
 def resume(
@@ -191,15 +189,15 @@ def resume_cluster(run_id: str, workflow: Any = None) -> None:
 
 
 def redrive(run_id: str, node: str | None = None, **hooks: Any) -> RunResult | int:
-    """Run a finished dataset job's failed (and never run) records again (scheduler/datasets.py), or with `node`,
+    """Run a finished dataset job's failed (and never run) records again (scheduler/datasets/), or with `node`,
     a finished run's batch node's failed items, then the nodes after it (worker/runs/redrive.py).
 
     A local run goes on here (returns its RunResult); a cluster run is handed to the workers (returns how many
     records or items will run again)."""
     if node is None:
-        from scheduler import datasets
+        from scheduler.datasets import running
 
-        return datasets.redrive(run_id, **hooks)
+        return running.redrive(run_id, **hooks)
     _, runs = lookup.find_run(run_id)
     if not runs.durable:
         return driver.redrive(run_id, node, **hooks)

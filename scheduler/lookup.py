@@ -31,7 +31,7 @@ def local_runs() -> LocalRuns:
 def cluster_runs(signer: Any = None) -> RunStore:
     """The cluster's store; a clear BackendError when its Redis cannot be reached. `signer`: for a client that
     records workflows (submit, resume): each is signed with it (worker/cluster/state/runs.py)."""
-    from scheduler.backends.celery import preflight  # Redis and Celery: only when a cluster run is asked for
+    from scheduler.reach import preflight  # Redis: only when a cluster run is asked for
     from worker.cluster.state.runs import ClusterRuns
 
     preflight(settings.load())

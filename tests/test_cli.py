@@ -20,8 +20,8 @@ from rich.console import Console
 
 import scheduler
 from ir.errors import BatchItemsError, RemoteError, TemplateError, ValidationError
+from scheduler.cli.display import ProgressDisplay
 from scheduler.cli.errors import CliUsageError, WorkflowFailed, error_lines, exit_code_for
-from scheduler.cli.follow import ProgressDisplay
 from scheduler.cli.workflows import _params_text
 from worker.runs.record import RUN_ID_RULE
 from worker.runs.store import StoreFull

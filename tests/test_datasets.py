@@ -311,7 +311,7 @@ def test_a_local_job_and_its_results_load_no_cluster_library(tmp_path: Path) -> 
 
     ran, loaded = imported("run", wf, "--items", records, "--output", "json")
     assert json.loads(ran.stdout)["outputs"] == {"total": 3, "done": 3, "failed": 0}
-    assert "scheduler.datasets" in loaded  # the job ran through it
+    assert "scheduler.datasets.running" in loaded  # the job ran through it
     assert not loaded & {"celery", "kombu", "redis"}
     shown, loaded = imported("results", json.loads(ran.stdout)["run_id"])
     assert [json.loads(line)["result"] for line in shown.stdout.splitlines()] == [{"id": i} for i in range(3)]

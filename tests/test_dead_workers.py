@@ -26,14 +26,15 @@ import pytest
 import redis
 
 import scheduler
-from scheduler import datasets, durable
+from scheduler import durable
+from scheduler.datasets import reading
 from scheduler.localcluster import Cluster, ManagedProcess
 from scheduler.lookup import find_run
 from tests.support import counting_nodes  # noqa: F401  (the test node type, in this process too)
 from tests.support.cluster import PLUGINS
 from tests.test_long_chunks import until
 from worker.cluster.broker import deliveries
-from worker.cluster.datasets import ClusterDataset
+from worker.cluster.datasets.store import ClusterDataset
 from worker.cluster.state.runs import ClusterRuns
 
 #: The dead-delivery bound with default settings.
@@ -133,7 +134,7 @@ def assert_aggregate_once(result: Any, total: int) -> None:
 
 def record_rows(run_id: str) -> list[dict[str, Any]]:
     record, _ = find_run(run_id)
-    return list(datasets.rows(record, is_final=lambda: True))
+    return list(reading.rows(record, is_final=lambda: True))
 
 
 def kill_mid_chunk(cluster: Cluster, counts: Counts, sig: int) -> tuple[ManagedProcess, float]:

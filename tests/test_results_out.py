@@ -132,7 +132,7 @@ def test_rows_reach_the_temp_file_in_order_while_a_record_still_runs_and_file_on
         # records 15-19 (chunk 3) wait for the gate: chunks 0-2 are written meanwhile, not chunk 4 after it
         until(lambda: temp_rows() >= 15, 60, "the rows of chunks 0-2 in the temp file")
         if run_id is not None:  # the other worker ran chunk 4: it waits for chunk 3
-            from worker.cluster.datasets import ClusterDataset
+            from worker.cluster.datasets.store import ClusterDataset
 
             until(lambda: ClusterDataset(run_id).outcomes([4])[0] is not None, 60, "chunk 4's outcomes")
         assert temp_rows() == 15

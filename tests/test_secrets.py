@@ -31,8 +31,9 @@ import redis
 
 import scheduler
 from ir.errors import BackendError, BatchItemFailed
-from scheduler.backends.celery import broker_errors, preflight
+from scheduler.backends.celery import broker_errors
 from scheduler.localcluster import Cluster, RedisServer
+from scheduler.reach import preflight
 from tests.support import http_server
 from worker import redact, settings
 from worker.cluster.app import current_app

@@ -1,4 +1,4 @@
-"""Every CHORDFLOW_* environment variable chordflow reads, in one typed model (`Settings`).
+"""Every CHORDFLOW_* environment variable chordflow reads, in one typed table (`Settings`).
 
 `load()` gives all of them, `get(name)` one; both read the environment as it is at the call (tests change it
 with monkeypatch), through a cache keyed on the variables' values: a call costs their lookups, not a parse.
@@ -8,6 +8,11 @@ a bad CHORDFLOW_MAX_STEPS stops the runs that use it, not a worker's start.
 
 `warn_unknown()` names, once per process, each CHORDFLOW_* variable nothing reads (a misspelt one would
 otherwise be silently ignored).
+
+A frozen dataclass whose fields each name their variable and the reader of its text (an integer, a flag, one
+of two words), not a pydantic model: every `chordflow` command reads its settings first, and importing
+pydantic for that cost each command about 0.1 s, most of the start of `wait`, `status` and `results` (which
+load no workflow). The readers are the few rules the variables need, each error one line naming the variable.
 """
 
 from __future__ import annotations
@@ -17,92 +22,195 @@ import difflib
 import functools
 import os
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, Literal
-
-from pydantic import Field, ValidationError, ValidationInfo, field_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
 
 PREFIX = "CHORDFLOW_"
 DEFAULT_BROKER = "redis://127.0.0.1:6379/0"
 
-
-def _var(name: str, default: Any, meaning: str, **options: Any) -> Any:
-    """A field read from the environment variable `name` (spelt out, so a grep for it finds this line)."""
-    return Field(default, validation_alias=name, description=meaning, **options)
+#: How a variable's text (set, not empty) becomes its value: (text, variable) -> value, or ValueError (one line).
+Reader = Callable[[str, str], Any]
 
 
-class Settings(BaseSettings):
+def _text(text: str, variable: str) -> str:
+    return text
+
+
+def _stripped(text: str, variable: str) -> str:
+    return text.strip()
+
+
+def _path(text: str, variable: str) -> Path:
+    return Path(text)
+
+
+def _flag(text: str, variable: str) -> bool:
+    return text.strip().lower() in ("1", "true", "yes", "on")
+
+
+def _number(text: str, variable: str) -> float:
+    try:
+        return float(text)
+    except ValueError:
+        raise ValueError(f"environment variable {variable} must be a number, got {text!r}") from None
+
+
+def _integer(at_least: int | None = None, blank: Any = ...) -> Reader:
+    """An integer, raised to `at_least`; text of spaces only is `blank` when given."""
+
+    def read(text: str, variable: str) -> Any:
+        if blank is not ... and not text.strip():
+            return blank
+        try:
+            value = int(text)
+        except ValueError:
+            raise ValueError(f"environment variable {variable} must be an integer, got {text!r}") from None
+        return value if at_least is None else max(at_least, value)
+
+    return read
+
+
+def _choice(first: str, second: str) -> Reader:
+    """One of two words, any case; text of spaces only is the first."""
+
+    def read(text: str, variable: str) -> str:
+        value = text.strip().lower() or first
+        if value not in (first, second):
+            raise ValueError(f"{variable} must be '{first}' or '{second}', got {value!r}")
+        return value
+
+    return read
+
+
+def _var(variable: str, default: Any, meaning: str, read: Reader = _text, repr: bool = True) -> Any:
+    """A field read from the environment variable `variable` (spelt out, so a grep for it finds this line)."""
+    return dataclasses.field(
+        default=default, repr=repr, metadata={"variable": variable, "meaning": meaning, "read": read}
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class Settings:
     """The settings of the scheduler and of every worker; frozen and hashable (one Celery app per value)."""
-
-    model_config = SettingsConfigDict(frozen=True, case_sensitive=True, env_ignore_empty=True, populate_by_name=True)
 
     # The cluster: read together by `load()`.
     broker_url: str = _var("CHORDFLOW_BROKER_URL", DEFAULT_BROKER, "the Celery broker: redis://... or amqp://...")
     result_backend: str = _var(
         "CHORDFLOW_RESULT_BACKEND", "", "where run state and results live (Redis); unset: the broker",
-        validate_default=True,
     )  # fmt: skip
     redis_master_name: str = _var(
         "CHORDFLOW_REDIS_MASTER_NAME",
         "",
         "the primary's name, when a Redis URL is sentinel://... (Sentinel)",
+        read=_stripped,
     )
     wait_replicas: int = _var(
-        "CHORDFLOW_WAIT_REPLICAS", 0, "a chunk's outcomes count once this many Redis replicas hold them (WAIT)"
+        "CHORDFLOW_WAIT_REPLICAS",
+        0,
+        "a chunk's outcomes count once this many Redis replicas hold them (WAIT)",
+        read=_integer(at_least=0),
     )
     visibility_timeout: int = _var(
-        "CHORDFLOW_VISIBILITY_TIMEOUT", 3600, "seconds before a dead worker's delivery comes back, at most 30"
+        "CHORDFLOW_VISIBILITY_TIMEOUT",
+        3600,
+        "seconds before a dead worker's delivery comes back, at most 30",
+        read=_integer(),
     )
     snapshot_inline_bytes: int = _var(
-        "CHORDFLOW_SNAPSHOT_INLINE_BYTES", 16 * 1024, "snapshots up to this size travel inside each chunk message"
+        "CHORDFLOW_SNAPSHOT_INLINE_BYTES",
+        16 * 1024,
+        "snapshots up to this size travel inside each chunk message",
+        read=_integer(),
     )
-    chunks_per_process: int = _var("CHORDFLOW_CHUNKS_PER_PROCESS", 4, "auto chunk size: chunks per worker process...")
-    max_chunk_size: int = _var("CHORDFLOW_MAX_CHUNK_SIZE", 5000, "...but never more items than this in one chunk")
+    chunks_per_process: int = _var(
+        "CHORDFLOW_CHUNKS_PER_PROCESS", 4, "auto chunk size: chunks per worker process...", read=_integer()
+    )
+    max_chunk_size: int = _var(
+        "CHORDFLOW_MAX_CHUNK_SIZE", 5000, "...but never more items than this in one chunk", read=_integer()
+    )
     chunk_seconds: float = _var(
-        "CHORDFLOW_CHUNK_SECONDS", 2.0, "auto chunk size: about this much measured work per chunk, within those caps"
+        "CHORDFLOW_CHUNK_SECONDS",
+        2.0,
+        "auto chunk size: about this much measured work per chunk, within those caps",
+        read=_number,
     )
     priority_aging: int = _var(
-        "CHORDFLOW_PRIORITY_AGING", 60, "seconds a batch's chunk waits in the queue before the next go one level up"
+        "CHORDFLOW_PRIORITY_AGING",
+        60,
+        "seconds a batch's chunk waits in the queue before the next go one level up",
+        read=_integer(at_least=1),
     )
     run_ttl: int = _var(
-        "CHORDFLOW_RUN_TTL", 86400, "seconds run state (progress stream, flags, snapshots) stays in Redis"
+        "CHORDFLOW_RUN_TTL",
+        86400,
+        "seconds run state (progress stream, flags, snapshots) stays in Redis",
+        read=_integer(),
     )
     queue: str = _var("CHORDFLOW_QUEUE", "chordflow", "the queue chunks are sent to and workers consume")
     broker_heartbeat: int = _var(
-        "CHORDFLOW_BROKER_HEARTBEAT", 10, "AMQP: seconds between heartbeats; a silent peer is dropped after two"
+        "CHORDFLOW_BROKER_HEARTBEAT",
+        10,
+        "AMQP: seconds between heartbeats; a silent peer is dropped after two",
+        read=_integer(at_least=1),
     )
     queue_type: Literal["classic", "quorum"] = _var(
-        "CHORDFLOW_QUEUE_TYPE", "classic", "AMQP: the queue's type, classic (with priorities) or quorum (replicated)"
+        "CHORDFLOW_QUEUE_TYPE",
+        "classic",
+        "AMQP: the queue's type, classic (with priorities) or quorum (replicated)",
+        read=_choice("classic", "quorum"),
     )
     worker_heartbeat: int = _var(
-        "CHORDFLOW_WORKER_HEARTBEAT", 10, "seconds between a worker's registry refreshes (its entry lives 3 beats)"
+        "CHORDFLOW_WORKER_HEARTBEAT",
+        10,
+        "seconds between a worker's registry refreshes (its entry lives 3 beats)",
+        read=_integer(at_least=1),
     )
     outage_seconds: int = _var(
-        "CHORDFLOW_OUTAGE_SECONDS", 60, "seconds a Redis command retries a lost connection; then the task is given back"
+        "CHORDFLOW_OUTAGE_SECONDS",
+        60,
+        "seconds a Redis command retries a lost connection; then the task is given back",
+        read=_integer(at_least=1),
     )
     snapshot_cache_bytes: int = _var(
-        "CHORDFLOW_SNAPSHOT_CACHE_BYTES", 256 * 2**20, "a worker process keeps decoded snapshots up to this size"
+        "CHORDFLOW_SNAPSHOT_CACHE_BYTES",
+        256 * 2**20,
+        "a worker process keeps decoded snapshots up to this size",
+        read=_integer(at_least=0),
     )
     pool_timeout: float = _var(
-        "CHORDFLOW_POOL_TIMEOUT", 30, "seconds a send waits for a free broker connection (an integer)"
+        "CHORDFLOW_POOL_TIMEOUT",
+        30,
+        "seconds a send waits for a free broker connection (an integer)",
+        read=_integer(at_least=1),
     )
     secret_key: str | None = _var(
         "CHORDFLOW_SECRET_KEY", None, "the shared key that signs task messages (worker/cluster/signing.py)", repr=False
     )
     secret_key_file: str | None = _var("CHORDFLOW_SECRET_KEY_FILE", None, "or the path of a file holding it")
-    insecure: bool = _var("CHORDFLOW_INSECURE", False, "1/true/yes/on: no key needed; unsigned messages sent and run")
+    insecure: bool = _var(
+        "CHORDFLOW_INSECURE", False, "1/true/yes/on: no key needed; unsigned messages sent and run", read=_flag
+    )
 
     # Read where they are used (`get`), each call.
     plugins: str = _var("CHORDFLOW_PLUGINS", "", "comma-separated modules that register node types or generators")
-    home: Path | None = _var("CHORDFLOW_HOME", None, "directory of the local runs' store; unset: ~/.chordflow")
-    max_steps: int | None = _var(
-        "CHORDFLOW_MAX_STEPS", None, "node executions in a run without its own max_steps; unset: 10,000"
+    home: Path | None = _var(
+        "CHORDFLOW_HOME", None, "directory of the local runs' store; unset: ~/.chordflow", read=_path
     )
-    log_format: Literal["text", "json"] = _var("CHORDFLOW_LOG_FORMAT", "text", "a worker's log lines: text or json")
+    max_steps: int | None = _var(
+        "CHORDFLOW_MAX_STEPS",
+        None,
+        "node executions in a run without its own max_steps; unset: 10,000",
+        read=_integer(blank=None),
+    )
+    log_format: Literal["text", "json"] = _var(
+        "CHORDFLOW_LOG_FORMAT", "text", "a worker's log lines: text or json", read=_choice("text", "json")
+    )
     http_connections: int = _var(
-        "CHORDFLOW_HTTP_CONNECTIONS", 8, "connections the http node keeps open per process; more calls wait for one"
+        "CHORDFLOW_HTTP_CONNECTIONS",
+        8,
+        "connections the http node keeps open per process; more calls wait for one",
+        read=_integer(at_least=1),
     )
     llm_model: str | None = _var("CHORDFLOW_LLM_MODEL", None, "the `llm` node's model; 'fake' answers offline")
     repair_generator: str | None = _var("CHORDFLOW_REPAIR_GENERATOR", None, "the repair generator; unset: auto")
@@ -114,74 +222,17 @@ class Settings(BaseSettings):
     @classmethod
     def variable(cls, name: str) -> str:
         """The environment variable of field `name`."""
-        return str(cls.model_fields[name].validation_alias)
-
-    @field_validator(
-        "visibility_timeout", "snapshot_inline_bytes", "chunks_per_process", "max_chunk_size", "run_ttl",
-        "worker_heartbeat", "snapshot_cache_bytes", "pool_timeout", "max_steps", "http_connections", "outage_seconds",
-        "wait_replicas", "broker_heartbeat", "priority_aging", mode="before",
-    )  # fmt: skip
-    @classmethod
-    def _integer(cls, value: Any, info: ValidationInfo) -> Any:
-        if not isinstance(value, str):
-            return value
-        if info.field_name == "max_steps" and not value.strip():
-            return None
-        try:
-            return int(value)
-        except ValueError:
-            name = cls.variable(str(info.field_name))
-            raise ValueError(f"environment variable {name} must be an integer, got {value!r}") from None
-
-    @field_validator(
-        "worker_heartbeat", "pool_timeout", "http_connections", "outage_seconds", "broker_heartbeat", "priority_aging"
-    )
-    @classmethod
-    def _at_least_one(cls, value: float) -> float:
-        return max(1, value)
-
-    @field_validator("redis_master_name")
-    @classmethod
-    def _stripped(cls, value: str) -> str:
-        return value.strip()
-
-    @field_validator("snapshot_cache_bytes", "wait_replicas")
-    @classmethod
-    def _not_negative(cls, value: int) -> int:
-        return max(0, value)
-
-    @field_validator("result_backend")
-    @classmethod
-    def _broker_by_default(cls, value: str, info: ValidationInfo) -> str:
-        return value or info.data.get("broker_url") or DEFAULT_BROKER
-
-    @field_validator("insecure", mode="before")
-    @classmethod
-    def _flag(cls, value: Any) -> Any:
-        return value.strip().lower() in ("1", "true", "yes", "on") if isinstance(value, str) else value
-
-    @field_validator("log_format", "queue_type", mode="before")
-    @classmethod
-    def _choice(cls, value: Any, info: ValidationInfo) -> Any:
-        if not isinstance(value, str):
-            return value
-        name = str(info.field_name)
-        choices = {"log_format": ("text", "json"), "queue_type": ("classic", "quorum")}[name]
-        value = value.strip().lower() or choices[0]
-        if value not in choices:
-            raise ValueError(f"{cls.variable(name)} must be '{choices[0]}' or '{choices[1]}', got {value!r}")
-        return value
+        return str(_FIELD_OF[name].metadata["variable"])
 
 
-# Callers written for the former dataclass call `dataclasses.replace(settings.load(), ...)`: they still can.
-Settings.__dataclass_fields__ = dataclasses.make_dataclass("Settings", list(Settings.model_fields)).__dataclass_fields__
-
+_FIELD_OF = {field.name: field for field in dataclasses.fields(Settings)}  # name -> field, in declaration order
+FIELDS = tuple(_FIELD_OF)
 #: Fields whose bad value fails only the code that reads them (`get`); `load()` leaves them at their default.
 CHECKED_ON_USE = frozenset({"plugins", "home", "max_steps", "log_format", "http_connections", "llm_model",
                             "repair_generator", "repair_model", "dashboard_basic_auth"})  # fmt: skip
 #: CHORDFLOW_* variables read by chordflow's own tests and Makefile, not by chordflow: known, so no warning.
 TEST_VARIABLES = frozenset({"CHORDFLOW_FUZZ_EXAMPLES", "CHORDFLOW_TEST_BROKER"})
-VARIABLES = tuple(Settings.variable(name) for name in Settings.model_fields)
+VARIABLES = tuple(Settings.variable(name) for name in _FIELD_OF)
 KNOWN = frozenset(VARIABLES) | TEST_VARIABLES
 
 
@@ -217,17 +268,18 @@ def _environment() -> tuple[str | None, ...]:
 
 @functools.lru_cache(maxsize=64)
 def _read(environment: tuple[str | None, ...]) -> tuple[Settings, dict[str, str]]:
-    """The settings of one environment (the values of VARIABLES), every bad value replaced by its field's
-    default, and {field: the one line that says why its value is bad}."""
-    try:
-        return Settings(), {}
-    except ValidationError as exc:
-        errors = {}
-        for error in exc.errors(include_url=False):
-            name = next(n for n in Settings.model_fields if Settings.variable(n) == error["loc"][0])
-            cause = error.get("ctx", {}).get("error")
-            errors.setdefault(name, str(cause) if cause else f"environment variable {error['loc'][0]}: {error['msg']}")
-    return Settings(**{name: Settings.model_fields[name].default for name in errors}), errors
+    """The settings of one environment (the values of VARIABLES, an empty one unset), every bad value replaced
+    by its field's default, and {field: the one line that says why its value is bad}."""
+    values, errors = {}, {}
+    for field, text in zip(_FIELD_OF.values(), environment, strict=True):
+        if text:
+            try:
+                values[field.name] = field.metadata["read"](text, field.metadata["variable"])
+            except ValueError as exc:
+                errors[field.name] = str(exc)
+    broker = values.get("broker_url", DEFAULT_BROKER)
+    values["result_backend"] = values.get("result_backend") or broker  # unset: the broker
+    return Settings(**values), errors
 
 
 def unknown(environ: Mapping[str, str] | None = None) -> list[str]:

@@ -7,38 +7,26 @@ by content hash); items travel per chunk. The scheduler then follows the run's p
 
 from __future__ import annotations
 
-import contextlib
 import logging
-from collections.abc import Iterator
 from typing import Any
-from urllib.parse import urlsplit
 
-import kombu.exceptions
 import redis
-from redis.backoff import NoBackoff
-from redis.retry import Retry
 
 from ir.errors import BackendError, RunCancelled
-from worker import events, redact, settings
+from scheduler.reach import broker_errors, preflight
+from worker import events, settings
 from worker.batch.aggregate import BatchResult, merge
 from worker.batch.backend import BatchJob
 from worker.batch.remote import stored_batch_result
-from worker.cluster import outage
 from worker.cluster.batches import chunking
 from worker.cluster.batches.dispatch import dispatch_batch
-from worker.cluster.broker.registry import for_settings as broker_for
 from worker.cluster.rate_limits import RedisLimiter
-from worker.cluster.state import connection
 from worker.cluster.state.runstate import RunState, client
 from worker.cluster.state.windows import BatchWindow
 from worker.engine.context import RunContext
 
 log = logging.getLogger(__name__)
 POLL_MS = 200
-#: Seconds the preflight PING waits to connect to, and to hear from, each Redis the run needs.
-PREFLIGHT_TIMEOUT = 1.0
-#: Seconds the preflight waits for sentinels to name a primary (a failover takes a few, past their down-after).
-FAILOVER_SECONDS = 30
 
 
 def create(run_id: str, ctx: RunContext) -> CeleryBackend:
@@ -135,58 +123,3 @@ class CeleryBackend:
             self.state.describe(status="cancelled")
         except redis.RedisError as exc:
             log.warning("could not record the cancellation in Redis: %s", exc)
-
-
-@contextlib.contextmanager
-def broker_errors(url: str) -> Iterator[None]:
-    """Turns a lost Redis connection into one clear BackendError instead of a traceback or a hang."""
-    try:
-        yield
-    except (redis.ConnectionError, redis.TimeoutError, kombu.exceptions.OperationalError, OSError) as exc:
-        message = (
-            auth_failure(url, exc)
-            or pool_exhausted(exc)
-            or f"lost the connection to Redis at {redact.mask_url(url)}: {exc}"
-        )
-        raise BackendError(redact.mask(message)) from exc
-
-
-def pool_exhausted(exc: BaseException) -> str | None:
-    """Every connection (or producer) of this process's broker pool stayed busy: that, not a lost Redis."""
-    text = str(exc)
-    return text if text.startswith("Timed out waiting for a broker") else None
-
-
-def auth_failure(url: str, exc: BaseException) -> str | None:
-    """The "authentication failed" message when Redis refused the URL's credentials (also via kombu), else None."""
-    for each in (exc, exc.__cause__, exc.__context__):
-        if isinstance(each, redis.AuthenticationError) or str(each).startswith(("NOAUTH", "WRONGPASS")):
-            why = "wrong user or password" if urlsplit(url).password else "the server requires a password"
-            return f"authentication failed for Redis at {redact.mask_url(url)}: {why}"
-    return None
-
-
-def preflight(s: settings.Settings, timeout: float = PREFLIGHT_TIMEOUT) -> None:
-    """One PING to each Redis the run needs (broker, state), before anything else asks them.
-
-    A server that is not there then fails the run at once with one clear line, instead of a worker hint
-    and kombu's connection retries. A RabbitMQ broker is connected to once (`Broker.reach`). Behind
-    Sentinel, sentinels that name no primary yet are a failover under way: the PING waits up to
-    FAILOVER_SECONDS for one.
-    """
-    try:
-        broker_for(s).reach(timeout)
-    except (kombu.exceptions.OperationalError, OSError) as exc:
-        raise BackendError(redact.mask(f"cannot reach the broker at {redact.mask_url(s.broker_url)} ({exc})")) from exc
-    for url in dict.fromkeys([s.broker_url, s.result_backend]):
-        if not url.startswith(("redis://", "rediss://", "unix://", "sentinel://")):
-            continue
-        retry = outage.DeadlineRetry(FAILOVER_SECONDS) if connection.is_sentinel(url) else Retry(NoBackoff(), 0)
-        probe = connection.open_client(url, socket_connect_timeout=timeout, socket_timeout=timeout, retry=retry)
-        try:
-            probe.ping()
-        except (redis.RedisError, OSError) as exc:
-            message = auth_failure(url, exc) or f"cannot reach Redis at {redact.mask_url(url)} ({exc})"
-            raise BackendError(redact.mask(message)) from exc
-        finally:
-            probe.close()

@@ -1,4 +1,4 @@
-"""Following a run in the terminal: the live progress display, Ctrl-C, and the report when it ends.
+"""Following a run in the terminal: the live progress display (display.py), Ctrl-C, and the report when it ends.
 
 Shared by every command that runs or waits for a workflow (`run`, `wait`, `resume`, `redrive`, `repair`,
 `run-plan`), so they all show the same display and end with the same output and exit codes.
@@ -11,23 +11,9 @@ import signal
 import sys
 import threading
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
-from rich.console import Console, Group
-from rich.live import Live
-from rich.progress import (
-    BarColumn,
-    MofNCompleteColumn,
-    Progress,
-    ProgressColumn,
-    SpinnerColumn,
-    Task,
-    TaskID,
-    TextColumn,
-    TimeElapsedColumn,
-)
-from rich.text import Text
 
 from ir.errors import RunCancelled, WaitTimeout
 from scheduler.cli.errors import (
@@ -41,98 +27,17 @@ from scheduler.cli.errors import (
 )
 from scheduler.cli.output import failed_branches, print_summary, run_report, stderr_console, stdout_console
 
-
-class SecondsElapsedColumn(ProgressColumn):
-    """`3.2s`: how long the task has been running."""
-
-    def render(self, task: Task) -> Text:
-        return Text(f"{task.elapsed or 0.0:.1f}s")
+if TYPE_CHECKING:
+    from scheduler.cli.display import ProgressDisplay
 
 
-class ProgressDisplay:
-    """What a terminal shows while a run goes on: a `running <node> 3.2s` spinner for the node running now
-    (`node_started`), and one progress bar per batch node (`__call__`, the `on_event` handler), which takes
-    the place of that node's spinner. Rich redraws both ten times a second from its own thread.
-    """
+def progress_display() -> ProgressDisplay | None:
+    """The live display on stderr when it is a terminal, else None (Rich is imported only then)."""
+    if not sys.stderr.isatty():
+        return None
+    from scheduler.cli.display import ProgressDisplay
 
-    def __init__(self, console: Console):
-        self.spinner = Progress(
-            SpinnerColumn(), TextColumn("running {task.description}"), SecondsElapsedColumn(), console=console
-        )
-        self.progress = Progress(
-            TextColumn("{task.description}"),
-            BarColumn(),
-            MofNCompleteColumn(),
-            TextColumn("{task.fields[errors]} errors"),
-            TimeElapsedColumn(),
-            console=console,
-        )
-        self.live = Live(Group(self.spinner, self.progress), console=console, refresh_per_second=10)
-        self.running: tuple[str, TaskID] | None = None  # the node the spinner shows, and its task
-        self.tasks: dict[str, TaskID] = {}
-        self.done: dict[str, int] = {}
-        self.errors: dict[str, int] = {}
-        self.lock = threading.Lock()
-
-    def __enter__(self) -> ProgressDisplay:
-        self.live.start()
-        return self
-
-    def __exit__(self, *exc_info: Any) -> None:
-        with self.lock:
-            self._stop_spinner()
-        self.live.stop()
-
-    def _stop_spinner(self, node: str | None = None) -> None:
-        """Remove the spinner (only if it shows `node`, when given). Call with the lock held."""
-        if self.running is not None and node in (None, self.running[0]):
-            self.spinner.remove_task(self.running[1])
-            self.running = None
-
-    def node_started(self, node: str) -> None:
-        """The `on_node_start` hook: the spinner now shows `node`, its time counted from now."""
-        with self.lock:
-            self._stop_spinner()
-            self.running = (node, self.spinner.add_task(node, total=None))
-
-    def __call__(self, event: dict[str, Any]) -> None:
-        if event.get("type") in ("parallel_state", "parallel_error", "branch_complete"):
-            self._branch(event)
-            return
-        if event.get("type") != "batch_progress":
-            return
-        node = str(event["node"])
-        with self.lock:  # events come from several threads: apply them in one order, never going back
-            self._stop_spinner(node)
-            if node not in self.tasks:
-                self.tasks[node] = self.progress.add_task(node, total=event.get("total"), errors=0)
-                self.done[node] = self.errors[node] = 0
-            if not event.get("ok", True):
-                self.errors[node] += 1
-            self.done[node] = max(self.done[node], int(event.get("done") or 0))
-            self.progress.update(self.tasks[node], completed=self.done[node], errors=self.errors[node])
-
-    def _branch(self, event: dict[str, Any]) -> None:
-        """One line per parallel branch: the node it ran last, how many, and how it ended."""
-        name = f"branch {event['branch']}"
-        with self.lock:
-            if name not in self.tasks:
-                self.tasks[name] = self.progress.add_task(name, total=None, errors=0)
-                self.done[name] = self.errors[name] = 0
-            kind = event["type"]
-            if kind == "parallel_state":
-                self.done[name] += 1
-                description = f"{name}: {event.get('node')} ({self.done[name]} nodes)"
-            elif kind == "parallel_error":
-                self.errors[name] += 1
-                description = f"{name}: {event.get('node')} failed"
-            else:
-                description = f"{name}: {'done' if event.get('ok') in (True, 'True') else 'failed'}"
-            self.progress.update(
-                self.tasks[name], description=description, completed=self.done[name], errors=self.errors[name]
-            )
-            if kind == "branch_complete":
-                self.progress.update(self.tasks[name], total=self.done[name])
+    return ProgressDisplay(stderr_console())
 
 
 def make_event_handler(meta: dict[str, Any], display: ProgressDisplay | None) -> Callable[[dict[str, Any]], None]:
@@ -184,14 +89,14 @@ def follow_cluster_run(
     timeout: float | None,
     on_event: Callable[[dict[str, Any]], None] | None,
 ) -> Any:
-    """`durable.wait`, keeping the store (for the JSON report) and the failed node (for the error line).
+    """`waiting.wait`, keeping the store (for the JSON report) and the failed node (for the error line).
 
     A cluster run's events only feed the display (none names a failed node): without one, `wait` reads no
     progress (a million records' outcomes, 0.7 s of CPU)."""
-    from scheduler import api, lookup
+    from scheduler import lookup, waiting
 
     try:
-        result = api.wait(run_id, timeout, on_event=on_event if ctx.meta.get(DISPLAY_KEY) else None)
+        result = waiting.wait(run_id, timeout, on_event=on_event if ctx.meta.get(DISPLAY_KEY) else None)
     except WaitTimeout:
         raise
     except Exception:
@@ -223,11 +128,12 @@ def follow(
     owns: bool = True,
 ) -> None:
     """Drive a run (`start(**hooks)` -> (workflow, RunResult)) with the live display and Ctrl-C handling,
-    then report it: the summary or the JSON report, and the exit code.
+    then report it: the summary or the JSON report, and the exit code. `workflow` may be a function that loads it
+    (`wait`): only the text summary reads it.
 
     `owns`: this command started the run (`run`, `resume`...): Ctrl-C cancels it. Otherwise (`wait`) Ctrl-C only
     stops following it, and says so: the run goes on."""
-    display = ProgressDisplay(stderr_console()) if output != "json" and sys.stderr.isatty() else None
+    display = progress_display() if output != "json" else None
     ctx.meta[DISPLAY_KEY] = display is not None
     cancelled = threading.Event()
     try:
@@ -259,7 +165,7 @@ def follow(
     if output == "json":
         click.echo(run_report(result.run_id, result.status, result.error, result.outputs, result.shared))
     else:
-        print_summary(stdout_console(), wf, result)
+        print_summary(stdout_console(), wf() if callable(wf) else wf, result)
     if result.status == "cancelled":
         raise RunCancelled(result.error or "run cancelled")
     if result.status != "success":

@@ -14,7 +14,7 @@ import click
 
 import ir
 from ir.errors import ValidationError
-from ir.models import PRIORITIES
+from ir.priorities import PRIORITIES
 from scheduler.cli.errors import CliUsageError
 from worker.runs.record import RUN_ID_RULE, valid_run_id
 
@@ -77,7 +77,7 @@ def load_for_run(
 
 
 def dataset_options(command: Callable[..., Any]) -> Callable[..., Any]:
-    """`--items FILE` and its options: a dataset job, the workflow once per record (scheduler/datasets.py)."""
+    """`--items FILE` and its options: a dataset job, the workflow once per record (scheduler/datasets/)."""
     options = [
         click.option("--items", type=str, metavar="FILE", help="Run the workflow once per record of FILE."),
         click.option("--as", "as_", default="record", show_default=True, metavar="NAME",

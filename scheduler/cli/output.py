@@ -1,6 +1,7 @@
 """What the commands print: the consoles, values as JSON, the run report and the human summary of a run.
 
-One way to render a value for the text summary and for `--output json`, so both agree.
+One way to render a value for the text summary and for `--output json`, so both agree. Rich is imported by the
+functions that print with it: `results` and `wait --output json` write JSON and start without it.
 """
 
 from __future__ import annotations
@@ -9,25 +10,34 @@ import json
 import os
 import re
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from rich.console import Console
-from rich.table import Table
-from rich.text import Text
+if TYPE_CHECKING:
+    from rich.console import Console
 
-import ir
-from worker.engine.sections import RESULTS_KEY
+    import ir
 
 MAX_ERROR_ROWS = 20
 _SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 def stdout_console() -> Console:
+    from rich.console import Console
+
     return Console(highlight=False)
 
 
 def stderr_console() -> Console:
+    from rich.console import Console
+
     return Console(stderr=True, highlight=False)
+
+
+def plain(text: str, style: str | None = None) -> Any:
+    """`text` as Rich prints it as it is (a run id or an error may hold `[...]`, which Rich would read as markup)."""
+    from rich.text import Text
+
+    return Text(text, style=style or "")
 
 
 def escape_surrogates(text: str) -> str:
@@ -144,6 +154,8 @@ def _render(value: Any, limit: int | None = None) -> str:
 def failed_branches(store: dict[str, Any]) -> list[str]:
     """`branch 'bad' failed: JSONDecodeError: ...` for each branch of the run's last parallel section that
     raised: its own exception, which a run that goes on (or fails later, at the fan-in) would otherwise hide."""
+    from worker.engine.sections import RESULTS_KEY  # the engine: only for a run that has parallel branches
+
     results = store.get(RESULTS_KEY)
     if not isinstance(results, list):
         return []
@@ -157,6 +169,9 @@ def failed_branches(store: dict[str, Any]) -> list[str]:
 def print_summary(console: Console, wf: ir.Workflow, result: Any) -> None:
     """The human summary: status (and the branches that failed), each batch node's counts and errors, the
     workflow outputs."""
+    from rich.table import Table
+    from rich.text import Text
+
     style = {"success": "bold green", "failed": "bold red"}.get(result.status, "bold yellow")
     line = Text("status: ")
     line.append(result.status, style=style)
@@ -192,3 +207,9 @@ def print_summary(console: Console, wf: ir.Workflow, result: Any) -> None:
         console.print("outputs:")
         for name, value in result.outputs.items():
             console.print(Text(f"  {name} = {_render(value, 200)}"))
+
+
+def llm_line(totals: dict[str, int]) -> str:
+    """The token totals of a run's `__llm_calls__`, as `status` and `results` print them."""
+    calls, inputs, outputs = totals["calls"], totals["input_tokens"], totals["output_tokens"]
+    return f"llm: {calls} calls, {inputs} input tokens, {outputs} output tokens"

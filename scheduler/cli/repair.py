@@ -53,12 +53,12 @@ def repair_options(command: Callable[..., Any]) -> Callable[..., Any]:
 
     @functools.wraps(command)
     def with_repair(*args: Any, repair: bool, repair_out: str | None, repair_generator: str | None, **kwargs: Any):
-        from scheduler.repair import generator_named
-
         if not repair:
             if repair_out or repair_generator:
                 usage_error("--repair-out and --repair-generator need --repair")
             return command(*args, **kwargs)
+        from scheduler.repair import generator_named  # the repair flow (~0.1 s of imports): only with --repair
+
         for flag, given in (("--items", "items"), ("--detach", "detach"), ("--stream", "as_stream")):
             if kwargs.get(given):
                 usage_error(f"--repair cannot be used with {flag}")

@@ -85,17 +85,17 @@ def sink(path: str | None) -> Iterator[TextIO]:
 @contextlib.contextmanager
 def written_as_it_runs(path: str, run_id: str, backend: str) -> Iterator[None]:
     """While the body follows the job to its end, a thread writes its rows as its chunks finish
-    (scheduler/datasets.py follow_chunks); once the body returned (the run succeeded) the thread writes the rest
+    (scheduler/datasets/reading.py follow_chunks); once the body returned (the run succeeded) the thread writes the rest
     and FILE is renamed into place. A body that raises stops the thread and leaves no FILE."""
-    from scheduler import datasets
+    from scheduler.datasets import reading
 
     ended, stop = threading.Event(), threading.Event()
     failure: list[BaseException] = []
-    store = datasets.store_for(run_id, backend)  # here: importing Celery in two threads at once can fail
+    store = reading.store_for(run_id, backend)  # here: importing Celery in two threads at once can fail
 
     def write_rows(out: RowsFile) -> None:
         try:
-            for chunk in datasets.follow_chunks(store, ended.is_set, ended.wait):
+            for chunk in reading.follow_chunks(store, ended.is_set, ended.wait):
                 if stop.is_set():
                     return
                 out.write(*chunk)

@@ -1,22 +1,24 @@
-"""Starting workflows: `run`, `submit`, and the checks before a run, `validate`, `schema`, `nodes`."""
+"""Starting workflows: `run`, `submit`; and plans (seed 001): `run-plan` runs one, `plan-to-ir` prints the workflow
+it compiles to (exit 2 for an invalid plan)."""
 
 from __future__ import annotations
 
 import contextlib
+import json
+import threading
 import uuid
 from collections.abc import Callable
 from typing import Any
 
 import click
-from rich.text import Text
 
 import ir
 from scheduler.cli import repair as cli_repair
 from scheduler.cli import rowsfile
 from scheduler.cli.errors import DEBUG_KEY, EXIT_CANCELLED, EXIT_FAILED, EXIT_OK, CliUsageError
-from scheduler.cli.follow import follow, follow_cluster_run
+from scheduler.cli.follow import cancel_on_signals, follow, follow_cluster_run, make_event_handler, progress_display
 from scheduler.cli.options import dataset_job, dataset_options, load_for_run, priority_option
-from scheduler.cli.output import stderr_console, to_json
+from scheduler.cli.output import escape_surrogates, jsonable, plain, stderr_console, to_json
 
 
 @click.command()
@@ -135,7 +137,7 @@ def _submit_and_wait(
         click.echo(run_id)
         raise click.exceptions.Exit(EXIT_OK)
     if output != "json":
-        stderr_console().print(Text(f"run {run_id} (cancel with: chordflow cancel {run_id})"))
+        stderr_console().print(plain(f"run {run_id} (cancel with: chordflow cancel {run_id})"))
     try:
         return follow_cluster_run(ctx, run_id, store, None, on_event)
     except KeyboardInterrupt:
@@ -191,3 +193,45 @@ def submit(
         click.echo(
             f"warning: no chordflow worker is registered; run {run_id} waits in the queue until one starts", err=True
         )
+
+
+@click.command("run-plan")
+@click.argument("plan", metavar="PLAN.json")
+@click.option("--backend", type=click.Choice(["local", "celery"]), default="local", show_default=True)
+@click.option("--debug", is_flag=True, help="Print full tracebacks instead of one-line errors.")
+@click.pass_context
+def run_plan(ctx: click.Context, plan: str, backend: str, debug: bool) -> None:
+    """Run a plan (states by _uid, tool calls) and print the final states by _uid as one JSON object.
+
+    Calls of the same tool that are ready at the same time, across all states, run as ONE batch (one
+    chord with --backend celery). Exit 2 when the plan is invalid, 1 when a tool call fails.
+    """
+    from scheduler import plans
+
+    if debug:
+        ctx.meta[DEBUG_KEY] = True
+    display = progress_display()
+    cancelled = threading.Event()
+    with cancel_on_signals(cancelled), display or contextlib.nullcontext():
+        states = plans.run_plan(
+            plan,
+            backend=backend,
+            on_event=make_event_handler(ctx.meta, display),
+            on_node_start=display.node_started if display else None,
+            cancelled=cancelled,
+        )
+    click.echo(to_json(states))
+
+
+@click.command("plan-to-ir")
+@click.argument("plan", metavar="PLAN.json")
+@click.option("--debug", is_flag=True, help="Print full tracebacks instead of one-line errors.")
+@click.pass_context
+def plan_to_ir(ctx: click.Context, plan: str, debug: bool) -> None:
+    """Print the IR workflow a plan compiles to (`chordflow run` runs it; its output `states` is the result)."""
+    from scheduler import plans
+
+    if debug:
+        ctx.meta[DEBUG_KEY] = True
+    workflow = plans.compile_plan(plan)
+    click.echo(escape_surrogates(json.dumps(jsonable(workflow), indent=2, ensure_ascii=False)))

@@ -1,31 +1,27 @@
 """Runs already started, found by run id in the run store (local SQLite or the cluster's Redis):
-`status`, `runs`, `wait`, `results`, `update`, `cancel`, going on with one: `resume`, `redrive`, `repair`, and deleting
-them: `purge`, `runs --prune`."""
+`status`, `runs`, `wait`, `update`, `cancel`, going on with one: `resume`, `redrive`, `repair`, and deleting
+them: `purge`, `runs --prune`. What only a run's resumption needs (the IR's models) is imported where it is used:
+`wait` starts without it."""
 
 from __future__ import annotations
 
 import contextlib
-import itertools
 import re
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import click
-from rich.table import Table
-from rich.text import Text
 
 import ir
 from ir.errors import WaitTimeout
-from ir.loader import given_inputs
 from scheduler.cli import repair as cli_repair
 from scheduler.cli import rowsfile
 from scheduler.cli.errors import EXIT_TIMEOUT, CliUsageError
 from scheduler.cli.follow import follow, follow_cluster_run
 from scheduler.cli.options import run_id_argument
-from scheduler.cli.output import jsonl_rows, stderr_console, stdout_console, to_json
+from scheduler.cli.output import llm_line, plain, stderr_console, stdout_console, to_json
 from worker.runs.record import FINAL
 
 
@@ -52,7 +48,7 @@ def wait(ctx: click.Context, run_id: str, timeout: float | None, output: str, ro
         except WaitTimeout as exc:
             click.echo(f"timeout: {exc}", err=True)
             raise click.exceptions.Exit(EXIT_TIMEOUT) from None
-        return ir.load(record.workflow), result
+        return (lambda: ir.load(record.workflow)), result  # loaded for the text summary only
 
     if rows_out is None:
         follow(ctx, output, run_id, store, start, owns=False)
@@ -83,13 +79,13 @@ def resume(ctx: click.Context, run_id: str, output: str, edited: str | None) -> 
     plan = api.plan_resume(run_id, edited)
     if output != "json":
         for cached in dict.fromkeys(plan.kept):
-            stderr_console().print(Text(f"↻ cached {cached}", style="dim"))
+            stderr_console().print(plain(f"↻ cached {cached}", style="dim"))
         if items := plan.cached_items:
             stderr_console().print(
-                Text(f"↻ cached {items} items of batch node {plan.node} (from the checkpoint)", style="dim")
+                plain(f"↻ cached {items} items of batch node {plan.node} (from the checkpoint)", style="dim")
             )
         if plan.reason is not None:
-            stderr_console().print(Text(f"resume: {plan.reason}: runs again from step {plan.step}"))
+            stderr_console().print(plain(f"resume: {plan.reason}: runs again from step {plan.step}"))
     if plan.runs.durable:
         api.resume_cluster(run_id, workflow=edited)
         click.echo(run_id)
@@ -100,6 +96,8 @@ def resume(ctx: click.Context, run_id: str, output: str, edited: str | None) -> 
     def start(**hooks: Any) -> Any:
         result = scheduler.resume(run_id, workflow=edited, **hooks)
         store.update(result.shared)
+        from ir.loader import given_inputs
+
         return ir.load(edited or record.workflow, inputs=given_inputs(record.workflow)), result
 
     follow(ctx, output, run_id, store, start)
@@ -128,8 +126,8 @@ def redrive(ctx: click.Context, run_id: str, node: str | None, output: str, deta
     if node is not None and output != "json":
         plan = api.plan_redrive(run_id, node)
         for cached in dict.fromkeys(plan.kept):
-            stderr_console().print(Text(f"↻ cached {cached}", style="dim"))
-        stderr_console().print(Text(f"↻ cached {plan.cached_items} items of batch node {node}", style="dim"))
+            stderr_console().print(plain(f"↻ cached {cached}", style="dim"))
+        stderr_console().print(plain(f"↻ cached {plan.cached_items} items of batch node {node}", style="dim"))
     if not runs.durable:
         follow(
             ctx, output, run_id, store,
@@ -139,7 +137,7 @@ def redrive(ctx: click.Context, run_id: str, node: str | None, output: str, deta
     again = api.redrive(run_id, node)
     if output != "json":
         what = "records" if node is None else f"failed items of batch node {node}"
-        stderr_console().print(Text(f"run {run_id}: {again} {what} to run again"))
+        stderr_console().print(plain(f"run {run_id}: {again} {what} to run again"))
     if detach:
         click.echo(run_id)
         return
@@ -180,119 +178,6 @@ def repair_run(ctx: click.Context, run_id: str, repair_out: str | None, repair_g
 
 @click.command()
 @run_id_argument
-@click.option("--store", "whole_store", is_flag=True, help="Print the run's final store instead of its outputs.")
-@click.option("--node", default=None, help="A batch node: one JSON line per item, in input order.")
-@click.option("--format", "fmt", type=click.Choice(["jsonl", "json", "csv"]), default="jsonl", show_default=True)
-@click.option("--errors", "errors_only", is_flag=True, help="With --node or a dataset job: the failed items only.")
-@click.option("--done", "done_only", is_flag=True, help="A dataset job still running: what has finished so far.")
-@click.option("--out", type=click.Path(dir_okay=False, writable=True), default=None, help="Write to this file.")
-def results(
-    run_id: str, whole_store: bool, node: str | None, fmt: str, errors_only: bool, done_only: bool, out: str | None
-) -> None:
-    """A run's declared outputs as one JSON object (--store: the store; --node N: a batch's items).
-
-    A dataset job (--items): one `{"index", "result", "error"}` line per record in input order; while it
-    runs, each line is written as its record finishes (--done: only what has finished, then exit)."""
-    from scheduler import api, datasets, lookup
-
-    record, runs = lookup.find_run(run_id)
-    if record.dataset is not None and node is None and not whole_store:
-
-        def is_final() -> bool:
-            return lookup.find_run(run_id)[0].status in FINAL
-
-        if fmt == "jsonl" and not errors_only:  # the rows of each chunk written at once, none built
-            chunks = datasets.follow_chunks(datasets.store_of(record), is_final, done_only=done_only)
-            with rowsfile.sink(out) as sink:
-                for chunk in chunks:
-                    sink.write(rowsfile.chunk_lines(*chunk))
-            return
-        rows = datasets.rows(record, done_only=done_only, is_final=is_final)
-        _write_rows(rows, fmt, errors_only, out, list(record.workflow.get("outputs") or {}))
-        return
-    if node is None:
-        if fmt == "csv":
-            raise CliUsageError("--format csv: only for rows (--node N, or a dataset job's records)")
-        store = runs.load_store(run_id)
-        if whole_store:
-            value = store
-        elif record.status != "succeeded":
-            raise CliUsageError(f"run {run_id} is {record.status}: it has no outputs (try --store)")
-        else:
-            value = api.outputs(run_id)
-        with rowsfile.sink(out) as sink:
-            sink.write(to_json(value) + "\n")
-        from worker.nodes.llm import usage_totals
-
-        if (totals := usage_totals(store)) is not None:  # stderr: stdout stays the JSON a script reads
-            click.echo(_llm_line(totals), err=True)
-        return
-    try:  # before --out is opened: an unknown node leaves no empty file behind
-        rows = runs.batch_rows(run_id, node)
-    except LookupError:
-        raise CliUsageError(f"--node {node}: run {run_id} has no batch results for node '{node}'") from None
-    _write_rows(rows, fmt, errors_only, out)
-
-
-def _llm_line(totals: dict[str, int]) -> str:
-    """The token totals of a run's `__llm_calls__`, as `status` and `results` print them."""
-    calls, inputs, outputs = totals["calls"], totals["input_tokens"], totals["output_tokens"]
-    return f"llm: {calls} calls, {inputs} input tokens, {outputs} output tokens"
-
-
-#: Rows of a finished batch `results --node N` encodes at once, with one encoder call (output.jsonl_rows).
-ROWS_AT_ONCE = 500
-
-
-def _write_rows(
-    rows: Iterator[dict[str, Any]],
-    fmt: str,
-    errors_only: bool,
-    out: str | None,
-    columns: list[str] | None = None,
-) -> None:
-    """Rows `{"index", "result", "error"}` as JSON lines (ROWS_AT_ONCE encoded together; the failed rows of
-    --errors one by one, as they come), one JSON array or CSV, written one by one.
-
-    CSV is for flat results: a column per result key (`columns`, else the first dict result's keys),
-    nested values as JSON text."""
-    if errors_only:
-        rows = (row for row in rows if row["error"] is not None)
-    with rowsfile.sink(out) as sink:
-        if fmt == "csv":
-            _write_csv(rows, sink, list(columns or []))
-        elif fmt == "json":  # one JSON array, still written row by row
-            sink.write("[")
-            for i, row in enumerate(rows):
-                sink.write(("," if i else "") + to_json(row))
-            sink.write("]\n")
-        else:
-            while batch := list(itertools.islice(rows, 1 if errors_only else ROWS_AT_ONCE)):
-                sink.write(jsonl_rows(batch))
-
-
-def _write_csv(rows: Iterator[dict[str, Any]], sink: Any, columns: list[str]) -> None:
-    import csv
-
-    held: list[dict[str, Any]] = []
-    if not columns:  # the first dict result names the columns (the rows before it wait, a few at most)
-        for row in rows:
-            held.append(row)
-            if isinstance(row["result"], dict):
-                columns = [str(k) for k in row["result"]]
-                break
-    writer = csv.writer(sink)
-    writer.writerow(["index", *(columns or ["result"]), "error"])
-    for row in itertools.chain(held, rows):
-        result = row["result"]
-        values = [result.get(c) for c in columns] if isinstance(result, dict) else [result] * bool(not columns)
-        values += [None] * (len(columns or ["result"]) - len(values))
-        cells = [v if isinstance(v, str) else "" if v is None else to_json(v) for v in values]
-        writer.writerow([row["index"], *cells, row["error"] or ""])
-
-
-@click.command()
-@run_id_argument
 @click.option("--json", "as_json", is_flag=True, help="Print the status object as JSON.")
 def status(run_id: str, as_json: bool) -> None:
     """Where a run stands: status, current node, steps, batch counts, error."""
@@ -303,29 +188,29 @@ def status(run_id: str, as_json: bool) -> None:
         click.echo(to_json(info))
         return
     console = stdout_console()
-    console.print(Text(f"run {info['run_id']}: {info['status']}  ({info['workflow']}, {info['backend']})"))
+    console.print(plain(f"run {info['run_id']}: {info['status']}  ({info['workflow']}, {info['backend']})"))
     if "records" not in info:  # a dataset job's progress is its records (`steps: 0  node: -` says nothing)
-        console.print(Text(f"  steps: {info['steps']}  node: {info['node'] or '-'}  priority: {info['priority']}"))
+        console.print(plain(f"  steps: {info['steps']}  node: {info['node'] or '-'}  priority: {info['priority']}"))
     for node, counts in info["batches"].items():
-        console.print(Text(f"  {node}: {counts['done']}/{counts['total']} items, {counts['failed']} failed"))
+        console.print(plain(f"  {node}: {counts['done']}/{counts['total']} items, {counts['failed']} failed"))
     if "records" in info:
         r = info["records"]
         total = r["total"] if r["total"] is not None else f"{r['read']}+ (reading)"
         if r["total"] is None and info["status"] in FINAL:  # its file was never read to the end: the error says why
             total = f"{r['read']} read"
         eta = f", ETA {r['eta_s']:.0f}s" if r["eta_s"] is not None and info["status"] == "running" else ""
-        console.print(Text(f"  records: {r['done']}/{total} done, {r['failed']} failed, {r['rate']:.1f}/s{eta}"))
+        console.print(plain(f"  records: {r['done']}/{total} done, {r['failed']} failed, {r['rate']:.1f}/s{eta}"))
     if "workers" in info:
         live = ", ".join(f"{host} ({n})" for host, n in sorted(info["workers"].items()))
-        console.print(Text(f"  workers: {live or 'none registered (the run waits for one)'}"))
+        console.print(plain(f"  workers: {live or 'none registered (the run waits for one)'}"))
     if "llm" in info:
-        console.print(Text("  " + _llm_line(info["llm"])))
+        console.print(plain("  " + llm_line(info["llm"])))
     for change in info.get("updates") or []:
         at = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(change["at"]))
         settings = ", ".join(f"{name}={value}" for name, value in change["changes"].items())
-        console.print(Text(f"  updated {at}: {settings}"))
+        console.print(plain(f"  updated {at}: {settings}"))
     if info["error"]:
-        console.print(Text(f"  error: {info['error']}"))
+        console.print(plain(f"  error: {info['error']}"))
 
 
 @click.command()
@@ -339,7 +224,8 @@ def status(run_id: str, as_json: bool) -> None:
 @click.option("--older-than", metavar="D", default=None, help="With --prune: an age, like 7d, 12h, 30m or 90s.")
 def runs(status_: str | None, limit: int, as_json: bool, prune: bool, older_than: str | None) -> None:
     """Recent runs, newest first; with --prune --older-than D, delete the old ones instead (never a running one)."""
-    from scheduler import datasets, lookup
+    from scheduler import lookup
+    from scheduler.datasets import reading
 
     status_ = "succeeded" if status_ == "success" else status_
     if prune or older_than is not None:
@@ -349,13 +235,15 @@ def runs(status_: str | None, limit: int, as_json: bool, prune: bool, older_than
     if as_json:
         click.echo(to_json([r.status_dict() for r in records]))
         return
-    rows = [_run_row(r, datasets) for r in records]
+    rows = [_run_row(r, reading) for r in records]
     console = stdout_console()
     if not sys.stdout.isatty():  # a pipe or a file: whole values, one tab-separated line per run
         for row in [RUNS_COLUMNS, *rows]:
             click.echo("\t".join(cell.replace("\t", " ") for cell in row))
         return
     shown = _fitting_columns(rows, console.width)
+    from rich.table import Table
+
     table = Table(title="runs", title_justify="left")
     for column in shown:
         if column == "run":  # a whole id always: it is what every other command takes
@@ -363,7 +251,7 @@ def runs(status_: str | None, limit: int, as_json: bool, prune: bool, older_than
         else:
             table.add_column(column, overflow="fold")
     for row in rows:
-        table.add_row(*(Text(cell) for column, cell in zip(RUNS_COLUMNS, row, strict=True) if column in shown))
+        table.add_row(*(plain(cell) for column, cell in zip(RUNS_COLUMNS, row, strict=True) if column in shown))
     console.print(table)
 
 
@@ -376,13 +264,13 @@ RUNS_COLUMNS = ("run", "workflow", "backend", "priority", "status", "progress", 
 DROPPED_FIRST = ("backend", "priority", "duration", "started", "progress", "workflow")
 
 
-def _run_row(r: Any, datasets: Any) -> tuple[str, ...]:
+def _run_row(r: Any, reading: Any) -> tuple[str, ...]:
     done = sum(c["done"] for c in r.batches.values())
     total = sum(c["total"] for c in r.batches.values())
     progress = f"{done}/{total} items" if total else f"{r.step} steps"
     if r.dataset is not None:  # a dataset job: its records (one read of its counts)
         with contextlib.suppress(Exception):
-            counts = datasets.progress(r)
+            counts = reading.progress(r)
             progress = f"{counts['done']}/{counts['total'] if counts['total'] is not None else '?'} records"
     started = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(r.created))
     return r.run_id, r.name, r.backend, r.priority, r.status, progress, started, f"{r.updated - r.created:.1f}s"

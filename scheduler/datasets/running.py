@@ -1,12 +1,9 @@
-"""Dataset jobs from the client's side: read the records file in windows and run or submit the job,
-`redrive` its failed records, stream its `results`, report its `status` (issue 9; worker/datasets/job.py).
-
-Locally the windows run in this process as they are read; on the cluster each window is stored in Redis
-as a chunk and the workers take it from there (worker/cluster/datasets.py), a bounded number of chunks
-in flight. Either way no process holds all records or all results.
+"""Dataset jobs from the client's side, running them: read the records file in windows and run the job here
+(`run_local`) or submit it to the cluster (`submit`), and `redrive` its failed records. Reading a job (rows,
+progress, result) is reading.py's.
 
 The cluster half (Celery, redis-py: ~0.15 s of imports) is imported by the functions that use it, so a local job's
-`run --items` and `results` never load it.
+`run --items` never loads it.
 """
 
 from __future__ import annotations
@@ -21,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 from ir.errors import ValidationError
 from ir.limits import check_value
 from ir.names import is_identifier
+from scheduler.datasets import reading
 from scheduler.inputs import unknown_input
 from scheduler.lookup import find_run, local_runs
 from scheduler.records import BadRecord, Items, read_records, windows
@@ -29,14 +27,15 @@ from worker.batch.aggregate import ChunkResult
 from worker.batch.executor import ItemExecutor
 from worker.batch.middleware import item_middleware
 from worker.datasets import job as datasets
-from worker.datasets.job import RECORD, RECORDS, Dataset, run_chunk, verdict
+from worker.datasets.chunks import run_chunk
+from worker.datasets.job import RECORD, RECORDS, Dataset, verdict
 from worker.datasets.sqlite import LocalDataset
 from worker.engine.build import item_chain
 from worker.engine.loader import load, source_of
-from worker.runs.record import FINAL, RESULT_STATUS, RunRecord, RunResult, new_run_id
+from worker.runs.record import FINAL, RunRecord, RunResult, new_run_id
 
 if TYPE_CHECKING:
-    from worker.cluster.datasets import ClusterDataset
+    pass
 
 #: `run_local`'s `on_chunk(outcomes, start, length)`: a chunk of `length` records from index `start` ran.
 OnChunk = Callable[[ChunkResult | None, int, int], None]
@@ -141,10 +140,11 @@ def submit(
 
     A submit that stops part-way (a bad record without `skip_bad_records`, Redis out of memory, Ctrl-C) deletes
     what it wrote and leaves the run's record alone, failed (cancelled) saying why; the error is raised here too."""
-    from scheduler.backends.celery import broker_errors
+    from scheduler.reach import broker_errors
     from worker.cluster import signing
     from worker.cluster.app import current_app
-    from worker.cluster.datasets import ClusterDataset, go_on, send
+    from worker.cluster.datasets.store import ClusterDataset
+    from worker.cluster.datasets.tasks import go_on, send
     from worker.cluster.state.runs import ClusterRuns
     from worker.cluster.state.runstate import RunState
 
@@ -183,8 +183,9 @@ def redrive(run_id: str, **hooks: Any) -> RunResult | int:
     _check_redrivable(record)
     if not runs.durable:
         return _redrive_local(record, **hooks)
-    from scheduler.backends.celery import broker_errors
-    from worker.cluster.datasets import ClusterDataset, go_on
+    from scheduler.reach import broker_errors
+    from worker.cluster.datasets.store import ClusterDataset
+    from worker.cluster.datasets.tasks import go_on
     from worker.cluster.state.runstate import RunState
 
     with broker_errors(settings.load().result_backend):
@@ -308,99 +309,4 @@ class _LocalJob:
         counts = self.ds.counts()
         status, error = verdict(self.dataset, counts, self.cancelled.is_set(), self.ds)
         local_runs().set_status(self.record.run_id, status, error)
-        return _result(self.record.run_id, status, error, counts, time.perf_counter() - started)
-
-
-def _result(run_id: str, status: str, error: str | None, counts: dict[str, Any], duration: float) -> RunResult:
-    """A job's RunResult: no store of its own; its outputs are the record counts (`results` has the rest)."""
-    outputs = {k: counts[k] for k in ("total", "done", "failed")}
-    return RunResult({}, RESULT_STATUS.get(status, status), error, outputs, run_id, duration)
-
-
-# -- reading a job, either backend ----------------------------------------------------------------------
-def store_of(record: RunRecord) -> LocalDataset | ClusterDataset:
-    return store_for(record.run_id, record.backend)
-
-
-def store_for(run_id: str, backend: str) -> LocalDataset | ClusterDataset:
-    """The store of a job on `backend`, which need not be recorded yet (`run --backend celery --out`)."""
-    if backend == "local":
-        return LocalDataset(run_id)
-    from worker.cluster.datasets import ClusterDataset
-
-    return ClusterDataset(run_id)
-
-
-def rows(record: RunRecord, *, done_only: bool = False, is_final: Callable[[], bool]) -> Iterator[dict[str, Any]]:
-    """`results` of a job: `{"index", "result", "error"}` per record in input order (see worker/datasets.rows)."""
-    ds = store_of(record)
-    return datasets.rows(ds, ds.chunk_size(), ended=is_final, done_only=done_only)
-
-
-#: How often `follow_chunks` looks again for the next chunk while it is not finished.
-FOLLOW_POLL_SECONDS = 0.05
-
-
-def follow_chunks(
-    ds: LocalDataset | ClusterDataset,
-    ended: Callable[[], bool],
-    pause: Callable[[float], Any] = time.sleep,
-    done_only: bool = False,
-) -> Iterator[tuple[ChunkResult | None, int, int]]:
-    """A job's chunks in input order as (outcomes, start, length), each as soon as it and every chunk before it
-    ended (looked for every FOLLOW_POLL_SECONDS, `pause` waiting); once `ended()` (the run is final: what it stored
-    is all there is), the rest, a chunk that never ran with None (its records did not run). `done_only`: the
-    chunks that ended so far, each as long as what it ran, then stop. What worker/datasets/job.py `rows` gives, a
-    chunk at a time."""
-    n, size = 0, 0
-    while True:
-        over = done_only or ended()  # before the store is read: what a run stored before it ended is seen
-        ns = list(range(n, min(n + 8, ds.chunk_count())))
-        if not ns and over:
-            return
-        for m, chunk in zip(ns, ds.outcomes(ns) if ns else [], strict=True):
-            if chunk is None and not over:
-                break
-            size = size or ds.chunk_size()
-            if not done_only:
-                yield chunk, m * size, ds.chunk_length(m)
-            elif chunk is not None:
-                yield chunk, chunk.start, len(chunk.results)
-            n = m + 1
-        else:
-            if ns:  # all read: there may be more at once
-                continue
-        pause(FOLLOW_POLL_SECONDS)
-
-
-def progress(record: RunRecord) -> dict[str, Any]:
-    """The `records` object of `status`: total, read, done, failed, rate (records/s), eta_s. A running cluster job
-    whose records stopped coming in for longer than the dead-delivery bound (a worker died holding a chunk: it
-    comes back after that bound) has no ETA (None) until they come in again."""
-    now = record.updated if record.status in FINAL else time.time()
-    ds = store_of(record)
-    counts = datasets.progress(ds.counts(), record.created, now)
-    if counts["eta_s"] is not None and record.status not in FINAL and record.backend != "local" and ds.stalled():
-        counts["eta_s"] = None
-    return counts
-
-
-def result_of(record: RunRecord) -> RunResult:
-    """A finished job's RunResult (for `wait`)."""
-    counts = store_of(record).counts()
-    return _result(record.run_id, record.status, record.error, counts, record.updated - record.created)
-
-
-def settle(record: RunRecord) -> None:
-    """End a job that has ended with no chunk left to say so: cancelled with nothing in flight, or whose
-    reader died (its lease ran out) after its last chunk ran — sending first the chunks a dead reader had
-    claimed but perhaps never sent. `cancel` and `wait` call it."""
-    from worker.cluster.datasets import ClusterDataset, finish_run, send
-
-    ds = ClusterDataset(record.run_id)
-    send(record.run_id, ds.orphans())
-    state, claimed = ds.check()
-    if state == "end":
-        finish_run(record.run_id)
-    elif claimed:
-        send(record.run_id, claimed)
+        return reading.result(self.record.run_id, status, error, counts, time.perf_counter() - started)

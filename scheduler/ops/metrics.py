@@ -6,7 +6,7 @@ in-process metrics of a worker (`chordflow worker --metrics-port`).
 - runs: the run index (`cf:runs`) and one HMGET per run record (the workflow's name is read once per run);
 - progress of a running run: its progress stream (worker/cluster/state/runstate.py), read from where the last snapshot
   stopped (at most STREAM_ENTRIES entries per run per snapshot), each item outcome counted once per index
-  (a redelivered chunk repeats some); a dataset job's record counts (worker/cluster/datasets.py);
+  (a redelivered chunk repeats some); a dataset job's record counts (worker/cluster/datasets/);
 - workers: the worker registry (worker/cluster/state/heartbeat.py);
 - the broker: each queue's waiting messages and the age of the next one a worker takes (from the time it was
   sent, `chordflow_sent_at`, stamped by worker/cluster/broker/pool.py), and on Redis the messages delivered and
@@ -187,7 +187,9 @@ class ClusterView:
         datasets = [v for v in running if v.dataset]
         pipe = self.redis.pipeline(transaction=False)
         for view in datasets:
-            pipe.hmget(run_key(view.run_id, "ds"), ["total", "read", "done", "failed"])  # worker/cluster/datasets.py
+            pipe.hmget(
+                run_key(view.run_id, "ds"), ["total", "read", "done", "failed"]
+            )  # worker/cluster/datasets/store.py
         for view, (total, read, done, failed) in zip(datasets, pipe.execute() if datasets else [], strict=True):
             view.total_known = total is not None
             known = int(total if total is not None else read or 0)

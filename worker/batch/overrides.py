@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from ir.models import PRIORITIES
+from ir.priorities import PRIORITIES
 
 #: What `update` may change, with the type each is kept as.
 LIMITS: dict[str, type] = {"max_concurrent": int, "tolerated_failure_percent": float, "tolerated_failure_count": int}

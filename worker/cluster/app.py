@@ -27,8 +27,9 @@ import weakref
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from celery import Celery, signals
+from celery import Celery, Task, signals
 from celery.backends.redis import RedisBackend, SentinelBackend
+from celery.exceptions import Reject
 from celery.local import Proxy
 from celery.utils.nodenames import default_nodename, nodesplit
 
@@ -134,7 +135,29 @@ class RunSentinelBackend(QuietResults, SentinelBackend):
     """The result backend of a `sentinel://...;sentinel://...` URL (its primary: CHORDFLOW_REDIS_MASTER_NAME)."""
 
 
-class ChordflowTask(outage.GivesBack, signing.SignedTask):
+class GivesBack(Task):
+    """A task that, when chordflow's state stays out of reach past the budget, gives its message back instead
+    of failing: Reject(requeue=True), which stores nothing and counts nothing."""
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return super().__call__(*args, **kwargs)
+        except outage.ERRORS as exc:
+            if self.request.called_directly:
+                raise
+            log.warning(
+                "%s[%s]: Redis or the broker out of reach for over %g s (%s: %s): given back, to be delivered "
+                "again; not a failure of the run",
+                self.name,
+                self.request.id,
+                outage.budget(),
+                type(exc).__name__,
+                exc,
+            )
+            raise Reject(exc, requeue=True) from exc
+
+
+class ChordflowTask(GivesBack, signing.SignedTask):
     """The base of every task on a chordflow app: signed messages only, run once, given back in an outage."""
 
 
@@ -170,7 +193,7 @@ def create_app(s: settings.Settings) -> ChordflowCelery:
     """A Celery app configured once from `s`, with every task defined so far (and later) registered on it."""
     new = ChordflowCelery(
         "chordflow",
-        include=["worker.cluster.batches.tasks", "worker.cluster.advance", "worker.cluster.datasets"],
+        include=["worker.cluster.batches.tasks", "worker.cluster.advance", "worker.cluster.datasets.tasks"],
         set_as_current=False,
         chordflow_settings=s,
     )
@@ -201,7 +224,7 @@ def current_app(s: settings.Settings | None = None) -> ChordflowCelery:
 
 def cluster_key(s: settings.Settings) -> tuple[Any, ...]:
     """The settings an app is built from: a change of another (a run's home, an LLM model) keeps the app."""
-    return tuple(getattr(s, name) for name in type(s).model_fields if name not in settings.CHECKED_ON_USE)
+    return tuple(getattr(s, name) for name in settings.FIELDS if name not in settings.CHECKED_ON_USE)
 
 
 def task(*, name: str, **options: Any) -> Callable[[Callable[..., Any]], Any]:

@@ -2,34 +2,32 @@
 
 Every Redis command of a worker retries lost connections and timeouts for `CHORDFLOW_OUTAGE_SECONDS` (a
 restart, a failover, a short network cut end unnoticed). Past that budget the task that was running raises
-one of ERRORS; `GivesBack`, the base of every chordflow task, turns it into a Celery `Reject(requeue=True)`
-with one WARNING line: nothing is stored for the task (no failure, no chord error), and its message is
-delivered again — requeued by this worker if it can still reach the broker, else swept back by a live
+one of ERRORS; `GivesBack` (worker/cluster/app.py), the base of every chordflow task, turns it into a Celery
+`Reject(requeue=True)` with one WARNING line: nothing is stored for the task (no failure, no chord error), and
+its message is delivered again — requeued by this worker if it can still reach the broker, else swept back by a live
 worker once its delivery lease lapses (worker/cluster/broker/deliveries.py). When this worker is back it finds its
 claims taken over and stops at its next write (fencing). Only a node's own errors fail items and runs.
 
 A node that talks to a Redis of its own and lets redis-py's connection errors escape is given back too:
 such a node should raise its own error instead.
+
+Celery is not imported here: a client following a run (`chordflow wait`, `results`) uses these Redis options
+and no task.
 """
 
 from __future__ import annotations
 
-import logging
 import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
 import kombu.exceptions
 import redis
-from celery import Task
-from celery.exceptions import Reject
 from redis.backoff import ExponentialBackoff
 from redis.retry import Retry
 
 from ir.errors import Outage
 from worker import settings
-
-log = logging.getLogger(__name__)
 
 #: What "chordflow's own state is out of reach" looks like once the budget is spent.
 ERRORS: tuple[type[BaseException], ...] = (
@@ -82,25 +80,3 @@ def redis_options() -> dict[str, Any]:
     """Connection options of every chordflow Redis client: each command rides out an outage of up to the
     budget, backing off to 1 s between tries (a few tries in the first second)."""
     return {"retry": DeadlineRetry(budget()), "retry_on_error": [redis.ConnectionError, redis.TimeoutError]}
-
-
-class GivesBack(Task):
-    """A task that, when chordflow's state stays out of reach past the budget, gives its message back instead
-    of failing: Reject(requeue=True), which stores nothing and counts nothing."""
-
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        try:
-            return super().__call__(*args, **kwargs)
-        except ERRORS as exc:
-            if self.request.called_directly:
-                raise
-            log.warning(
-                "%s[%s]: Redis or the broker out of reach for over %g s (%s: %s): given back, to be delivered "
-                "again; not a failure of the run",
-                self.name,
-                self.request.id,
-                budget(),
-                type(exc).__name__,
-                exc,
-            )
-            raise Reject(exc, requeue=True) from exc

@@ -15,7 +15,7 @@ highest first: `message_priority` gives the number each broker orders the same w
 
 from __future__ import annotations
 
-from ir.models import PRIORITIES
+from ir.priorities import PRIORITIES
 
 #: An advance, or the task that merges a batch's chunks: before the chunks of the same priority.
 CONTROL = 0

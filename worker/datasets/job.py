@@ -7,8 +7,8 @@ outputs. Unlike a batch node, the records never sit in a store: the client reads
 (worker/batch/aggregate.py ChunkResult) are stored beside it. So no process holds all records or all results.
 
 This module holds what both backends share: the job's description (Dataset), the per-record node spec,
-running one chunk (`run_chunk`, also for a redrive that re-runs only its failed records), the rows of
-`results`, and the run's final verdict.
+the rows of `results`, progress and the run's final verdict; running one chunk is chunks.py's. It imports
+neither the engine nor the IR's models: `chordflow results` reads a job's rows through it.
 """
 
 from __future__ import annotations
@@ -17,15 +17,15 @@ import time
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from ir import snapshot
-from ir.models import NodeSpec
 from worker.batch.aggregate import ChunkResult
-from worker.batch.executor import ItemExecutor, ItemMiddleware, run_items
-from worker.batch.outcome import ItemOutcome
 from worker.batch.rows import Row, rows_of_chunks
 from worker.batch.thresholds import Tolerance
+
+if TYPE_CHECKING:
+    from ir.models import NodeSpec
 
 #: The per-record item alias, and the per-record node's id (also the batch key of the job's progress).
 RECORD = "record"
@@ -63,6 +63,8 @@ class Dataset:
 
     def record_spec(self, workflow: dict[str, Any]) -> NodeSpec:
         """The node one record runs: the workflow (inline IR) on a fresh store seeded from the record."""
+        from ir.models import NodeSpec  # pydantic: only where a job runs, never where its rows are read
+
         if self.as_ == "-":
             inputs: Any = "${" + RECORD + "}"
         else:
@@ -86,79 +88,6 @@ def pack_records(records: Sequence[Any], bad: dict[int, str]) -> bytes:
 def unpack_records(blob: bytes) -> tuple[list[Any], dict[int, str]]:
     records, bad = snapshot.decode(blob)
     return records, {int(k): v for k, v in bad.items()}
-
-
-def run_chunk(
-    executor: ItemExecutor,
-    records: list[Any],
-    bad: dict[int, str],
-    start: int,
-    done: ChunkResult | None,
-    hooks: Callable[[int], Sequence[ItemMiddleware]],
-) -> ChunkResult:
-    """Run a chunk's records that have no successful outcome in `done` (all of them the first time) and
-    return the chunk's outcomes, `done`'s successes kept as they were (a redrive never runs them again).
-
-    Records run in ascending runs of consecutive offsets, each through `run_items` with fresh `hooks(n)`;
-    a hook that stops one (cancel, threshold) ends the chunk there: its outcomes stay a contiguous prefix.
-    """
-    results = list(done.results) if done else []
-    failures = {f.index: f for f in done.failures} if done else {}
-    todo = sorted({f.index - start for f in failures.values()} | set(range(len(results), len(records))))
-    for first, last in _runs(todo):
-        ran = _run_span(executor, records, bad, start, first, last, hooks)
-        for offset, result in enumerate(ran.results, first):
-            if offset < len(results):
-                results[offset] = result
-            else:
-                results.append(result)
-            failures.pop(start + offset, None)
-        failures.update((f.index, f) for f in ran.failures)
-        if len(ran.results) < last - first:
-            break
-    return ChunkResult(start, results, [failures[i] for i in sorted(failures)], {})
-
-
-def _run_span(
-    executor: ItemExecutor,
-    records: list[Any],
-    bad: dict[int, str],
-    start: int,
-    first: int,
-    last: int,
-    hooks: Callable[[int], Sequence[ItemMiddleware]],
-) -> ChunkResult:
-    """Records [first, last) of the chunk; a bad record (unreadable in the file) fails without running."""
-    results: list[Any] = []
-    failures: list[ItemOutcome] = []
-    offset = first
-    while offset < last:
-        if offset in bad:
-            results.append(None)
-            failures.append(ItemOutcome(start + offset, None, bad[offset], "BadRecord"))
-            offset += 1
-            continue
-        end = next((o for o in range(offset, last) if o in bad), last)
-        part = run_items(executor, records[offset:end], start + offset, hooks(end - offset))
-        results.extend(part.results)
-        failures.extend(part.failures)
-        if len(part.results) < end - offset:
-            break
-        offset = end
-    return ChunkResult(start + first, results, failures, {})
-
-
-def _runs(offsets: list[int]) -> Iterator[tuple[int, int]]:
-    """[1, 2, 3, 7, 8] -> (1, 4), (7, 9): runs of consecutive offsets as half-open spans."""
-    if not offsets:
-        return
-    first = previous = offsets[0]
-    for offset in offsets[1:]:
-        if offset != previous + 1:
-            yield first, previous + 1
-            first = offset
-        previous = offset
-    yield first, previous + 1
 
 
 # -- what a dataset store offers, and what is built on it ------------------------------------------------

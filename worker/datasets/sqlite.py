@@ -1,6 +1,6 @@
 """A local dataset job's chunks, outcomes and counts in the embedded store (the runs.db of LocalRuns).
 
-The same shape as worker/cluster/datasets.py's Redis keys: chunk n's records (dropped once every one of
+The same shape as worker/cluster/datasets/store.py's Redis keys: chunk n's records (dropped once every one of
 them succeeded: only a redrive needs them), its outcomes, how many records have an outcome and how many
 failed; per job the chunk size, records read, total (once the file is read) and why it stopped.
 """

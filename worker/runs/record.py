@@ -75,7 +75,7 @@ class RunRecord:
     dataset: dict[str, Any] | None = None  # a dataset job (worker/datasets/job.py Dataset), else None
     signature: str | None = None  # a cluster run's: of its workflow and dataset (worker/cluster/signing.py)
     updates: list[dict[str, Any]] = field(default_factory=list)  # `chordflow update`s: [{at, changes}], oldest first
-    priority: str = "normal"  # a cluster run's (ir/models.py PRIORITIES): its chunks' and advances' place in the queue
+    priority: str = "normal"  # a cluster run's (ir/priorities.py): its chunks' and advances' place in the queue
 
     @property
     def name(self) -> str:

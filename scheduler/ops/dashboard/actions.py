@@ -41,14 +41,14 @@ def resume(run_id: str) -> str:
 
 
 def redrive(run_id: str) -> str:
-    from scheduler import datasets
+    from scheduler.datasets import running
 
     record, _ = lookup.find_run(run_id)
     if record.backend == "celery":
-        return f"run {run_id}: {datasets.redrive(run_id)} records to run again"
+        return f"run {run_id}: {running.redrive(run_id)} records to run again"
     if record.dataset is None or record.status not in FINAL:
-        datasets.redrive(run_id)  # not redrivable: raises the ValidationError saying why, here, at once
-    _in_background(lambda: datasets.redrive(run_id))
+        running.redrive(run_id)  # not redrivable: raises the ValidationError saying why, here, at once
+    _in_background(lambda: running.redrive(run_id))
     return f"run {run_id}: redriven in the dashboard's process"
 
 

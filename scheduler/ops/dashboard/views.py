@@ -77,7 +77,7 @@ class Views:
 
     def _summary(self, record: RunRecord, follow: bool = False) -> tuple[dict[str, Any], dict[str, Any]]:
         """(the run's row: status, progress, rate, ETA, ...; its batches by node)."""
-        from scheduler import datasets
+        from scheduler.datasets import reading
 
         running = record.status not in FINAL
         ended = record.updated if not running else time.time()
@@ -89,7 +89,7 @@ class Views:
         }  # fmt: skip
         batches: dict[str, Any] = dict(record.batches)
         if record.dataset is not None:
-            records = datasets.progress(record)
+            records = reading.progress(record)
             row.update(done=records["done"], total=records["total"], read=records["read"], failed=records["failed"])
             row.update(rate=records["rate"], eta_s=records["eta_s"] if running else None)
             batches = {"records": {k: records[k] for k in ("total", "done", "failed")}}
@@ -113,13 +113,13 @@ class Views:
     def failed_items(self, run_id: str, node: str | None, skip: int, limit: int) -> dict[str, Any]:
         """A page of failed items in index order: skip `skip` failures, then up to `limit`; `more` says
         whether another follows. Rows are streamed (a chunk at a time) and the stream is left after the page."""
-        from scheduler import datasets
+        from scheduler.datasets import reading
 
         record, runs = lookup.find_run(run_id)
         page: dict[str, Any] = {"node": node, "skip": skip, "limit": limit, "items": [], "more": False, "note": None}
         if record.dataset is not None:
             page["node"] = "records"
-            rows = datasets.rows(record, done_only=True, is_final=lambda: True)
+            rows = reading.rows(record, done_only=True, is_final=lambda: True)
         else:
             if not node:
                 page["note"] = "choose a batch node"

@@ -36,7 +36,7 @@ Keys of a run, `cf:{<run_id>}:<name>`; `<batch>` is `<node id>#<step>`:
   snap:<batch>:<sha>  string  a snapshot too large to travel inside each chunk message
   permits:<batch>     zset    leased item permits (max_concurrent), token -> lease deadline
   branches:<section>  hash    a parallel section's finished branches; joined:<section> set: the join
-  ds, ds:*            ...     a dataset job's chunks, outcomes, counts, claims (worker/cluster/datasets.py)
+  ds, ds:*            ...     a dataset job's chunks, outcomes, counts, claims (worker/cluster/datasets/)
 Outside any run:
   cf:runs             zset    run id -> created time (`chordflow runs`)
   cf:{workers}:<host> string  a live worker's pool size, kept alive by its heartbeat

@@ -21,7 +21,7 @@ from typing import Any
 import redis
 
 from ir import snapshot
-from ir.models import PRIORITIES
+from ir.priorities import PRIORITIES
 from worker import settings
 from worker.batch.aggregate import ChunkResult
 from worker.batch.rows import Row, rows_of_aggregate, rows_of_chunks
