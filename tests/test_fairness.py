@@ -24,7 +24,7 @@ from tests.support.cluster import PLUGINS, destroyable_cluster
 from tests.test_durable import VISIBILITY_TIMEOUT
 from worker.cluster import aging, priorities
 from worker.cluster.batches.dispatch import window_size
-from worker.cluster.state.keys import run_key
+from worker.cluster.state.keys import QUEUED, run_key
 from worker.cluster.state.runs import ClusterRuns
 from worker.cluster.state.runstate import RunState, client
 from worker.cluster.state.windows import BatchWindow
@@ -238,6 +238,21 @@ def test_a_message_and_its_aging_copy_run_once_whichever_begins_first() -> None:
     assert aging.begin(redis_client, run_id, copy, ttl=60)  # the copy delivered again (its worker died): runs
     assert aging.begin(redis_client, run_id, f"{uuid.uuid4().hex}-1", ttl=60)  # never copied: runs
     assert aging.begin(redis_client, run_id, str(uuid.uuid4()), ttl=60)  # not a tracked id: nothing to check
+
+
+@pytest.mark.usefixtures("celery_cluster")
+def test_a_run_whose_message_is_sent_as_a_sweep_unlists_it_stays_listed() -> None:
+    """The race that starved a low run's last advance (CI, RabbitMQ): a sweep saw the run's queue empty, the run's
+    next advance was recorded (its queue, then the index of runs), and the sweep's ZREM then took the run off the
+    index. `unlist` looks again after its ZREM: the run stays listed, and the next sweep copies its advance."""
+    redis_client, run_id = client(), f"aging{time.time_ns()}"
+    redis_client.zadd(run_key(run_id, "queued"), {f"{uuid.uuid4().hex}-2": time.time()})  # recorded meanwhile
+    redis_client.zadd(QUEUED, {run_id: time.time()})
+    aging.unlist(redis_client, run_id)
+    assert redis_client.zscore(QUEUED, run_id) is not None
+    redis_client.delete(run_key(run_id, "queued"))  # nothing queued now: unlisted for good
+    aging.unlist(redis_client, run_id)
+    assert redis_client.zscore(QUEUED, run_id) is None
 
 
 def test_an_advance_killed_after_planning_a_batch_before_sending_a_chunk_is_picked_up(tmp_path: Path) -> None:

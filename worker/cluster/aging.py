@@ -115,7 +115,7 @@ def sweep(app: Any, now: float | None = None) -> int:
         queued, messages = run_key(run_id, "queued"), run_key(run_id, "queued_msgs")
         due = client.zrangebyscore(queued, "-inf", now - s.priority_aging, start=0, num=PER_SWEEP)
         if not due and not client.exists(queued):
-            client.zrem(QUEUED, run_id)  # nothing queued (a message sent meanwhile adds it back)
+            unlist(client, run_id)
             continue
         if due and _stopped(client, run_id):  # its messages do nothing now: no copies
             client.delete(queued, messages)
@@ -123,6 +123,16 @@ def sweep(app: Any, now: float | None = None) -> int:
         for task_id, packed in zip(due, client.hmget(messages, due) if due else [], strict=True):
             copied += _copy(app, run_id, task_id.decode(), packed, now)
     return copied
+
+
+def unlist(client: redis.Redis, run_id: str) -> None:
+    """Take a run with nothing queued off the index of runs to sweep. A message the run sends between the sweep's
+    look at its queue and this ZREM has already put the run back in the index (its send ZADDs the queue first,
+    the index next) and the ZREM would take it out again, its message never swept, its run starved: so the queue
+    is looked at once more after, and the run put back if it has one."""
+    client.zrem(QUEUED, run_id)
+    if client.exists(run_key(run_id, "queued")):
+        client.zadd(QUEUED, {run_id: time.time()})
 
 
 def _stopped(client: redis.Redis, run_id: str) -> bool:
