@@ -208,6 +208,7 @@ class Results:
     baseline: list[dict[str, Any]] = field(default_factory=list)
     local: dict[str, Any] = field(default_factory=dict)
     noop: dict[str, Any] = field(default_factory=dict)
+    startup: dict[str, Child] = field(default_factory=dict)
     resettable: bool = True
 
 
@@ -223,6 +224,8 @@ def measure(session: Session, bench: BenchCluster) -> Results:
     log(f"submit of 1 record: {results.floor.seconds:.3f} s, client peak rss {mb(results.floor.maxrss)}")
     jobs.untimed(sizes.warm)  # the workers' first-chunk costs (imports, connections) are in no row
     log(f"warm-up job of {sizes.warm:,} records done")
+    results.startup = jobs.startup()
+    log("start-up, 1 record: " + ", ".join(f"{name} {child.seconds:.3f} s" for name, child in results.startup.items()))
     results.jobs += [jobs.job(sizes.large), jobs.job(sizes.small)]
     results.jobs += [jobs.job(sizes.small, size) for size in session.args.chunk_size]
     results.baseline += [jobs.baseline(sizes.small), jobs.baseline(sizes.large)]
@@ -266,6 +269,32 @@ class Jobs:
         check_job(self.bench.cli("wait", run_id, "--output", "json", limit=LIMIT), n)
         self.bench.forget(run_id, task_results=True)
         return submit
+
+    def startup(self, rounds: int = 3) -> dict[str, Child]:
+        """Each command of the jobs below on a 1-record file, and the bare interpreter: the best of `rounds` runs
+        of each (by wall time), what a command costs before its records (interpreter, imports, connections)."""
+        one, rows = self.records(1), str(self.bench.workdir / "startup.jsonl")
+        best: dict[str, Child] = {}
+
+        def timed(name: str, argv: list[str]) -> Child:
+            child = harness.run_child(argv, self.bench.env, self.bench.workdir, LIMIT)
+            if child.code != 0:
+                raise child.failure()
+            if name not in best or child.seconds < best[name].seconds:
+                best[name] = child
+            return child
+
+        command = harness.chordflow()
+        for _ in range(rounds):
+            timed("python -c pass (the interpreter)", [sys.executable, "-c", "pass"])
+            run_id = timed("submit", [*command, "submit", self.wf, "--items", one]).last_line()
+            timed("wait --output json", [*command, "wait", run_id, "--output", "json"])
+            timed("results --out", [*command, "results", run_id, "--out", rows])
+            self.bench.forget(run_id, task_results=True)
+            local_run = [*command, "run", self.wf, "--items", one, "--output", "json"]
+            local = timed("local: run --items --output json", local_run)
+            timed("local: results --out", [*command, "results", check_job(local, 1)["run_id"], "--out", rows])
+        return best
 
     def job(self, n: int, chunk_size: int | None = None) -> dict[str, Any]:
         """`chordflow submit WF --items FILE`, `chordflow wait RUN`, `chordflow results RUN --out FILE`, timed from

@@ -275,6 +275,19 @@ def notes(results: Results) -> list[str]:
     return out
 
 
+def startup_table(results: Results) -> str:
+    """The best of 3 runs of each command on a 1-record job: its interpreter start, imports and connections."""
+    if not results.startup:
+        return "(not measured)"
+    lines = [
+        "| command (1 record; cluster unless local) | wall s, best of 3 | CPU s | peak RSS |",
+        "|---|---:|---:|---:|",
+    ]
+    for name, child in results.startup.items():
+        lines.append(f"| `{name}` | {child.seconds:.3f} | {child.cpu:.3f} | {mb(child.maxrss)} |")
+    return "\n".join(lines)
+
+
 def report(session: Session, results: Results) -> str:
     sizes = results.sizes
     large = next((j for j in results.jobs if j["n"] == sizes.large and j["chunk_size"] == CHUNK), None)
@@ -294,6 +307,10 @@ def report(session: Session, results: Results) -> str:
 ## `chordflow submit WF.json --items FILE` + `chordflow wait RUN` + `chordflow results RUN --out FILE`
 
 {jobs_table(results.jobs)}
+
+## Start-up: each command on a 1-record file (paid once per process)
+
+{startup_table(results)}
 
 ## Against a hand-written Celery client, and the local backend
 
@@ -321,6 +338,9 @@ def report(session: Session, results: Results) -> str:
   json` is checked: status success, `total` = `done` = N, `failed` = 0. Wall time runs from submit start to
   the exit of `results RUN --out FILE` (every row in the file, as the baseline's client ends with every result);
   `wait`'s exit is given beside it, and the run record's final update (`wait` polls).
+- Start-up: after the warm-up job, three rounds of `submit`, `wait --output json` and `results --out` of a
+  1-record job on the cluster, `run --items --output json` and `results --out` of one locally, and `python -c
+  pass` (the interpreter alone); each command's best round by wall time (its CPU and peak RSS from that round).
 - One command: `chordflow run WF --items FILE --backend celery --out FILE --output json`, a fresh process timed
   alone (its own phase, after the three commands' job): it submits, follows the job, and writes each chunk's
   rows as soon as it and every chunk before it finished; the file is checked as below.
