@@ -280,44 +280,6 @@ def test_a_records_file_that_cannot_be_read_is_a_usage_error_that_records_no_run
     assert [r.run_id for r in LocalRuns.default().recent()] == before
 
 
-def test_a_local_job_and_its_results_load_no_cluster_library(tmp_path: Path) -> None:
-    """`run --items` and `results` of a local job import neither Celery, kombu nor redis-py: ~0.2 s of each
-    process's start-up that a local job never used (issue 22)."""
-    wf = tmp_path / "wf.json"
-    wf.write_text(
-        json.dumps(
-            {
-                "inputs": {"record": {"description": "one record"}},
-                "nodes": [{"id": "a", "type": "echo", "params": {"id": "${record.id}"}}],
-                "outputs": {"id": {"source": "${a.id}"}},
-            }
-        )
-    )
-    records = tmp_path / "records.jsonl"
-    records.write_text("".join(json.dumps({"id": i}) + "\n" for i in range(3)))
-
-    def imported(*args: Any) -> tuple[subprocess.CompletedProcess[str], set[str]]:
-        done = subprocess.run(
-            [sys.executable, "-X", "importtime", "-m", "scheduler.cli", *map(str, args)],
-            cwd=ROOT,
-            env={**os.environ, "CHORDFLOW_PLUGINS": ""},  # the suite's plugins import the cluster's own modules
-            capture_output=True,
-            text=True,
-            timeout=180,
-        )
-        assert done.returncode == 0, done.stderr[-2000:]
-        lines = done.stderr.splitlines()
-        return done, {line.rsplit("|", 1)[1].strip() for line in lines if line.startswith("import time:")}
-
-    ran, loaded = imported("run", wf, "--items", records, "--output", "json")
-    assert json.loads(ran.stdout)["outputs"] == {"total": 3, "done": 3, "failed": 0}
-    assert "scheduler.datasets.running" in loaded  # the job ran through it
-    assert not loaded & {"celery", "kombu", "redis"}
-    shown, loaded = imported("results", json.loads(ran.stdout)["run_id"])
-    assert [json.loads(line)["result"] for line in shown.stdout.splitlines()] == [{"id": i} for i in range(3)]
-    assert not loaded & {"celery", "kombu", "redis"}
-
-
 def test_csv_records_with_fields_as_inputs_and_csv_results(backend: str, tmp_path: Path) -> None:
     wf = tmp_path / "wf.json"
     wf.write_text(

@@ -1,6 +1,7 @@
 """Commands that read a run start light (issue 22): `results` and `wait --output json` of a dataset job load neither
 the IR's models (pydantic), the engine, pocketflow, Celery nor Rich, on either store, and `results` of a local job
-no redis-py either; `run --output json` loads no Rich and no repair flow. Start-up was most of what those commands
+no redis-py either; `run --items --output json` of a local job loads no Celery, kombu, redis-py, Rich or repair
+flow. Start-up was most of what those commands
 cost after a dataset job (bench/DATASETS.md).
 
 Real parts only: each command is a `chordflow` subprocess under `python -X importtime`, whose list of imported
@@ -64,8 +65,9 @@ def test_reading_a_dataset_job_loads_no_models_engine_celery_or_rich(backend: st
     else:
         started, loaded = imported("run", wf, "--items", records, "--chunk-size", 3, "--output", "json")
         run_id = json.loads(started.stdout)["run_id"]
-        assert "pydantic" in loaded and "pocketflow" in loaded  # what running it needs: the check sees imports
-        assert not loaded & {"rich", "scheduler.repair"}  # no display for JSON output, no repair flow unasked
+        assert "scheduler.datasets.running" in loaded and "pocketflow" in loaded  # the job ran through them
+        # no cluster library for a local job, no display for JSON output, no repair flow unasked
+        assert sorted(loaded & {"celery", "kombu", "redis", "rich", "scheduler.repair"}) == []
     waited, loaded = imported("wait", run_id, "--output", "json")
     assert json.loads(waited.stdout)["outputs"] == {"total": 7, "done": 7, "failed": 0}
     assert sorted(loaded & HEAVY) == []
