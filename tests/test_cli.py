@@ -518,3 +518,20 @@ def test_the_python_api_imports_modules_of_the_working_directory_as_the_cli_does
         timeout=60,
     )
     assert (proc.returncode, proc.stdout) == (0, "42\n"), proc.stderr
+
+
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        (["submit", "examples/word_counts.json", "--priority", "urgent"], "'urgent' is not one of 'high'"),
+        (["runs", "--limit", "0"], "0 is not in the range x>=1"),
+        (["results", "abcd", "--out", "examples"], "'examples' is a directory"),
+        (["run", "examples/word_counts.json", "--nope"], "No such option '--nope'"),
+        (["bogus"], "No such command 'bogus'"),
+    ],
+)
+def test_bad_usage_is_one_error_line_naming_the_option(args: list[str], says: str) -> None:
+    """Click's own checks (a choice, a range, a path, an unknown option or command) end as every user error does:
+    one `error:` line and exit 2, not Click's usage block."""
+    line = assert_one_line_error(run_cli(*args), 2)
+    assert says in line, line

@@ -36,6 +36,9 @@ class ChordflowGroup(click.Group):
     def invoke(self, ctx: click.Context) -> Any:
         try:
             return super().invoke(ctx)
+        except click.UsageError as exc:  # a bad option or command: one line, as every user error, no usage block
+            click.echo(f"error: {exc.format_message()}", err=True)
+            raise click.exceptions.Exit(exc.exit_code) from None
         except (click.exceptions.Exit, click.ClickException, click.Abort):
             raise
         except BrokenPipeError:  # `chordflow results RUN | head`: the reader has what it wanted
