@@ -1,8 +1,9 @@
 """Following a run: `wait` until it ends, `status` now — of a run in either store (scheduler/lookup.py); a
 local run is followed through the embedded store, a cluster run through its record and progress stream.
 
-Reads only: nothing here sends a message, so Celery is never imported (`chordflow wait`, `status` and
-`results` start without it; scheduler/durable.py sends).
+It reads; it sends nothing, so Celery is not imported (`chordflow wait`, `status` and `results` start without it;
+scheduler/durable.py sends). The one exception: a dataset job still running after SETTLE_SECONDS is checked for a
+dead reader (`settle`, which may send the chunks that reader claimed), and Celery imported then.
 """
 
 from __future__ import annotations
