@@ -20,7 +20,7 @@ from ir.limits import check_value
 from ir.names import is_identifier
 from scheduler.datasets import reading
 from scheduler.inputs import unknown_input
-from scheduler.lookup import find_run, local_runs
+from scheduler.lookup import cluster_runs, find_run, local_runs
 from scheduler.records import BadRecord, Items, read_records, windows
 from worker import settings
 from worker.batch.aggregate import ChunkResult
@@ -145,14 +145,13 @@ def submit(
     from worker.cluster.app import current_app
     from worker.cluster.datasets.store import ClusterDataset
     from worker.cluster.datasets.tasks import go_on, send
-    from worker.cluster.state.runs import ClusterRuns
     from worker.cluster.state.runstate import RunState
 
     record, dataset, common, chunks = prepare(workflow, inputs, items, backend="celery", run_id=run_id, **options)
     record.priority = priority or record.workflow.get("priority") or "normal"
     run_id = record.run_id
     with broker_errors(settings.load().result_backend):
-        runs = ClusterRuns(signer=signing.publishing_signer(current_app()))  # the job's workflow is recorded signed
+        runs = cluster_runs(signing.publishing_signer(current_app()))  # preflight; the workflow is recorded signed
         ds, state = ClusterDataset(run_id), RunState(run_id)
         read = 0
         try:
