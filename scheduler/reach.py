@@ -26,8 +26,6 @@ from worker.cluster.state import connection
 PREFLIGHT_TIMEOUT = 1.0
 #: Seconds the preflight waits for sentinels to name a primary (a failover takes a few, past their down-after).
 FAILOVER_SECONDS = 30
-#: The schemes of a Redis URL (broker or state store): pinged here, not reached through a Broker.
-REDIS_SCHEMES = ("redis", "rediss", "unix", "sentinel")
 
 
 def auth_failure(url: str, exc: BaseException) -> str | None:
@@ -45,7 +43,7 @@ def preflight(s: settings.Settings, timeout: float = PREFLIGHT_TIMEOUT) -> None:
     A broker that is not Redis (RabbitMQ) is connected to once (`Broker.reach`). Behind Sentinel, sentinels
     that name no primary yet are a failover under way: the PING waits up to FAILOVER_SECONDS for one.
     """
-    if urlsplit(s.broker_url).scheme not in REDIS_SCHEMES:
+    if urlsplit(s.broker_url).scheme not in connection.REDIS_SCHEMES:
         from worker.cluster.broker.registry import for_settings  # kombu's transports: only for such a broker
 
         try:
@@ -54,7 +52,7 @@ def preflight(s: settings.Settings, timeout: float = PREFLIGHT_TIMEOUT) -> None:
             where = redact.mask_url(s.broker_url)
             raise BackendError(redact.mask(f"cannot reach the broker at {where} ({exc})")) from exc
     for url in dict.fromkeys([s.broker_url, s.result_backend]):
-        if urlsplit(url).scheme not in REDIS_SCHEMES:
+        if urlsplit(url).scheme not in connection.REDIS_SCHEMES:
             continue
         retry = outage.DeadlineRetry(FAILOVER_SECONDS) if connection.is_sentinel(url) else Retry(NoBackoff(), 0)
         probe = connection.open_client(url, socket_connect_timeout=timeout, socket_timeout=timeout, retry=retry)

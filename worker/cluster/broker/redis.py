@@ -18,9 +18,6 @@ from worker.cluster.broker.base import READ_TIMEOUT, Broker, QueuesView, QueueVi
 from worker.cluster.broker.pool import SENT_AT_HEADER
 from worker.cluster.state import connection
 
-#: Broker URL schemes of kombu's Redis transport that this module reads queues of.
-READ_SCHEMES = ("redis", "rediss", "unix", connection.SENTINEL_SCHEME)
-
 
 class RedisBroker(Broker):
     renews_deliveries = True
@@ -65,7 +62,7 @@ class RedisBroker(Broker):
         prefix, sep, steps = option("global_keyprefix") or "", option("sep"), sorted(set(option("priority_steps")))
         unacked_key = option("unacked_key") if option("ack_emulation") else None
         names = list(dict.fromkeys(queues))
-        if urlsplit(self.settings.broker_url).scheme not in READ_SCHEMES:
+        if urlsplit(self.settings.broker_url).scheme not in connection.REDIS_SCHEMES:
             return QueuesView([], None)
         client = connection.open_client(
             self.settings.broker_url, socket_timeout=READ_TIMEOUT, socket_connect_timeout=READ_TIMEOUT

@@ -23,6 +23,8 @@ from ir.errors import ReplicationLost
 from worker import settings
 
 SENTINEL_SCHEME = "sentinel"
+#: The schemes of a Redis URL (a broker or the state store) that `open_client` opens.
+REDIS_SCHEMES = ("redis", "rediss", "unix", SENTINEL_SCHEME)
 #: How long the sentinels themselves may take to answer "who is the primary?" (seconds).
 SENTINEL_TIMEOUT = 2.0
 #: How long a replicated write waits for its replicas before the write counts as lost (milliseconds).
