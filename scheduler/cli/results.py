@@ -40,8 +40,9 @@ def results(
     record, runs = lookup.find_run(run_id)
     if record.dataset is not None and node is None and not whole_store:
 
-        def is_final() -> bool:
-            return lookup.find_run(run_id)[0].status in FINAL
+        def is_final() -> bool:  # asked of the store found above: a poll costs one read, not a lookup and a PING
+            current = runs.get(run_id)
+            return current is None or current.status in FINAL  # gone (expired): nothing more will come
 
         if fmt == "jsonl" and not errors_only:  # the rows of each chunk written at once, none built
             chunks = reading.follow_chunks(reading.store_of(record), is_final, done_only=done_only)
