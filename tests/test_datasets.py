@@ -40,16 +40,20 @@ def cli(*args: Any, timeout: float = 180) -> subprocess.CompletedProcess[str]:
     )
 
 
-def per_record_workflow(log: Path) -> dict[str, Any]:
+def per_record_workflow(log: Path, gated: bool = False) -> dict[str, Any]:
     """Two nodes per record: a side effect logged to `log` (raising while `record.requires` names a missing
-    file), then an upper-casing; the declared outputs are the record's result."""
+    file; `gated`: waiting while `record.gate` names a file that is not there), then an upper-casing; the declared
+    outputs are the record's result."""
+    work = {"log": str(log), "label": "${record.id}", "requires": "${record.requires}"}
+    if gated:
+        work["gate"] = "${record.gate}"
     return {
         "inputs": {"record": {"description": "one record"}},
         "nodes": [
             {
                 "id": "work",
                 "type": "test-side-effect",
-                "params": {"log": str(log), "label": "${record.id}", "requires": "${record.requires}"},
+                "params": work,
             },
             {"id": "shout", "type": "test-upper", "params": {"text": "${work.label}"}},
         ],
@@ -153,8 +157,7 @@ def test_progress_is_an_event_per_failed_record_and_one_per_chunk_for_the_others
     # The last record waits for a gate the follower opens once it saw both failures: the job cannot end (and
     # drop its per-record progress from Redis) before `wait` read them, however slow the follower starts.
     gate = tmp_path / "gate"
-    wf = per_record_workflow(job["log"])
-    wf["nodes"][0]["params"]["gate"] = "${record.gate}"
+    wf = per_record_workflow(job["log"], gated=True)
     (tmp_path / "gated.json").write_text(json.dumps(wf))
     items = write_records(tmp_path / "items.jsonl", 60, job["missing"], failing=(6, 47))
     records = [json.loads(line) for line in items.read_text().splitlines()]

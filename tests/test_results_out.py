@@ -103,8 +103,7 @@ def test_rows_reach_the_temp_file_in_order_while_a_record_still_runs_and_file_on
     backend: str, job: dict, tmp_path: Path
 ) -> None:
     gate = tmp_path / "gate"
-    wf = per_record_workflow(job["log"])
-    wf["nodes"][0]["params"]["gate"] = "${record.gate}"
+    wf = per_record_workflow(job["log"], gated=True)
     job["wf"].write_text(json.dumps(wf))
     items = tmp_path / "items.jsonl"
     records = ({"id": f"r{i}", "requires": "", "gate": str(gate) if i == 17 else ""} for i in range(25))
