@@ -294,3 +294,5 @@ def test_a_chunk_runs_from_the_first_of_its_messages_to_begin_and_never_from_an_
     assert window.begin(0, "task-a")  # task-a delivered again: its worker died
     assert not BatchWindow(state, "b#0", "an-earlier-plan").begin(0, "task-c")
     assert BatchWindow(RunState(f"nowindow{time.time_ns()}", client()), "b#0", "no-plan").begin(0, "task-d")
+    window.drop()  # merged: a second message of chunk 0 delivered after that still finds it begun
+    assert not window.begin(0, "task-e")

@@ -197,7 +197,9 @@ class BatchWindow:
         return raw.decode() if raw else None
 
     def drop(self) -> None:
-        """The window is merged: its keys go (the kept outcomes live on in `chunks:<batch>`)."""
-        names = ["", ":todo", ":pending", ":out", ":items", ":next", ":begun"]
+        """The window is merged: its keys go (the kept outcomes live on in `chunks:<batch>`), but for `:begun`, kept
+        to its TTL: a second message of a chunk (an aging copy, one sent again) delivered after the merge still
+        finds its chunk begun, and is skipped instead of running the chunk's items again."""
+        names = ["", ":todo", ":pending", ":out", ":items", ":next"]
         self.state.redis.delete(*[self.name + n for n in names])
         self.state.redis.zrem(WINDOWS, self.member)
