@@ -97,10 +97,10 @@ def jsonl_chunk(start: int, results: Sequence[Any], errors: dict[int, Any], not_
     with the error `not_run[1]` for each record that never ran."""
     stop, why = not_run
     indexes = range(start, start + len(results))
-    text = _lines(indexes, results, errors) if results else ""
-    if text is None:  # a value JSON cannot hold: the rows as `results` builds them
+    text = _lines(indexes, results, errors)
+    if text is None:  # a value JSON cannot hold: the rows as `results` builds them, one by one
         rows = [{"index": i, "result": r, "error": errors.get(i)} for i, r in zip(indexes, results, strict=True)]
-        text = jsonl_rows(rows)
+        text = "".join([to_json(row) + "\n" for row in rows])
     if stop > indexes.stop:
         error = escape_surrogates(_ENCODE(why))
         text += "".join([_ROW % (i, "null", error) for i in range(indexes.stop, stop)])
