@@ -205,3 +205,24 @@ def test_results_of_a_stopped_job_write_not_run_rows_and_done_only_what_ran(back
     ran = [json.loads(line) for line in cli("results", report["run_id"], "--done").stdout.splitlines()]
     assert [r["index"] for r in ran] == [r["index"] for r in every if r["index"] not in not_run]
     assert all(not r["error"].startswith("not run") for r in ran)
+
+
+def test_out_follows_a_symlink_keeps_a_files_mode_and_writes_into_a_pipe(job: dict, tmp_path: Path) -> None:
+    """`--out` replaces a regular file whole, but through a symlink (the link stays, its target gets the rows, with
+    its mode), and writes straight into what is no regular file (`/dev/stdout` read by a pipe)."""
+    items = write_records(tmp_path / "items.jsonl", 3)
+    done = cli("run", job["wf"], "--items", items, "--output", "json")
+    assert done.returncode == 0, done.stderr
+    run_id = json.loads(done.stdout)["run_id"]
+    expected = results_file(run_id, tmp_path / "plain.jsonl")
+    target, link = tmp_path / "target.jsonl", tmp_path / "link.jsonl"
+    target.write_text("old\n")
+    target.chmod(0o600)
+    link.symlink_to(target.name)
+    assert cli("results", run_id, "--out", link).returncode == 0
+    assert link.is_symlink() and target.read_bytes() == expected and target.stat().st_mode & 0o777 == 0o600
+    piped = subprocess.run(
+        f"{sys.executable} -m scheduler.cli results {run_id} --out /dev/stdout | cat",
+        shell=True, cwd=ROOT, capture_output=True, timeout=180,
+    )  # fmt: skip
+    assert piped.returncode == 0 and piped.stdout == expected, piped.stderr

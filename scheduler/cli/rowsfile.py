@@ -3,16 +3,19 @@ FILE` writes) written to FILE as the job runs, a chunk at a time in input order,
 records still running.
 
 FILE appears whole or not at all: the rows go to a temp file beside it, renamed over FILE once the job succeeded;
-a run that fails, is cancelled or is left (Ctrl-C, a timeout) leaves FILE as it was.
+a run that fails, is cancelled or is left (Ctrl-C, a timeout) leaves FILE as it was. A symlink is followed (its
+target is replaced, with its mode); a FILE that is no regular file (a FIFO, `/dev/stdout`) is written into as the
+rows come, as `open(FILE, "w")` would.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import stat
 import sys
-import tempfile
 import threading
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, TextIO
@@ -32,18 +35,25 @@ def chunk_lines(chunk: ChunkResult | None, start: int, length: int) -> str:
 
 
 class RowsFile:
-    """FILE's rows, written to a temp file in FILE's directory (a rename there is atomic) until `close`."""
+    """FILE's rows until `close`. A regular file (or a new one) is written as a temp file in its directory (a rename
+    there is atomic), renamed over it at `close` with the file's mode kept; a symlink is followed to its target. A
+    FILE that is no regular file (a FIFO, `/dev/stdout`) cannot be replaced whole: the rows go straight into it."""
 
     def __init__(self, path: str):
         self.path = Path(path)
+        self.temp: Path | None = None
         try:  # before the run starts: a FILE that cannot be written is a usage error, not a failed run
-            fd, temp = tempfile.mkstemp(prefix=f".{self.path.name}.", suffix=".part", dir=self.path.parent)
+            with contextlib.suppress(FileNotFoundError):
+                if not stat.S_ISREG(os.stat(path).st_mode):
+                    self.file = self.path.open("w", encoding="utf-8", newline="")
+                    return
+            self.path = Path(os.path.realpath(path))
+            self.temp = self.path.with_name(f".{self.path.name}.{uuid.uuid4().hex[:8]}.part")
+            fd = os.open(self.temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)  # the umask applies, as for open()
         except OSError as exc:
             raise CliUsageError(f"--out {path}: cannot write in {self.path.parent}: {exc.strerror or exc}") from None
-        self.temp = Path(temp)
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(fd, 0o666 & ~umask)  # the mode `open(FILE, "w")` would give it, not mkstemp's 0600
+        with contextlib.suppress(FileNotFoundError):
+            os.chmod(fd, stat.S_IMODE(os.stat(self.path).st_mode))  # an existing FILE keeps its mode
         self.file = os.fdopen(fd, "w", encoding="utf-8", newline="")
 
     def write(self, chunk: ChunkResult | None, start: int, length: int) -> None:
@@ -52,8 +62,10 @@ class RowsFile:
         self.file.flush()
 
     def close(self, keep: bool) -> None:
-        """Rename the rows over FILE (`keep`), or delete them."""
+        """Rename the rows over FILE (`keep`), or delete them; a FILE written into directly is only closed."""
         self.file.close()
+        if self.temp is None:
+            return
         if keep:
             os.replace(self.temp, self.path)
         else:
