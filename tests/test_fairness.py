@@ -131,6 +131,8 @@ def test_a_batch_window_counts_each_finish_once_and_hands_out_its_claims_again()
     assert again.state == "dup" and again.chunks == one.chunks  # counted once; its claims handed out again
     assert window.finish(10, b"out10", 10, 0.01, 2).chunks[0].start == 40
     assert window.finish(20, b"out20", 20, 0.02, 2).state == "go"
+    late = window.finish(0, b"other", 10, 0.01, 2)  # delivered again after its claim (chunk 20) finished
+    assert late.state == "dup" and late.chunks == []  # only what is still in flight goes again: 20's items are gone
     assert window.finish(40, b"out40", 10, 0.01, 2).state == "end"
     assert window.finish(40, b"out40", 10, 0.01, 2).state == "dupend"
     assert window.outcomes() == [b"out0", b"out10", b"out20", b"out40"]

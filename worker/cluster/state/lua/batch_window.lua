@@ -12,9 +12,9 @@
 --   plan    4 window, 5 max_items, 6 min_items, 7 chunk_seconds, 8 header bytes, 9 priority, 10 now, 11.. blocks
 --   finish  4 chunk start, 5 outcome bytes, 6 items run, 7 seconds it took, 8 the window now, 9 now
 -- Returns {state, priority, waited (seconds the last finished chunk waited in the queue: claimed to begun),
--- claimed "start:end:block,block"...}; state: 'go', 'end' (this step ended the
--- batch), 'dup' (a finish already counted: its claims again, 'dupend' if the batch has ended), 'stale' (a chunk
--- of an earlier plan of this batch: a resume planned it again).
+-- claimed "start:end:block,block"...}; state: 'go', 'end' (this step ended the batch), 'dup' (a finish already
+-- counted: those of its claims not finished yet, again; 'dupend' if the batch has ended), 'stale' (a chunk of an
+-- earlier plan of this batch: a resume planned it again).
 local mode, ttl, id = ARGV[1], tonumber(ARGV[2]), ARGV[3]
 local now = (mode == 'plan') and ARGV[10] or ARGV[9]
 
@@ -46,7 +46,12 @@ elseif mode == 'finish' then
   local start = ARGV[4]
   local held = redis.call('HGET', KEYS[3], start)
   if not held then
-    local again = split(redis.call('HGET', KEYS[8], start) or '', ';')
+    local again = {}  -- the claims of its counted finish still in flight (a finished one's items are gone)
+    for _, c in ipairs(split(redis.call('HGET', KEYS[8], start) or '', ';')) do
+      if redis.call('HEXISTS', KEYS[3], string.sub(c, 1, string.find(c, ':') - 1)) == 1 then
+        table.insert(again, c)
+      end
+    end
     return reply(redis.call('HEXISTS', KEYS[1], 'ended') == 1 and 'dupend' or 'dup', again)
   end
   redis.call('HDEL', KEYS[3], start)
