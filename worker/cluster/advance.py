@@ -97,14 +97,14 @@ class ClusterBatches:
         stored = self.state.batch_result(job.key)
         if stored is not None:
             return stored_batch_result(stored)
-        if self.state.mark_dispatched(job.key):
+        # Planned here the first time, or when the advance that marked it dispatched died before planning it;
+        # planned but maybe never sent (that advance died after), its chunks in flight go again (redispatch).
+        if self.state.mark_dispatched(job.key) or not redispatch(job, self.run_id):
             job.done = [c for c in self.runs.saved_chunks(self.run_id, job.key) if not c.failures]
             # The next advance starts at this batch node's step (not this advance's first step: nodes
             # before it in this advance were checkpointed, and the step fence must let it through).
             priority = self.runs.priority(self.run_id)
             dispatch_batch(job, self.run_id, advance_step=self.ctx.step, branch=self.branch, priority=priority)
-        else:  # dispatched by an advance that may have died before sending its chunks: they go again
-            redispatch(job, self.run_id, advance_step=self.ctx.step, branch=self.branch)
         raise Suspended
 
 

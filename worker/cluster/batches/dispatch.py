@@ -94,20 +94,20 @@ def dispatch_batch(
     return window
 
 
-def redispatch(job: BatchJob, run_id: str, *, advance_step: int | None, branch: tuple[str, str] | None) -> None:
+def redispatch(job: BatchJob, run_id: str) -> bool:
     """A batch already dispatched, seen again by a redelivered advance (its first delivery died between marking the
-    batch dispatched and sending its chunks, or anywhere after): plan it if it never was, else send its claimed
-    chunks again (the first message of each to begin runs it: BatchWindow.begin) and the merge if it ended."""
+    batch dispatched and sending its chunks, or anywhere after): send its claimed chunks again (the first message of
+    each to begin runs it: BatchWindow.begin) and the merge if it ended. False when it was never planned (the caller
+    plans it, as the first time)."""
     window = BatchWindow(RunState(run_id), job.key)
     try:
         step = window.pending()
     except LookupError:
-        priority = ClusterRuns().priority(run_id)
-        dispatch_batch(job, run_id, advance_step=advance_step, branch=branch, priority=priority)
-        return
+        return False
     log.info("run %s: batch %s was dispatched before: its %d chunks in flight go again", run_id, job.key,
              len(step.chunks))  # fmt: skip
     follow(window, step)
+    return True
 
 
 def window_size(processes: int, open_windows: int) -> int:
