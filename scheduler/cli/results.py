@@ -16,6 +16,7 @@ from scheduler.cli import rowsfile
 from scheduler.cli.errors import CliUsageError
 from scheduler.cli.options import run_id_argument
 from scheduler.cli.output import jsonl_rows, llm_line, to_json
+from worker.datasets.job import follow_chunks
 from worker.runs.record import FINAL
 
 
@@ -45,7 +46,7 @@ def results(
             return current is None or current.status in FINAL  # gone (expired): nothing more will come
 
         if fmt == "jsonl" and not errors_only:  # the rows of each chunk written at once, none built
-            chunks = reading.follow_chunks(reading.store_of(record), is_final, done_only=done_only)
+            chunks = follow_chunks(reading.store_of(record), is_final, done_only=done_only)
             with rowsfile.sink(out) as sink:
                 for chunk in chunks:
                     sink.write(rowsfile.chunk_lines(*chunk))

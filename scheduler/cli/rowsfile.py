@@ -23,7 +23,7 @@ from typing import Any, TextIO
 from scheduler.cli.errors import CliUsageError
 from scheduler.cli.output import jsonl_chunk
 from worker.batch.aggregate import ChunkResult
-from worker.datasets.job import NOT_RUN
+from worker.datasets.job import NOT_RUN, follow_chunks
 
 
 def chunk_lines(chunk: ChunkResult | None, start: int, length: int) -> str:
@@ -97,7 +97,7 @@ def sink(path: str | None) -> Iterator[TextIO]:
 @contextlib.contextmanager
 def written_as_it_runs(path: str, run_id: str, backend: str) -> Iterator[None]:
     """While the body follows the job to its end, a thread writes its rows as its chunks finish
-    (scheduler/datasets/reading.py follow_chunks); once the body returned (the run succeeded) the thread writes the rest
+    (worker/datasets/job.py follow_chunks); once the body returned (the run succeeded) the thread writes the rest
     and FILE is renamed into place. A body that raises stops the thread and leaves no FILE."""
     from scheduler.datasets import reading
 
@@ -107,7 +107,7 @@ def written_as_it_runs(path: str, run_id: str, backend: str) -> Iterator[None]:
 
     def write_rows(out: RowsFile) -> None:
         try:
-            for chunk in reading.follow_chunks(store, ended.is_set, ended.wait):
+            for chunk in follow_chunks(store, ended.is_set, ended.wait):
                 if stop.is_set():
                     return
                 out.write(*chunk)

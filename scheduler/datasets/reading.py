@@ -8,7 +8,6 @@ import time
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
-from worker.batch.aggregate import ChunkResult
 from worker.datasets import job as datasets
 from worker.datasets.sqlite import LocalDataset
 from worker.runs.record import FINAL, RESULT_STATUS, RunRecord, RunResult
@@ -31,45 +30,8 @@ def store_for(run_id: str, backend: str) -> LocalDataset | ClusterDataset:
 
 
 def rows(record: RunRecord, *, done_only: bool = False, is_final: Callable[[], bool]) -> Iterator[dict[str, Any]]:
-    """`results` of a job: `{"index", "result", "error"}` per record in input order (see worker/datasets.rows)."""
-    ds = store_of(record)
-    return datasets.rows(ds, ds.chunk_size(), ended=is_final, done_only=done_only)
-
-
-#: How often `follow_chunks` looks again for the next chunk while it is not finished.
-FOLLOW_POLL_SECONDS = 0.05
-
-
-def follow_chunks(
-    ds: LocalDataset | ClusterDataset,
-    ended: Callable[[], bool],
-    pause: Callable[[float], Any] = time.sleep,
-    done_only: bool = False,
-) -> Iterator[tuple[ChunkResult | None, int, int]]:
-    """A job's chunks in input order as (outcomes, start, length), each as soon as it and every chunk before it
-    ended (looked for every FOLLOW_POLL_SECONDS, `pause` waiting); once `ended()` (the run is final: what it stored
-    is all there is), the rest, a chunk that never ran with None (its records did not run). `done_only`: the
-    chunks that ended so far, each as long as what it ran, then stop. What worker/datasets/job.py `rows` gives, a
-    chunk at a time."""
-    n, size = 0, 0
-    while True:
-        over = done_only or ended()  # before the store is read: what a run stored before it ended is seen
-        ns = list(range(n, min(n + 8, ds.chunk_count())))
-        if not ns and over:
-            return
-        for m, chunk in zip(ns, ds.outcomes(ns) if ns else [], strict=True):
-            if chunk is None and not over:
-                break
-            size = size or ds.chunk_size()
-            if not done_only:
-                yield chunk, m * size, ds.chunk_length(m)
-            elif chunk is not None:
-                yield chunk, chunk.start, len(chunk.results)
-            n = m + 1
-        else:
-            if ns:  # all read: there may be more at once
-                continue
-        pause(FOLLOW_POLL_SECONDS)
+    """`results` of a job: `{"index", "result", "error"}` per record in input order (worker/datasets/job.py rows)."""
+    return datasets.rows(store_of(record), ended=is_final, done_only=done_only)
 
 
 def progress(record: RunRecord) -> dict[str, Any]:

@@ -35,8 +35,8 @@ RECORDS = "records"
 DEFAULT_CHUNK_SIZE = 500
 #: `results` of a finished run: records that never ran (the run was cancelled or stopped by its threshold).
 NOT_RUN = "not run: the run ended before this record ran (chordflow redrive RUN runs it)"
-#: How often `results` on a running job looks again for a chunk not stored or not finished yet.
-POLL_SECONDS = 0.2
+#: How often a reader of a running job (`results`, `wait --out`) looks again for a chunk not stored or finished yet.
+POLL_SECONDS = 0.05
 
 
 @dataclass
@@ -96,6 +96,8 @@ class DatasetStore(Protocol):
 
     def chunk_count(self) -> int: ...
 
+    def chunk_size(self) -> int: ...
+
     def chunk_length(self, n: int) -> int: ...
 
     def outcomes(self, ns: Sequence[int]) -> list[ChunkResult | None]: ...
@@ -103,38 +105,47 @@ class DatasetStore(Protocol):
     def counts(self) -> dict[str, Any]: ...
 
 
-def rows(store: DatasetStore, chunk_size: int, *, ended: Callable[[], bool], done_only: bool) -> Iterator[Row]:
-    """`{"index", "result", "error"}` per record in input order, read a few chunks at a time.
-
-    `done_only`: only the records whose chunk has finished (skipping the others). Otherwise a chunk not
-    finished yet is polled for (every POLL_SECONDS) while the run goes on; once the run has ended its
-    records are NOT_RUN. `ended` is asked before the store is read: what a run stored before it ended is
-    then always seen.
-    """
-    n = 0
+def follow_chunks(
+    store: DatasetStore,
+    ended: Callable[[], bool],
+    pause: Callable[[float], Any] = time.sleep,
+    done_only: bool = False,
+) -> Iterator[tuple[ChunkResult | None, int, int]]:
+    """A job's chunks in input order as (outcomes, start, length), a few read at a time, each as soon as it and every
+    chunk before it ended (looked for every POLL_SECONDS, `pause` waiting); once `ended()` (the run is final: what it
+    stored is all there is), the rest, a chunk that never ran with None (its records did not run). `done_only`: the
+    chunks that ended so far, each as long as what it ran, then stop. `ended` is asked before the store is read: what
+    a run stored before it ended is then always seen."""
+    n, size = 0, 0
     while True:
         over = done_only or ended()
-        count = store.chunk_count()
-        if n >= count:
-            if over:
-                return
-            time.sleep(POLL_SECONDS)  # the client is still reading the file
-            continue
-        ns = list(range(n, min(n + 8, count)))
-        for m, chunk in zip(ns, store.outcomes(ns), strict=True):
-            while chunk is None and not done_only:  # not finished when the few chunks were read: wait
-                over = ended()
-                chunk = store.outcomes([m])[0]
-                if chunk is not None or over:
-                    break
-                time.sleep(POLL_SECONDS)
-            start, stop = m * chunk_size, m * chunk_size + store.chunk_length(m)
-            if chunk is not None:
-                yield from rows_of_chunks([chunk])
-                start = chunk.start + len(chunk.results)
+        ns = list(range(n, min(n + 8, store.chunk_count())))
+        if not ns and over:
+            return
+        for m, chunk in zip(ns, store.outcomes(ns) if ns else [], strict=True):
+            if chunk is None and not over:
+                break
+            size = size or store.chunk_size()
             if not done_only:
-                yield from _not_run(start, stop)
-        n = ns[-1] + 1
+                yield chunk, m * size, store.chunk_length(m)
+            elif chunk is not None:
+                yield chunk, chunk.start, len(chunk.results)
+            n = m + 1
+        else:
+            if ns:  # all read: there may be more at once
+                continue
+        pause(POLL_SECONDS)
+
+
+def rows(store: DatasetStore, *, ended: Callable[[], bool], done_only: bool) -> Iterator[Row]:
+    """`{"index", "result", "error"}` per record in input order (`follow_chunks`' chunks as rows): a record of a
+    chunk that never ran, or that the run's end cut short, is NOT_RUN."""
+    for chunk, start, length in follow_chunks(store, ended, done_only=done_only):
+        first = start
+        if chunk is not None:
+            yield from rows_of_chunks([chunk])
+            first = chunk.start + len(chunk.results)
+        yield from _not_run(first, start + length)
 
 
 def _not_run(start: int, stop: int) -> Iterator[Row]:
