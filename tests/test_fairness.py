@@ -6,6 +6,7 @@ not queued behind a big one's whole batch; a higher run's messages go first (wor
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import signal
 import subprocess
@@ -15,14 +16,18 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+import kombu.exceptions
+import msgpack
 import pytest
 
 from ir import snapshot
 from scheduler import api, durable
-from scheduler.localcluster import Cluster
+from scheduler.localcluster import Cluster, free_port
 from tests.support.cluster import PLUGINS, destroyable_cluster
 from tests.test_durable import VISIBILITY_TIMEOUT
+from worker import settings
 from worker.cluster import aging, priorities
+from worker.cluster.app import current_app
 from worker.cluster.batches.dispatch import window_size
 from worker.cluster.state.keys import QUEUED, run_key
 from worker.cluster.state.runs import ClusterRuns
@@ -255,6 +260,26 @@ def test_a_run_whose_message_is_sent_as_a_sweep_unlists_it_stays_listed() -> Non
     redis_client.delete(run_key(run_id, "queued"))  # nothing queued now: unlisted for good
     aging.unlist(redis_client, run_id)
     assert redis_client.zscore(QUEUED, run_id) is None
+
+
+@pytest.mark.usefixtures("celery_cluster")
+def test_a_copy_that_cannot_be_sent_leaves_its_message_watched(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A sweep forgets a message, then sends its copy: when the broker is not there (a real one, at a port nothing
+    listens on) the send raises, and the message is watched again, to be copied by a later sweep, not left queued
+    low with no record (starved)."""
+    monkeypatch.setenv("CHORDFLOW_POOL_TIMEOUT", "1")
+    s = dataclasses.replace(settings.load(), broker_url=f"redis://127.0.0.1:{free_port()}/0", priority_aging=1)
+    app = current_app(s)
+    redis_client, run_id, task_id = client(), f"aging{time.time_ns()}", f"{uuid.uuid4().hex}-2"
+    sent = time.time() - 5  # a low message that waited 5 periods
+    redis_client.zadd(run_key(run_id, "queued"), {task_id: sent})
+    redis_client.hset(run_key(run_id, "queued_msgs"), task_id, msgpack.packb(["t", [run_id], "low", 1, sent, {}]))
+    redis_client.zadd(QUEUED, {run_id: time.time()})
+    with pytest.raises(kombu.exceptions.OperationalError):
+        aging.sweep(app)
+    assert redis_client.zrange(run_key(run_id, "queued"), 0, -1) == [task_id.encode()]
+    assert redis_client.hexists(run_key(run_id, "queued_msgs"), task_id)
+    assert redis_client.zscore(QUEUED, run_id) is not None
 
 
 def test_an_advance_killed_after_planning_a_batch_before_sending_a_chunk_is_picked_up(tmp_path: Path) -> None:

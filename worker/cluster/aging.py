@@ -167,7 +167,15 @@ def _copy(app: Any, run_id: str, task_id: str, packed: bytes | None, now: float)
     pipe.execute()
     if not _forget(client, run_id, task_id):
         return 0  # began meanwhile
-    _send(app, name, tuple(args), run_id, priority, kind, waited, first, tuple(args), options)
+    try:
+        _send(app, name, tuple(args), run_id, priority, kind, waited, first, tuple(args), options)
+    except BaseException:  # the copy never went: the original is watched again, to be copied by a later sweep
+        pipe = client.pipeline(transaction=False)
+        pipe.zadd(run_key(run_id, "queued"), {task_id: first_sent})
+        pipe.hset(run_key(run_id, "queued_msgs"), task_id, packed)
+        pipe.zadd(QUEUED, {run_id: now})
+        pipe.execute()
+        raise
     log.info("run %s: %s waited %.0f s in the queue behind higher priorities: sent again one level up",
              run_id, name, waited)  # fmt: skip
     return 1
