@@ -138,7 +138,7 @@ class Settings:
     priority_aging: int = _var(
         "CHORDFLOW_PRIORITY_AGING",
         60,
-        "seconds a batch's chunk waits in the queue before the next go one level up",
+        "seconds a run's message below high priority waits in the queue before it is sent again one level up",
         read=_integer(at_least=1),
     )
     run_ttl: int = _var(

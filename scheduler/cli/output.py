@@ -75,9 +75,9 @@ def to_json(value: Any) -> str:
 
 
 _ENCODE = json.JSONEncoder(ensure_ascii=False).encode  # what json.dumps(v, ensure_ascii=False) builds per call
-#: Put between the results of a chunk of rows so that one encoder call writes them all: JSON text never holds a
-#: raw NUL (it is escaped), so only a result equal to this string could print the same text, and the count of
-#: pieces tells (the chunk is then written row by row).
+#: Put between the results of a chunk of rows so that one encoder call writes them all. A result holding this
+#: string (itself, or inside a list or a dict) could print the same separator: the count of pieces then differs
+#: from the count of results, and the chunk is written row by row.
 _MARK = "\x00" + os.urandom(8).hex()
 _BETWEEN = ", " + _ENCODE(_MARK) + ", "
 _ROW = '{"index": %d, "result": %s, "error": %s}\n'

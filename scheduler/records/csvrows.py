@@ -15,9 +15,6 @@ from scheduler.records.base import CHUNK_BYTES, BadRecord, too_large
 _UNDECODED = re.compile("[\udc80-\udcff]")
 
 
-# --- csv: a header row, then one record per row -----------------------------------------------------------
-
-
 class _RecordTooLarge(Exception):
     """A csv record went over the cap: the line that did is read past (`size`: the record's bytes so far)."""
 

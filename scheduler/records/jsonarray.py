@@ -22,8 +22,6 @@ _JSON_SPACE = b" \t\r\n"
 _KINDS = {ord("{"): "object", ord('"'): "string", ord("t"): "boolean", ord("f"): "boolean", ord("n"): "null"}
 _KINDS.update(dict.fromkeys(b"-0123456789", "number"))
 
-# --- json: one top-level array ----------------------------------------------------------------------------
-
 
 class _IntegerBeyond64Bits(Exception):
     """The C parser met an integer it cannot hold: the pure-Python parser takes over."""

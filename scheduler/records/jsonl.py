@@ -10,8 +10,6 @@ from typing import Any
 from ir.limits import MAX_DEPTH, json_too_deep_at
 from scheduler.records.base import BOM, CHUNK_BYTES, BadRecord, too_large
 
-# --- jsonl: one JSON value per line ---------------------------------------------------------------------
-
 
 def read(path: Path, label: str, limit: int) -> Iterator[Any]:
     """A record per line, so that a record's index is always its line less one: a blank line before the last

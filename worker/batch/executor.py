@@ -1,12 +1,12 @@
 """The ONE per-item executor and the loop that runs a slice of items through it.
 
-`ItemExecutor.run(index, item)` applies the per-item rules of the batch contract (docs/ARCHITECTURE.md) —
-the isolated copy `item_shared = dict(shared)`, the batch's retries, classification into an ItemOutcome — keeping every
-per-item value in locals, never on a node instance. `run_items` runs a contiguous slice through it and
-collects the outcomes into a columnar ChunkResult. Everything cross-cutting (progress, stops, permits)
-hangs on the loop as ItemMiddleware (worker/batch/middleware.py). With `batch.parallel`, `run_parallel` runs
-the slice on threads instead, with the same outcome. The local backend and the Celery chunk task both call
-`run_slice`, which picks one of the two.
+`ItemExecutor.settle(index, item)` (and `run`, which always returns an ItemOutcome) applies the per-item rules of the
+batch contract (docs/ARCHITECTURE.md) — the isolated copy `item_shared = dict(shared)`, the batch's retries,
+classification into an ItemOutcome — keeping every per-item value in locals, never on a node instance. `run_items`
+runs a contiguous slice through it and collects the outcomes into a columnar ChunkResult. Everything cross-cutting
+(progress, stops, permits) hangs on the loop as ItemMiddleware (worker/batch/middleware.py). With `batch.parallel`,
+`run_parallel` runs the slice on threads instead, with the same outcome. The local backend and the Celery chunk task
+both call `run_slice`, which picks one of the two.
 """
 
 from __future__ import annotations

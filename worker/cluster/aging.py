@@ -1,12 +1,12 @@
 """Aging of queued messages: a message that waits too long behind higher ones is sent again one level up.
 
-Both brokers hand out the highest priority first, strictly: a low run's advance or chunk already in the queue
-waits for as long as higher-priority messages keep arriving, and nothing a worker does later can raise it.
-So every message sent below the top level is recorded in its run's keys when it is sent (`send`), and
-forgotten when a delivery of it begins (`begin`, from every task's `before_start`). Every worker runs a
-`Sweeper`; one at a time (a mutex in Redis) it sends a copy of each message that has waited
-`CHORDFLOW_PRIORITY_AGING` seconds, at the level that wait earns (priorities.rank: one level up per period;
-after two periods a low message goes with the high ones).
+Both brokers hand out the highest priority first, strictly: a low run's advance or chunk already in the queue waits
+for as long as higher-priority messages keep arriving, and nothing a worker does later can raise it. So every message
+sent below the top level is recorded in its run's keys when it is sent (`send`), and forgotten when a delivery of it
+begins (`begin`, from every task's `before_start`). Every worker runs a `Sweeper`; at most one sweep starts per
+interval across the cluster (a key SET NX for the interval), and it sends a copy of each message that has waited
+`CHORDFLOW_PRIORITY_AGING` seconds, at the level that wait earns (priorities.rank: one level up per period; after two
+periods a low message goes with the high ones).
 
 A copy is the same message under a sibling task id: whichever delivery of the pair begins first runs, the other
 is skipped unrun (lua/begin_message.lua), so no item runs twice because of a copy, and a redelivery of the one
@@ -43,7 +43,7 @@ log = logging.getLogger(__name__)
 TRACKED = re.compile(r"^([0-9a-f]{32})-([0-9])$")
 #: Messages copied per run per sweep, at most (the oldest first); the rest wait for the next sweep.
 PER_SWEEP = 500
-#: The sweepers' mutex: one worker sweeps at a time.
+#: Set NX for one interval by the sweeper that sweeps then: at most one sweep starts per interval.
 SWEEP_LOCK = QUEUED + ":sweeping"
 
 
@@ -187,7 +187,8 @@ def _client(app: Any) -> redis.Redis:
 
 class Sweeper(Periodic):
     """A worker's aging sweeps, every quarter of `CHORDFLOW_PRIORITY_AGING` (at most every 5 s), until `stop()`;
-    one worker of the cluster sweeps at a time."""
+    at most one sweep of the cluster starts per interval (two that overlap are safe: forgetting a message is one
+    ZREM, and only the sweep that removed it copies it)."""
 
     name = "chordflow-aging"
 

@@ -44,6 +44,7 @@ Outside any run:
   cf:{limit:<key>}    hash    a rate-limit bucket (worker/cluster/rate_limits.py): tat, tok, iv, iv_at
   cf:done:<task id>   string  a task that ran to the end on a signed cluster: another delivery of it is skipped
   cf:{queued}         zset    runs with messages sent below the top priority not yet begun: run id -> last send
+  cf:{queued}:sweeping string  set NX for one sweep interval: at most one aging sweep starts per interval
   cf:{idem:<key>}     string  `<run id> <fingerprint>` of the first submit with this idempotency key (a run TTL)
 """
 

@@ -21,7 +21,6 @@ from typing import Any
 import redis
 
 from ir import snapshot
-from ir.priorities import PRIORITIES
 from worker import settings
 from worker.batch.aggregate import ChunkResult
 from worker.batch.rows import Row, rows_of_aggregate, rows_of_chunks
@@ -120,13 +119,6 @@ class ClusterRuns:
             pipe.expire(run_key(run_id, "events"), self.ttl)
             self.trim(run_id, status, pipe)
         pipe.execute()
-
-    def set_priority(self, run_id: str, priority: str) -> None:
-        """Set a run's priority (`submit --priority`, `update --priority`): the run's next advances and the chunks
-        its batches dispatch from then on are sent at it (worker/cluster/priorities.py); queued ones keep theirs."""
-        if priority not in PRIORITIES:
-            raise ValueError(f"priority must be one of {', '.join(PRIORITIES)}, got {priority!r}")
-        self.redis.hset(run_key(run_id, "run"), mapping={"priority": priority, "updated": time.time()})
 
     def priority(self, run_id: str) -> str:
         """The run's priority ('normal' for a run recorded without one)."""
