@@ -86,6 +86,20 @@ def test_a_compiled_chain_is_the_chain_run_as_one_call() -> None:
     assert shared["e"] == {"said": "hi"}  # namespaced, its template resolved
 
 
+def test_a_compiled_chain_reads_the_nodes_own_namespace_first_as_the_chain_does() -> None:
+    """A node run again on one store (a loop) sees its own earlier writes before the root's keys: the compiled
+    chain (its namespace view and templates fused) resolves `${said}` as the general path does, both runs."""
+    spec = load({"nodes": [{"id": "e", "type": "echo", "params": {"said": "${said}!"}}]}).nodes[0]
+    compiled: dict[str, Any] = {"said": "hi", "e": {}}
+    general: dict[str, Any] = {"said": "hi", "e": {}}
+    run, chain = runner(item_chain(spec)), item_chain(spec)
+    for _ in range(2):
+        run(compiled)
+        chain._run(general)
+        assert compiled == general
+    assert compiled["e"] == {"said": "hi!!"}  # the second run read its own namespace's `said`, not the root's
+
+
 def test_a_sub_workflow_on_the_quiet_path_routes_errors_and_stops_at_its_step_limit() -> None:
     routed = {
         "nodes": [
