@@ -378,7 +378,7 @@ def test_chunks_waiting_for_permits_start_no_more_threads_than_permits_plus_one_
 
     def chunk(start: int, items: list[int]) -> None:
         executor = ItemExecutor(spec, item_chain(spec), {"x": []})
-        permit = ConcurrencyPermit(state, batch, 2, poll=0.02)
+        permit = ConcurrencyPermit(state, batch, 2, start, poll=0.02)
         outcomes[start] = run_parallel(executor, items, start, [permit, entered], threads=8)
 
     runners = [threading.Thread(target=chunk, args=c) for c in chunks]

@@ -14,6 +14,8 @@ thread the Celery task the chunk runs in.
 
 from __future__ import annotations
 
+import itertools
+import logging
 import threading
 import time
 import uuid
@@ -26,6 +28,9 @@ from worker.batch.middleware import tolerated_failures
 from worker.batch.outcome import ItemOutcome
 from worker.batch.thresholds import Tolerance
 from worker.cluster.state.runstate import RunState
+from worker.periodic import Periodic
+
+log = logging.getLogger(__name__)
 
 
 def chunk_middleware(
@@ -45,7 +50,7 @@ def chunk_middleware(
         tolerated = tolerated_failures(tolerance, state.batch_total(batch) if tolerance.percent is not None else 0)
     hooks: list[ItemMiddleware] = [StopCheck(state, batch, fail_fast, tolerated)]
     if max_concurrent:
-        hooks.append(ConcurrencyPermit(state, batch, max_concurrent))
+        hooks.append(ConcurrencyPermit(state, batch, max_concurrent, chunk))
     hooks.append(ProgressPublisher(state, batch, chunk, tolerated))
     if task is not None:
         hooks.append(TaskContext(task))
@@ -135,42 +140,80 @@ class ProgressPublisher(ItemMiddleware):
         self.flush()
 
 
+#: Seconds a permit's lease lasts without renewal: how long a dead holder's permit (a SIGKILLed worker or pool
+#: process, a host cut off) keeps its capacity from the batch.
+PERMIT_LEASE = 6.0
+
+
 class ConcurrencyPermit(ItemMiddleware):
     """`batch.max_concurrent` across the cluster: an item runs only while its thread holds a permit.
 
     Each thread running items (one in a sequential chunk, up to max_concurrent in a parallel one) takes its own
     permit (a token) before its first item and keeps it until it takes no more items (`leave_thread`) or the
-    chunk ends, so items in flight <= permits held <= max_concurrent, whatever the chunks and threads. A
-    permit is a lease (renewed between items, every `refresh` seconds) so a killed worker's permits free themselves,
-    and a lowered limit (`chordflow update --max-concurrent`) takes permits back within `refresh` plus an item.
+    chunk ends, so items in flight <= permits held <= max_concurrent, whatever the chunks and threads.
+
+    A permit is a lease of `lease` seconds, kept alive by a PermitKeeper thread for as long as this process lives,
+    whatever an item's duration: a live holder's permit is never handed to another chunk, and a dead holder's
+    comes back within one lease. A lowered limit (`chordflow update --max-concurrent`) takes permits back between
+    items (each thread asks again every `refresh` seconds). Tokens are `<chunk start>/<delivery>/<n>`: the first
+    permit a delivery of a chunk asks for takes back those of the chunk's earlier deliveries, so a chunk delivered
+    again after its worker died gets their capacity at once instead of after their leases.
     """
 
     waits = True  # a thread may wait here for another chunk's permit: never under the parallel loop's lock
 
     def __init__(
-        self, state: RunState, batch: str, limit: int, lease: float = 30.0, poll: float = 0.05, refresh: float = 1.0
+        self,
+        state: RunState,
+        batch: str,
+        limit: int,
+        chunk: int,
+        lease: float = PERMIT_LEASE,
+        poll: float = 0.05,
+        refresh: float = 1.0,
     ):
         self.state, self.batch, self.limit, self.lease, self.poll = state, batch, limit, lease, poll
         self.refresh = min(refresh, lease / 3)
-        self.held: dict[int, tuple[str, float]] = {}  # thread id -> (its token, when to renew it)
+        self.chunk = f"{chunk}/"
+        self.delivery = f"{self.chunk}{uuid.uuid4().hex[:12]}/"
+        self.reclaim: str | None = self.chunk  # until this delivery's first request
+        self.tokens = itertools.count()
+        self.held: dict[int, tuple[str, float]] = {}  # thread id -> (its token, when to ask again)
         self.lock = threading.Lock()
+        self.keeper = PermitKeeper(self)
 
     def before_item(self, index: int) -> bool:
         me = threading.get_ident()
         with self.lock:
             held = self.held.get(me)
+            reclaim, self.reclaim = self.reclaim, None
         if held is not None and time.monotonic() < held[1]:
             return True
-        token = held[0] if held is not None else uuid.uuid4().hex
+        token = held[0] if held is not None else f"{self.delivery}{next(self.tokens)}"
         delay = self.poll
-        while not self.state.acquire_permit(self.batch, token, self.limit, self.lease):
+        while not self.state.acquire_permit(self.batch, token, self.limit, self.lease, reclaim):
+            reclaim = None
             if self.state.should_stop(self.batch):
                 return False
             time.sleep(delay)  # waiting for another chunk or thread to let go of one; nothing to subscribe to
             delay = min(delay * 2, 1.0)
         with self.lock:
             self.held[me] = (token, time.monotonic() + self.refresh)
+        self.keeper.ensure_started()
         return True
+
+    def keep(self) -> None:
+        """Extend every held permit's lease; a thread whose permit was lost asks again before its next item."""
+        with self.lock:
+            tokens = [token for token, _ in self.held.values()]
+        if not tokens:
+            return
+        lost = self.state.keep_permits(self.batch, tokens, self.limit, self.lease)
+        if lost:
+            with self.lock:
+                for thread, (token, _) in list(self.held.items()):
+                    if token in lost:
+                        self.held[thread] = (token, 0.0)
 
     def leave_thread(self) -> None:
         with self.lock:
@@ -179,11 +222,42 @@ class ConcurrencyPermit(ItemMiddleware):
             self.state.release_permit(self.batch, held[0])
 
     def close(self) -> None:
+        self.keeper.stop()
         with self.lock:
             tokens = [token for token, _ in self.held.values()]
             self.held.clear()
         for token in tokens:
             self.state.release_permit(self.batch, token)
+
+
+class PermitKeeper(Periodic):
+    """Renews a chunk's permits every third of their lease while the chunk runs: a long item (a model call, a
+    429 backoff) keeps its permit, and a process that dies or stops stops renewing."""
+
+    name = "chordflow-permits"
+
+    def __init__(self, permits: ConcurrencyPermit):
+        super().__init__(permits.lease / 3)
+        self.permits = permits
+        self.started = False
+        self.lock = threading.Lock()
+
+    def ensure_started(self) -> None:
+        with self.lock:
+            if not self.started:
+                self.started = True
+                self.start()
+
+    def stop(self) -> None:
+        with self.lock:
+            if self.started:
+                super().stop()
+
+    def tick(self) -> None:
+        try:
+            self.permits.keep()
+        except Exception as exc:  # Redis away for a moment, or slow: the next tick tries again, the thread lives on
+            log.warning("could not renew the permits of batch %s: %s", self.permits.batch, exc)
 
 
 class TaskContext(ItemMiddleware):

@@ -34,7 +34,7 @@ Keys of a run, `cf:{<run_id>}:<name>`; `<batch>` is `<node id>#<step>`:
                               (worker/cluster/aging.py); queued_msgs hash: task id -> the packed message
   copies, begun       hash    aging's copies: task id -> its message's first id; first id -> the delivery that began
   snap:<batch>:<sha>  string  a snapshot too large to travel inside each chunk message
-  permits:<batch>     zset    leased item permits (max_concurrent), token -> lease deadline
+  permits:<batch>     zset    leased item permits (max_concurrent), `<chunk>/<delivery>/<n>` -> lease deadline
   branches:<section>  hash    a parallel section's finished branches; joined:<section> set: the join
   ds, ds:*            ...     a dataset job's chunks, outcomes, counts, claims (worker/cluster/datasets/)
 Outside any run:

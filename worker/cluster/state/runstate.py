@@ -63,6 +63,7 @@ class RunState:
         self.ttl = ttl or settings.load().run_ttl
         self.prefix = run_prefix(run_id)
         self._acquire = self.redis.register_script(_script_source("acquire_permit"))
+        self._keep = self.redis.register_script(_script_source("keep_permits"))
         self._publish = self.redis.register_script(_script_source("publish_progress"))
         self._finish = self.redis.register_script(_script_source("finish_batch"))
 
@@ -212,10 +213,20 @@ class RunState:
     def chunk_ids(self) -> list[str]:
         return [t.decode() for t in self.redis.lrange(self.key("chunks"), 0, -1)]
 
-    def acquire_permit(self, batch: str, token: str, limit: int, lease: float) -> bool:
+    def acquire_permit(self, batch: str, token: str, limit: int, lease: float, reclaim: str | None = None) -> bool:
+        """Take or renew `token`'s permit for `lease` seconds; `reclaim`: a chunk's token prefix, whose earlier
+        deliveries' permits are taken back first (acquire_permit.lua)."""
         now = time.time()
         keys = [self.key(f"permits:{batch}"), self.key("overrides")]  # `limit` unless `chordflow update` set one
-        return bool(self._acquire(keys=keys, args=[token, limit, now + lease, now, self.ttl]))
+        args = [token, limit, now + lease, now, self.ttl] + ([reclaim] if reclaim else [])
+        return bool(self._acquire(keys=keys, args=args))
+
+    def keep_permits(self, batch: str, tokens: list[str], limit: int, lease: float) -> set[str]:
+        """Extend the leases of `tokens` (permits whose items may be in flight); the tokens lost (keep_permits.lua)."""
+        now = time.time()
+        keys = [self.key(f"permits:{batch}"), self.key("overrides")]
+        lost = self._keep(keys=keys, args=[now + lease, now, limit, self.ttl, *tokens])
+        return {token.decode() if isinstance(token, bytes) else token for token in lost}
 
     def release_permit(self, batch: str, token: str) -> None:
         self.redis.zrem(self.key(f"permits:{batch}"), token)
