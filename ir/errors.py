@@ -158,6 +158,12 @@ class Throttled(ChordflowError, RuntimeError):
         self.max_wait = max_wait
 
 
+class SameForEveryItem(ChordflowError, RuntimeError):
+    """An item's error that every other item would meet too (a model provider refused the key, does not know the
+    model, or this process has no key): not the item's failure but the batch's. The batch stops at the first,
+    whatever its `error_handling`, and fails with it, instead of paying for the same refusal once per item."""
+
+
 class ThrottledTooLong(ChordflowError, RuntimeError):
     """A call was throttled (HTTP 429/503) for longer in all than its bounded wait: the item fails, naming why."""
 

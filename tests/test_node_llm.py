@@ -1,5 +1,6 @@
-"""The `llm` node: the deterministic fake, the `llm` package path (stubbed), usage and token accounting, rate-limit
-errors waited out by the real engine."""
+"""The `llm` node: the deterministic fake, the `llm/<model id>` provider (the optional `llm` package, stubbed here:
+it is not installed), usage and token accounting, rate-limit errors waited out by the real engine. The OpenAI and
+Anthropic providers over their real wire protocols: tests/test_llm_providers.py."""
 
 from __future__ import annotations
 
@@ -14,9 +15,10 @@ from typing import Any
 import pytest
 
 import scheduler
-from ir.errors import Throttled, ThrottledTooLong
+from ir.errors import SameForEveryItem, Throttled, ThrottledTooLong
 from worker.engine import rate_limits
-from worker.nodes.llm import LlmNode, fake_response, usage_totals
+from worker.llm.fake import response as fake_response
+from worker.nodes.llm import LlmNode, usage_totals
 from worker.store import NamespacedStore
 
 ROOT = Path(__file__).parents[1]
@@ -116,19 +118,20 @@ def test_env_fake_wins_over_a_named_model(monkeypatch: pytest.MonkeyPatch) -> No
     assert stub.calls == []
 
 
-def test_missing_package_falls_back_to_the_fake(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_no_model_but_fake_is_ever_answered_offline(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("CHORDFLOW_LLM_MODEL")
-    monkeypatch.setitem(sys.modules, "llm", None)  # makes `import llm` raise ImportError
-    _, out = run_llm({"prompt": "hi", "model": "gpt-4o"})
-    assert out["response"] == fake_response("gpt-4o", None, "hi")
-    assert out["__llm_calls__"][0]["model"] == "fake"
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    with pytest.raises(SameForEveryItem, match="model 'gpt-4o' needs OPENAI_API_KEY"):
+        run_llm({"prompt": "hi", "model": "gpt-4o"})
+    with pytest.raises(SameForEveryItem, match="no model"):
+        run_llm({"prompt": "hi"})
 
 
-def test_llm_package_is_called_with_model_system_and_temperature(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_llm_package_answers_llm_models_with_system_and_temperature(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("CHORDFLOW_LLM_MODEL")
     stub = StubLlm()
     monkeypatch.setitem(sys.modules, "llm", stub)
-    _, out = run_llm({"prompt": "2+2?", "model": "stub-1", "system": "be exact", "temperature": 0.2})
+    _, out = run_llm({"prompt": "2+2?", "model": "llm/stub-1", "system": "be exact", "temperature": 0.2})
     assert stub.calls == [{"model": "stub-1", "prompt": "2+2?", "system": "be exact", "temperature": 0.2}]
     assert out["response"] == "stub answer to 2+2?"
     assert out["__llm_calls__"] == [
@@ -136,8 +139,15 @@ def test_llm_package_is_called_with_model_system_and_temperature(monkeypatch: py
     ]
 
 
+def test_an_llm_model_without_the_package_stops_the_batch(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("CHORDFLOW_LLM_MODEL")
+    monkeypatch.setitem(sys.modules, "llm", None)  # makes `import llm` raise ImportError
+    with pytest.raises(SameForEveryItem, match=r"model 'llm/x' needs the `llm` package"):
+        run_llm({"prompt": "hi", "model": "llm/x"})
+
+
 def test_env_model_is_the_default_model(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("CHORDFLOW_LLM_MODEL", "env-model")
+    monkeypatch.setenv("CHORDFLOW_LLM_MODEL", "llm/env-model")
     stub = StubLlm()
     monkeypatch.setitem(sys.modules, "llm", stub)
     run_llm({"prompt": "x"})
@@ -147,7 +157,10 @@ def test_env_model_is_the_default_model(monkeypatch: pytest.MonkeyPatch) -> None
 @pytest.mark.parametrize(
     ("params", "message"),
     [
-        ({}, "llm: param 'prompt' is required"),
+        ({}, "llm: param 'prompt' or 'messages' is required"),
+        ({"prompt": "x", "messages": "hi"}, "llm: param 'messages' must be a list"),
+        ({"prompt": "x", "max_tokens": 0}, "llm: param 'max_tokens' must be a whole number > 0"),
+        ({"prompt": "x", "timeout": -1}, "llm: param 'timeout' must be a positive number"),
         ({"prompt": 3}, "llm: param 'prompt' must be a string"),
         ({"prompt": "x", "model": 3}, "llm: param 'model' must be a string"),
         ({"prompt": "x", "system": ["a"]}, "llm: param 'system' must be a string"),
@@ -251,7 +264,7 @@ def test_reported_usage_is_recorded_and_charged(monkeypatch: pytest.MonkeyPatch)
     monkeypatch.delenv("CHORDFLOW_LLM_MODEL")
     monkeypatch.setitem(sys.modules, "llm", UsageLlm())
     node = LlmNode()
-    node.params = {"prompt": "hi", "model": "m"}
+    node.params = {"prompt": "hi", "model": "llm/m"}
     store: dict[str, Any] = {}
     exec_res = node.exec(node.prep(store))
     assert node.tokens_used(exec_res) == 18
@@ -283,7 +296,7 @@ def test_rate_limit_error_is_waited_out_without_using_an_attempt(monkeypatch: py
     monkeypatch.delenv("CHORDFLOW_LLM_MODEL")
     stub = UsageLlm([RateLimitError("slow down", {"retry-after": "0"}), StatusError(429, "0.05")])
     monkeypatch.setitem(sys.modules, "llm", stub)
-    wf = {"nodes": [{"id": "ask", "type": "llm", "max_retries": 1, "params": {"prompt": "p", "model": "m"}}]}
+    wf = {"nodes": [{"id": "ask", "type": "llm", "max_retries": 1, "params": {"prompt": "p", "model": "llm/m"}}]}
     result = scheduler.run(wf)
     assert result.status == "success"
     assert result.shared["ask"]["response"] == "counted"
@@ -296,7 +309,7 @@ def test_rate_limit_errors_become_throttled(monkeypatch: pytest.MonkeyPatch) -> 
     errors = [RateLimitError("slow", {"Retry-After": "2"}), StatusError(429, "3"), StatusError(429), StatusError(500)]
     monkeypatch.setitem(sys.modules, "llm", UsageLlm(errors))
     node = LlmNode()
-    node.params = {"prompt": "p", "model": "m", "max_throttle_wait": 9}
+    node.params = {"prompt": "p", "model": "llm/m", "max_throttle_wait": 9}
     prep_res = node.prep({})
     seen = []
     for _ in range(3):

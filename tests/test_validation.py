@@ -405,6 +405,17 @@ def test_missing_ir_version_means_the_current_one():
         ("shell", {"comand": "ls"}, "params.comand: unknown param (did you mean 'command'?)"),
         ("read-file", {"pth": "/tmp/x"}, "params.pth: unknown param (did you mean 'path'?)"),
         ("llm", {"promt": "hi"}, "params.promt: unknown param (did you mean 'prompt'?)"),
+        ("llm", {"model": "fake"}, "params.prompt: required (or `messages`)"),
+        (
+            "llm",
+            {"prompt": "a", "messages": [{"role": "user", "content": "b"}], "model": "fake"},
+            "params.messages: give `prompt` or `messages`, not both",
+        ),
+        (
+            "llm",
+            {"messages": [{"role": "user"}], "model": "fake"},
+            "params.messages: must be a list of {role, content} objects with string values, got [{'role': 'user'}]",
+        ),
         (
             "http",
             {"url": "ftp://example.com/x"},

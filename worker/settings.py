@@ -71,13 +71,15 @@ def _integer(at_least: int | None = None, blank: Any = ...) -> Reader:
     return read
 
 
-def _choice(first: str, second: str) -> Reader:
-    """One of two words, any case; text of spaces only is the first."""
+def _choice(first: str, *others: str) -> Reader:
+    """One of the words, any case; text of spaces only is the first."""
+    words = (first, *others)
+    shown = ", ".join(f"'{w}'" for w in words[:-1]) + f" or '{words[-1]}'"
 
     def read(text: str, variable: str) -> str:
         value = text.strip().lower() or first
-        if value not in (first, second):
-            raise ValueError(f"{variable} must be '{first}' or '{second}', got {value!r}")
+        if value not in words:
+            raise ValueError(f"{variable} must be {shown}, got {value!r}")
         return value
 
     return read
@@ -213,6 +215,12 @@ class Settings:
         read=_integer(at_least=1),
     )
     llm_model: str | None = _var("CHORDFLOW_LLM_MODEL", None, "the `llm` node's model; 'fake' answers offline")
+    llm_provider: Literal["openai", "anthropic", "llm"] = _var(
+        "CHORDFLOW_LLM_PROVIDER",
+        "openai",
+        "the provider of a bare model name (`gpt-4o-mini`): openai, anthropic or llm",
+        read=_choice("openai", "anthropic", "llm"),
+    )
     repair_generator: str | None = _var("CHORDFLOW_REPAIR_GENERATOR", None, "the repair generator; unset: auto")
     repair_model: str | None = _var("CHORDFLOW_REPAIR_MODEL", None, "the llm repair generator's model; unset: LLM")
     dashboard_basic_auth: str | None = _var(
@@ -229,7 +237,7 @@ _FIELD_OF = {field.name: field for field in dataclasses.fields(Settings)}  # nam
 FIELDS = tuple(_FIELD_OF)
 #: Fields whose bad value fails only the code that reads them (`get`); `load()` leaves them at their default.
 CHECKED_ON_USE = frozenset({"plugins", "home", "max_steps", "log_format", "http_connections", "llm_model",
-                            "repair_generator", "repair_model", "dashboard_basic_auth"})  # fmt: skip
+                            "llm_provider", "repair_generator", "repair_model", "dashboard_basic_auth"})  # fmt: skip
 #: CHORDFLOW_* variables read by chordflow's own tests and Makefile, not by chordflow: known, so no warning.
 TEST_VARIABLES = frozenset({"CHORDFLOW_FUZZ_EXAMPLES", "CHORDFLOW_TEST_BROKER"})
 VARIABLES = tuple(Settings.variable(name) for name in _FIELD_OF)

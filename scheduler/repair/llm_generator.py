@@ -1,9 +1,10 @@
-"""The `llm` generator: a language model proposes the repaired workflow, through the `llm` package.
+"""The `llm` generator: a language model proposes the repaired workflow, through the clients the `llm` node uses
+(worker/llm/providers.py).
 
 The prompt holds the workflow IR, the error, the keys available where it failed (and, after a refused
 proposal, that proposal and why static validation refused it); the answer must be the whole repaired IR
-as one JSON object. The model is CHORDFLOW_REPAIR_MODEL, else CHORDFLOW_LLM_MODEL, else the `llm`
-package's default. Like the `llm` node (worker/nodes/llm.py), the model `fake` answers offline and
+as one JSON object. The model is CHORDFLOW_REPAIR_MODEL, else CHORDFLOW_LLM_MODEL, named as the `llm` node
+names one (`openai/<model>`, `anthropic/<model>`, a bare name). Like the node, the model `fake` answers offline and
 deterministically: `fake_answer` reads only the prompt — so a test with it shows the prompt carries what a
 model needs — and corrects the reference the error names to the closest available key.
 """
@@ -14,10 +15,12 @@ import json
 import re
 from typing import Any
 
+from ir.errors import SameForEveryItem
 from scheduler.repair.failure import closest
 from scheduler.repair.generators import GeneratorError, RepairRequest, register_generator
 from worker import settings
-from worker.nodes.llm import FAKE, llm_package
+from worker.llm import providers
+from worker.llm.fake import FAKE
 
 SYSTEM = "You repair workflow definitions. You answer with JSON only."
 PROMPT = """A chordflow workflow failed. Repair the workflow so that it runs.
@@ -90,14 +93,16 @@ class LlmGenerator:
     def ask(self, prompt: str) -> str:
         if FAKE in (self.model, settings.get("llm_model")):
             return fake_answer(prompt)
-        package = llm_package()
-        if package is None:
+        if not self.model:
             raise GeneratorError(
-                "the llm repair generator needs the `llm` package (pip install llm) and a model "
-                "(CHORDFLOW_REPAIR_MODEL); 'fake' answers offline"
+                "the llm repair generator needs a model (CHORDFLOW_REPAIR_MODEL or CHORDFLOW_LLM_MODEL); "
+                "'fake' answers offline"
             )
-        handle = package.get_model(self.model) if self.model else package.get_model()
-        return handle.prompt(prompt, system=SYSTEM).text()
+        request = providers.Request([{"role": "user", "content": prompt}], system=SYSTEM)
+        try:
+            return providers.call(providers.model_of(self.model), request).text
+        except SameForEveryItem as exc:
+            raise GeneratorError(f"the llm repair generator: {exc}") from exc
 
 
 def fake_answer(prompt: str) -> str:

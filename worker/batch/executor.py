@@ -20,7 +20,7 @@ from typing import Any
 
 from pocketflow import BaseNode
 
-from ir.errors import Outage
+from ir.errors import Outage, SameForEveryItem
 from ir.models import BatchSpec, NodeSpec
 from worker import redact
 from worker.batch.aggregate import ChunkResult
@@ -116,6 +116,8 @@ class ItemExecutor:
                 break
             except Outage:
                 raise  # chordflow's state out of reach is not this item's failure: the chunk is given back
+            except SameForEveryItem:
+                raise  # the batch's failure, not the item's: every other item would meet it too
             except Exception as exc:
                 if attempt >= self.attempts:
                     outcome = ItemOutcome.raised(index, item, exc, redact.node_secrets(self.chain, item_shared))

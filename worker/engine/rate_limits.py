@@ -31,7 +31,7 @@ from typing import Any, Protocol
 
 from pocketflow import BaseNode, Node
 
-from ir.errors import Throttled, ThrottledTooLong
+from ir.errors import SameForEveryItem, Throttled, ThrottledTooLong
 from ir.models import RateLimitSpec
 from worker.engine import context
 
@@ -236,6 +236,8 @@ def _attempts(
                 limiter.hold(limit, delay)  # type: ignore[arg-type]
             time.sleep(delay)
             continue
+        except SameForEveryItem:
+            raise  # no attempt would answer otherwise (a refused key, an unknown model): none is made
         except Exception as exc:
             if attempt >= getattr(node, "max_retries", 1) - 1:
                 if isinstance(node, Node):

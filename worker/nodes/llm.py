@@ -1,71 +1,34 @@
-"""`llm`: one prompt to a language model, with a deterministic fake for tests and offline runs.
+"""`llm`: one chat with a language model through its provider's official client (worker/llm/providers.py).
 
-The fake answers when the model is "fake" (or "fake-throttled:N"), when CHORDFLOW_LLM_MODEL is "fake", or
-when the `llm` package is not installed; otherwise the `llm` package does the call. Every call appends a
-usage record to the root accumulator `__llm_calls__` (batch items' records are merged in index order), with
-`input_tokens`/`output_tokens` when the model reports them; `tokens_used` charges them to the node's
-`tokens_per_minute` bucket. A rate-limit error from the model library raises `Throttled`, so the engine waits
-and asks again without counting an attempt (worker/engine/rate_limits.py).
-
-The fake's token counts are words (whitespace-separated): input = words of system + prompt, output = words of
-the answer. `fake-throttled:N` is a test aid: it answers Throttled (Retry-After FAKE_RETRY_AFTER seconds) to
-the first N calls of each (model, system, prompt) in this process, then like `fake`.
+`model` names the provider and model (`openai/gpt-4o-mini`, `anthropic/claude-sonnet-4-5`, a bare name for
+CHORDFLOW_LLM_PROVIDER); `"fake"` (or CHORDFLOW_LLM_MODEL=fake, which makes every llm node offline) answers
+offline (worker/llm/fake.py), and nothing else ever does. Every call appends a usage record to the root
+accumulator `__llm_calls__` (batch items' records are merged in index order), with `input_tokens` and
+`output_tokens` as the provider billed them; `tokens_used` charges them to the node's `tokens_per_minute` bucket.
+A 429 (or a 503/529 asking to come back later) raises `Throttled`, so the engine waits and asks again without
+counting an attempt (worker/engine/rate_limits.py). A refused key, an unknown model, a missing key or no model at
+all raise SameForEveryItem: the batch stops at the first instead of once per item.
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
-import threading
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from pocketflow import Node
 
-from ir.errors import Throttled
+from ir.errors import SameForEveryItem, Throttled
+from ir.templates import references
 from worker import settings
 from worker.engine.rate_limits import DEFAULT_MAX_WAIT
+from worker.llm import fake, providers
 from worker.nodes.http import parse_retry_after
 from worker.nodes.params import Param
 from worker.nodes.registry import register
 
-FAKE = "fake"
-FAKE_THROTTLED = "fake-throttled:"
-#: Seconds the throttled fake asks to wait: short, so tests stay fast, and fixed, so they stay deterministic.
-FAKE_RETRY_AFTER = 0.05
-
-_throttled_calls: dict[tuple[str, str | None, str], int] = {}
-_throttled_lock = threading.Lock()
-
-
-def fake_response(model: str | None, system: str | None, prompt: str) -> str:
-    """The same inputs always give the same answer, so tests and resumed runs can compare."""
-    digest = hashlib.sha256(json.dumps([model, system, prompt]).encode("utf-8")).hexdigest()[:10]
-    return f"fake:{digest}: {prompt[:40]}"
-
-
-def fake_tokens(system: str | None, prompt: str, response: str) -> tuple[int, int]:
-    """(input, output) tokens the fake reports: whitespace-separated words, so tests can predict them."""
-    return len((system or "").split()) + len(prompt.split()), len(response.split())
-
-
-def is_fake(model: str | None) -> bool:
-    """Whether `model` names the offline fake ("fake", "fake-throttled:N")."""
-    return model == FAKE or (model or "").startswith(FAKE_THROTTLED)
-
-
-def _fake_throttles(model: str) -> bool:
-    """False for a fake-throttled:N model name whose N is not a whole number (0 or more)."""
-    return not model.startswith(FAKE_THROTTLED) or model[len(FAKE_THROTTLED) :].isdigit()
-
-
-def llm_package() -> Any | None:
-    """The `llm` package, or None when it is not importable."""
-    try:
-        import llm
-    except ImportError:
-        return None
-    return llm
+#: Statuses that ask to come back later: throttles, waited out like a 429 (529: Anthropic "overloaded").
+BUSY = {429, 503, 529}
 
 
 def _attr(obj: Any, name: str) -> Any:
@@ -77,13 +40,13 @@ def _attr(obj: Any, name: str) -> Any:
 
 
 def rate_limited(exc: BaseException) -> BaseException | None:
-    """The exception in `exc`'s chain that says "too many requests" (a class named *RateLimit*, or
-    `status_code` 429), or None. Model libraries often wrap the provider's error, so causes count too."""
+    """The exception in `exc`'s chain that says "too many requests, come back later" (a class named *RateLimit*, or
+    a BUSY `status_code`), or None. Model libraries often wrap the provider's error, so causes count too."""
     seen: set[int] = set()
     current: BaseException | None = exc
     while current is not None and id(current) not in seen:
         seen.add(id(current))
-        if any("RateLimit" in cls.__name__ for cls in type(current).__mro__) or _attr(current, "status_code") == 429:
+        if any("RateLimit" in cls.__name__ for cls in type(current).__mro__) or _attr(current, "status_code") in BUSY:
             return current
         current = current.__cause__ or current.__context__
     return None
@@ -106,17 +69,6 @@ def _count(value: Any) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
 
 
-def reported_tokens(response: Any) -> tuple[int | None, int | None]:
-    """(input, output) tokens an `llm` Response reports (`.usage()` in recent versions); None where it does not."""
-    usage = _attr(response, "usage")
-    if callable(usage):
-        try:
-            usage = usage()
-        except Exception:  # a model that cannot say: the call itself succeeded
-            usage = None
-    return _count(_attr(usage, "input")), _count(_attr(usage, "output"))
-
-
 def usage_totals(store: Mapping[str, Any]) -> dict[str, int] | None:
     """{"calls", "input_tokens", "output_tokens"} over the store's `__llm_calls__` (None without that list):
     what `chordflow status` and `results` report. Entries without counts add a call and no tokens."""
@@ -131,38 +83,79 @@ def usage_totals(store: Mapping[str, Any]) -> dict[str, int] | None:
     return totals
 
 
-def _fake_call(model: str | None, system: str | None, prompt: str, max_wait: float) -> dict[str, Any]:
-    if model is not None and model.startswith(FAKE_THROTTLED):
-        limit = int(model[len(FAKE_THROTTLED) :])
-        with _throttled_lock:
-            seen = _throttled_calls[(model, system, prompt)] = _throttled_calls.get((model, system, prompt), 0) + 1
-        if seen <= limit:
-            raise Throttled(
-                f"fake model {model}: rate limited (call {seen} of the first {limit})",
-                retry_after=FAKE_RETRY_AFTER,
-                max_wait=max_wait,
-            )
-    response = fake_response(model, system, prompt)
-    input_tokens, output_tokens = fake_tokens(system, prompt, response)
-    return {"response": response, "model": FAKE, "input_tokens": input_tokens, "output_tokens": output_tokens}
+def _positive(value: Any) -> bool:
+    return value > 0
+
+
+def _messages(value: Any) -> bool:
+    """A list of {role, content} with string values: what every provider takes."""
+    return bool(value) and all(
+        isinstance(m, Mapping) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str) for m in value
+    )
 
 
 #: The llm node's params, in the order prep reads them (worker/nodes/params.py).
 PARAMS = {
-    "prompt": Param("(required) the prompt text", str, required=True),
-    "temperature": Param("sampling temperature (number), passed to the model when given", (int, float)),
-    "model": Param(
-        "model name for the `llm` package (default: CHORDFLOW_LLM_MODEL, else llm's default); 'fake' gives a "
-        "deterministic offline answer ('fake-throttled:N': throttled N times first, a test aid)",
-        str,
+    "prompt": Param("the prompt text (this or `messages`)", str),
+    "messages": Param(
+        "the chat so far, a list of {role, content} (this or `prompt`)", list,
+        what="a list of {role, content} objects with string values", check=_messages,
     ),
     "system": Param("system prompt", str),
+    "model": Param(
+        "`openai/<model>`, `anthropic/<model>`, `llm/<model id>` or a bare name for CHORDFLOW_LLM_PROVIDER "
+        "(default: CHORDFLOW_LLM_MODEL); 'fake' answers offline ('fake-throttled:N': throttled N times first, a "
+        "test aid)",
+        str,
+    ),
+    "temperature": Param("sampling temperature (number), passed to the model when given", (int, float)),
+    "max_tokens": Param(
+        "most tokens in the answer (a whole number > 0; Anthropic's default 4096)", int,
+        what="a whole number > 0", check=_positive,
+    ),
+    "timeout": Param(
+        "seconds (number > 0) one request may take; unset: the client's default", (int, float),
+        what="a positive number of seconds", check=_positive,
+    ),
+    "base_url": Param("the provider's endpoint (default: OPENAI_BASE_URL / ANTHROPIC_BASE_URL, else its own)", str),
     "max_throttle_wait": Param(
         "seconds (number > 0, default 300) this call may spend in all waiting out the model's rate-limit errors "
         "before its item fails",
-        (int, float), default=DEFAULT_MAX_WAIT, what="a positive number of seconds", check=lambda t: t > 0,
+        (int, float), default=DEFAULT_MAX_WAIT, what="a positive number of seconds", check=_positive,
     ),
 }  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Call:
+    """What prep resolved: the model as written, the request, and the throttle budget."""
+
+    model: str
+    request: providers.Request
+    max_wait: float
+
+    @property
+    def prompt(self) -> str:
+        return "\n\n".join(m["content"] for m in self.request.messages)
+
+
+def check_params(params: dict[str, Any]) -> dict[str, str] | str | None:
+    """Before any item runs (validation, a local run, `submit`): one of prompt/messages, and the key a literal
+    model needs in this process."""
+    if "prompt" in params and "messages" in params:
+        return {"messages": "give `prompt` or `messages`, not both"}
+    if "prompt" not in params and "messages" not in params and set(params) <= set(PARAMS):  # (a misspelt one: named)
+        return {"prompt": "required (or `messages`)"}
+    model = params.get("model") or settings.get("llm_model")
+    if not isinstance(model, str) or references(model) or offline(model):
+        return None
+    problem = providers.missing_key_message(providers.model_of(model))
+    return {"model": problem} if problem else None
+
+
+def offline(model: str) -> bool:
+    """Whether calls of `model` get the fake: it is named, or CHORDFLOW_LLM_MODEL=fake makes every call offline."""
+    return fake.is_fake(model) or settings.get("llm_model") == fake.FAKE
 
 
 @register("llm")
@@ -170,48 +163,55 @@ class LlmNode(Node):
     """Writes the model's `response`; the call happens in exec so the node's retries apply."""
 
     PARAMS = PARAMS
+    check_params = staticmethod(check_params)  # static validation hook (worker/engine/loader.py)
 
-    def prep(self, shared: Any) -> dict[str, Any]:
-        prompt, temperature, model, system, max_wait = (PARAMS[name].get("llm", self.params, name) for name in PARAMS)
-        model = model or settings.get("llm_model")
-        if model is not None and not _fake_throttles(model):
+    def prep(self, shared: Any) -> Call:
+        values = {name: PARAMS[name].get("llm", self.params, name) for name in PARAMS}
+        model = values["model"] or settings.get("llm_model")
+        if not model:
+            raise SameForEveryItem(
+                "llm: no model: set the node's `model` or CHORDFLOW_LLM_MODEL ('fake' answers offline)"
+            )
+        if not fake.well_formed(model):
             raise ValueError(f"llm: model {model!r} must be 'fake-throttled:N' with N a whole number")
-        return {"prompt": prompt, "model": model, "system": system, "temp": temperature, "max_wait": float(max_wait)}
+        if values["prompt"] is None and values["messages"] is None:
+            raise ValueError("llm: param 'prompt' or 'messages' is required")
+        messages = values["messages"] or [{"role": "user", "content": values["prompt"]}]
+        request = providers.Request(
+            messages=[{"role": m["role"], "content": m["content"]} for m in messages], system=values["system"],
+            temperature=values["temperature"], max_tokens=values["max_tokens"], timeout=values["timeout"],
+            base_url=values["base_url"],
+        )  # fmt: skip
+        return Call(model, request, float(values["max_throttle_wait"]))
 
-    def exec(self, prep_res: dict[str, Any]) -> dict[str, Any]:
-        prompt, model, system = prep_res["prompt"], prep_res["model"], prep_res["system"]
-        package = None if is_fake(model) or settings.get("llm_model") == FAKE else llm_package()
-        if package is None:
-            return _fake_call(model, system, prompt, prep_res["max_wait"])
-        options = {} if prep_res["temp"] is None else {"temperature": prep_res["temp"]}
+    def exec(self, call: Call) -> providers.Answer:
+        if offline(call.model):
+            text, input_tokens, output_tokens = fake.answer(call.model, call.request.system, call.prompt, call.max_wait)
+            return providers.Answer(text, fake.FAKE, input_tokens, output_tokens)
         try:
-            handle = package.get_model(model) if model else package.get_model()
-            response = handle.prompt(prompt, system=system, **options)
-            text = response.text()  # an `llm` Response is lazy: the request happens here
+            return providers.call(providers.model_of(call.model), call.request)
+        except SameForEveryItem:
+            raise
         except Exception as exc:
             if (limited := rate_limited(exc)) is not None:
-                raise Throttled(str(exc), retry_after=retry_after_of(limited), max_wait=prep_res["max_wait"]) from exc
+                raise Throttled(str(exc), retry_after=retry_after_of(limited), max_wait=call.max_wait) from exc
             raise
-        input_tokens, output_tokens = reported_tokens(response)
-        name = str(getattr(handle, "model_id", model))
-        return {"response": text, "model": name, "input_tokens": input_tokens, "output_tokens": output_tokens}
 
-    def tokens_used(self, exec_res: dict[str, Any]) -> int:
+    def tokens_used(self, answer: providers.Answer) -> int:
         """What the call cost, for the engine's `tokens_per_minute` bucket (0 when the model does not say)."""
-        return (exec_res.get("input_tokens") or 0) + (exec_res.get("output_tokens") or 0)
+        return (answer.input_tokens or 0) + (answer.output_tokens or 0)
 
-    def post(self, shared: Any, prep_res: dict[str, Any], exec_res: dict[str, Any]) -> str:
-        response = exec_res["response"]
-        shared["response"] = response
+    def post(self, shared: Any, call: Call, answer: providers.Answer) -> str:
+        shared["response"] = answer.text
         usage = {
             "node": self.type_name,
-            "model": exec_res["model"],
-            "prompt_chars": len(prep_res["prompt"]),
-            "response_chars": len(response),
+            "model": answer.model,
+            "prompt_chars": len(call.prompt),
+            "response_chars": len(answer.text),
         }
         for key in ("input_tokens", "output_tokens"):
-            if exec_res.get(key) is not None:
-                usage[key] = exec_res[key]
+            if (value := getattr(answer, key)) is not None:
+                usage[key] = value
         calls = shared.get("__llm_calls__")
         if isinstance(calls, list):
             calls.append(usage)

@@ -16,6 +16,7 @@ from typing import Any
 from celery.exceptions import Ignore, Reject, Retry
 
 from ir import snapshot
+from ir.errors import SameForEveryItem
 from ir.models import NodeSpec
 from worker import redact, settings
 from worker.batch import overrides
@@ -132,11 +133,13 @@ def _run(task: Any, job: dict[str, Any], payloads: list[bytes], state: RunState,
 def _crashed(window: BatchWindow, job: dict[str, Any], exc: BaseException) -> None:
     """A chunk raised: a cluster run fails naming the cause; a client following the batch is told. (A chunk of a
     window that is gone, e.g. sent by hand, only raises.)"""
+    window.state.abort(job["batch"])  # the batch can never be merged: its other chunks stop between items
     try:
         meta = window.header()["meta"]
     except LookupError:
         return
-    error = redact.mask(f"batch node '{meta['node']}': a chunk failed on a worker: {exc}")
+    cause = "" if isinstance(exc, SameForEveryItem) else "a chunk failed on a worker: "
+    error = redact.mask(f"batch node '{meta['node']}': {cause}{exc}")
     window.crash(error)
     if "advance" in meta:
         batch_failed(meta, error)

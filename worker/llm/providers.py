@@ -1,0 +1,186 @@
+"""Which provider answers a model name, and the call itself through the provider's official client.
+
+A model name is `"openai/<model>"` (OpenAI and every OpenAI-compatible server: vLLM, Ollama, LM Studio, a LiteLLM
+proxy, OpenRouter), `"anthropic/<model>"` (Claude), `"llm/<model id>"` (the `llm` package and its plugins, when
+installed), or a bare name, which goes to CHORDFLOW_LLM_PROVIDER (default `openai`). Credentials and endpoints
+come from the providers' own variables (OPENAI_API_KEY, OPENAI_BASE_URL, ANTHROPIC_API_KEY, ANTHROPIC_BASE_URL);
+a node may set `base_url`. Keys never live in the workflow.
+
+One client per (provider, endpoint, key) per process, shared by every item thread of every chunk: its connection
+pool keeps connections alive across items. The clients' own retries are off (`max_retries=0`): the engine retries
+an item (`max_retries`) and waits out 429s for the whole rate-limit bucket (worker/engine/rate_limits.py).
+
+An answer that would be the same for every item — the key refused (401, 403), the model unknown (404), no key in
+this process — raises SameForEveryItem: the batch stops at the first one instead of paying for the same refusal
+once per item.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from dataclasses import dataclass
+from typing import Any
+
+from ir.errors import SameForEveryItem
+from worker import settings
+
+#: Providers a model name may start with (`<provider>/<model>`), and the one a bare name goes to by default.
+PROVIDERS = ("openai", "anthropic", "llm")
+DEFAULT_PROVIDER = "openai"
+#: The variable holding each provider's key, and its endpoint's.
+KEY_VARIABLES = {"openai": "OPENAI_API_KEY", "anthropic": "ANTHROPIC_API_KEY"}
+URL_VARIABLES = {"openai": "OPENAI_BASE_URL", "anthropic": "ANTHROPIC_BASE_URL"}
+#: What Anthropic's API requires and OpenAI's does not: an answer's length cap, when the node sets none.
+ANTHROPIC_MAX_TOKENS = 4096
+#: HTTP statuses a provider answers the same way for every request of a batch (the key, the model).
+SAME_FOR_EVERY_ITEM = {401: "refused the key", 403: "refused the key", 404: "does not know the model"}
+
+
+@dataclass(frozen=True)
+class Model:
+    """A model name split: `provider` and the provider's own `name` for it; `written`, the name as written."""
+
+    provider: str
+    name: str
+    written: str
+
+
+@dataclass(frozen=True)
+class Request:
+    """One call: chat `messages` ({role, content}), and the options a node may set (None: the provider's default)."""
+
+    messages: list[dict[str, str]]
+    system: str | None = None
+    temperature: float | None = None
+    max_tokens: int | None = None
+    timeout: float | None = None
+    base_url: str | None = None
+
+
+@dataclass(frozen=True)
+class Answer:
+    """The model's text, the model that answered, and the tokens it billed (None where it does not say)."""
+
+    text: str
+    model: str
+    input_tokens: int | None
+    output_tokens: int | None
+
+
+def model_of(written: str) -> Model:
+    """`written` split into provider and model: a known provider prefix, else the default provider."""
+    provider, slash, rest = written.partition("/")
+    if slash and provider in PROVIDERS and rest:
+        return Model(provider, rest, written)
+    return Model(settings.get("llm_provider") or DEFAULT_PROVIDER, written, written)
+
+
+def missing_key(model: Model) -> str | None:
+    """The provider variable this process lacks to call `model` (None: nothing missing)."""
+    variable = KEY_VARIABLES.get(model.provider)
+    return variable if variable is not None and not os.environ.get(variable) else None
+
+
+def missing_key_message(model: Model) -> str | None:
+    """One line saying what `model` needs and how to run offline, or None when its key is set."""
+    variable = missing_key(model)
+    if variable is None:
+        return None
+    return f'model \'{model.written}\' needs {variable}; "model": "fake" answers offline'
+
+
+def call(model: Model, request: Request) -> Answer:
+    """Ask `model`; the provider's own exceptions pass through (429s, timeouts, a bad request), but for those that
+    would be the same for every item: SameForEveryItem."""
+    if (problem := missing_key_message(model)) is not None:
+        raise SameForEveryItem(problem)
+    try:
+        return _ASK[model.provider](model, request)
+    except Exception as exc:
+        status = getattr(exc, "status_code", None)
+        if status in SAME_FOR_EVERY_ITEM:
+            raise SameForEveryItem(f"model '{model.written}': the provider {SAME_FOR_EVERY_ITEM[status]} "
+                                   f"(HTTP {status}: {_message(exc)})") from exc  # fmt: skip
+        raise
+
+
+def _message(exc: BaseException) -> str:
+    """A provider error's own message, on one line and short."""
+    return " ".join(str(getattr(exc, "message", None) or exc).split())[:300]
+
+
+_clients: dict[tuple[str, str | None, str | None], Any] = {}
+_clients_lock = threading.Lock()
+
+
+def client(provider: str, base_url: str | None) -> Any:
+    """This process's client for `provider` at `base_url` (else the provider's variable, else its own default)."""
+    key = os.environ.get(KEY_VARIABLES[provider])
+    url = base_url or os.environ.get(URL_VARIABLES[provider]) or None
+    with _clients_lock:
+        found = _clients.get((provider, url, key))
+        if found is None:
+            if provider == "openai":
+                import openai  # a worker that never calls a model never pays its import
+
+                found = openai.OpenAI(api_key=key, base_url=url, max_retries=0)
+            else:
+                import anthropic
+
+                found = anthropic.Anthropic(api_key=key, base_url=url, max_retries=0)
+            _clients[(provider, url, key)] = found
+        return found
+
+
+def _openai(model: Model, request: Request) -> Answer:
+    messages = ([{"role": "system", "content": request.system}] if request.system else []) + request.messages
+    options = _options(request, temperature=request.temperature, max_tokens=request.max_tokens)
+    response = client("openai", request.base_url).chat.completions.create(
+        model=model.name, messages=messages, **options
+    )
+    usage = getattr(response, "usage", None)
+    text = response.choices[0].message.content or ""
+    return Answer(text, getattr(response, "model", None) or model.name, _tokens(usage, "prompt_tokens"),
+                  _tokens(usage, "completion_tokens"))  # fmt: skip
+
+
+def _anthropic(model: Model, request: Request) -> Answer:
+    options = _options(request, temperature=request.temperature, system=request.system)
+    response = client("anthropic", request.base_url).messages.create(
+        model=model.name, max_tokens=request.max_tokens or ANTHROPIC_MAX_TOKENS, messages=request.messages, **options
+    )
+    text = "".join(getattr(block, "text", "") for block in response.content if getattr(block, "type", "") == "text")
+    usage = getattr(response, "usage", None)
+    return Answer(text, getattr(response, "model", None) or model.name, _tokens(usage, "input_tokens"),
+                  _tokens(usage, "output_tokens"))  # fmt: skip
+
+
+def _llm_package(model: Model, request: Request) -> Answer:
+    try:
+        import llm
+    except ImportError:
+        raise SameForEveryItem(f"model '{model.written}' needs the `llm` package (pip install llm)") from None
+    handle = llm.get_model(model.name)
+    prompt = "\n\n".join(m["content"] for m in request.messages)
+    options = {} if request.temperature is None else {"temperature": request.temperature}
+    response = handle.prompt(prompt, system=request.system, **options)
+    text = response.text()  # an `llm` Response is lazy: the request happens here
+    usage = response.usage() if callable(getattr(response, "usage", None)) else None
+    return Answer(text, str(getattr(handle, "model_id", model.name)), _tokens(usage, "input"), _tokens(usage, "output"))
+
+
+_ASK = {"openai": _openai, "anthropic": _anthropic, "llm": _llm_package}
+
+
+def _options(request: Request, **values: Any) -> dict[str, Any]:
+    """The options that were set, and the request's timeout."""
+    options = {name: value for name, value in values.items() if value is not None}
+    if request.timeout is not None:
+        options["timeout"] = request.timeout
+    return options
+
+
+def _tokens(usage: Any, name: str) -> int | None:
+    value = getattr(usage, name, None)
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
