@@ -2,7 +2,8 @@
 and `chordflow.aggregate` (the chord body's role: the merge). Chunks never raise for item failures; they record
 outcomes.
 
-Defined with `worker.app.task`: registered on every chordflow app, whatever settings it was built from.
+Defined with `worker.app.task`: registered on every chordflow app, whatever settings it was built from. Neither
+stores a Celery result (`ignore_result`): what they return is only their log line; outcomes go to the run's keys.
 """
 
 from __future__ import annotations
@@ -72,7 +73,7 @@ def _snapshot_cache() -> SnapshotCache:
     return SnapshotCache(settings.load().snapshot_cache_bytes)
 
 
-@task(name="chordflow.run_chunk", bind=True)
+@task(name="chordflow.run_chunk", bind=True, ignore_result=True)
 def run_chunk(self: Any, job: dict[str, Any]) -> str:
     """Run items[start:start+len] of one batch node, record their outcomes in the batch's window and send the
     chunks its place in the window lets go (the merge, if this was the last one). Only one message of a chunk runs:
@@ -142,7 +143,7 @@ def _crashed(window: BatchWindow, job: dict[str, Any], exc: BaseException) -> No
         batch_failed(meta, error)
 
 
-@task(name="chordflow.aggregate")
+@task(name="chordflow.aggregate", ignore_result=True)
 def aggregate(job: dict[str, Any]) -> str:
     """The chord body's role: once every chunk of the batch has finished (or stopped), merge their outcomes by
     index (the same merge as in-process), store the batch result in Redis and wake whoever goes on: the waiting
