@@ -17,6 +17,7 @@ from typing import Any
 from celery.exceptions import Ignore, Reject, Retry
 
 from ir import snapshot
+from ir.errors import RunPurged
 from ir.models import NodeSpec
 from worker import redact, settings
 from worker.batch import overrides
@@ -100,9 +101,13 @@ def run_chunk(self: Any, job: dict[str, Any]) -> str:
     except Exception as exc:  # not an item failure (those are outcomes): the batch can never be merged
         _crashed(window, job, exc)
         raise
+    if state.purged:  # seen by a stop check or a refused publish: the chunk stopped, and reports nothing
+        raise RunPurged(f"run {job['run']} was purged: its chunk at {job['start']} stopped and reports nothing")
     processes = chunking.registered_processes(settings.load().result_backend) or chunking.FALLBACK_PROCESSES
     size = window_size(processes, window.open_windows())
     step = window.finish(job["start"], blob, count, time.monotonic() - began, size)
+    if step.state == "purged":
+        raise RunPurged(f"run {job['run']} was purged: its chunk at {job['start']} reports nothing")
     if step.state != "stale":
         follow(window, step)
     return step.state
@@ -165,8 +170,9 @@ def aggregate(job: dict[str, Any]) -> str:
         chunk_results = window.outcomes()
         if "advance" in job:
             runs = ClusterRuns()
+            cancelled = state.cancelled()  # first: RunPurged for a purged run, before anything is written
             chunks = runs.keep_chunks(run_id, batch, chunk_results)
-            if state.cancelled():
+            if cancelled:
                 runs.set_status(run_id, "cancelled", "run cancelled", job["node"])
                 logs.transition(run_id, "running", "cancelled", node=job["node"])
                 window.drop()  # no longer a batch sharing the workers
