@@ -28,7 +28,7 @@ from scheduler import durable
 from scheduler.localcluster import Cluster, RedisServer, free_port
 from tests.support.cluster import PLUGINS
 from tests.test_datasets import per_record_workflow, write_records
-from tests.test_dead_workers import Counts, batch_workflow, log_lines
+from tests.test_dead_workers import Counts, batch_workflow, log_lines, record_workflow
 from tests.test_durable import until
 from worker.cluster.app import current_app
 from worker.cluster.state.keys import RUNS, WINDOWS, done_key, purged_key, run_key, run_prefix
@@ -276,20 +276,24 @@ def ignored(worker: Any) -> int:
     return sum(line.endswith(" ignored") for line in worker.log.read_text().splitlines())
 
 
+@pytest.mark.parametrize("kind", ["batch", "dataset job"])
 def test_a_purged_run_stays_dead_when_its_paused_worker_wakes_up_and_when_its_messages_come_back(
-    tmp_path: Path,
+    tmp_path: Path, kind: str
 ) -> None:
-    """SIGSTOP a worker mid-chunk, cancel, purge, SIGCONT: the woken chunk starts no item and writes none of the run's
-    keys back (without the tombstone it ran the rest of its chunk and recreated `events`); then a message of each task
-    of the run, delivered after the purge, runs nothing and writes nothing, not even its done mark. Left: the
-    tombstone alone, and no Celery result of any task."""
+    """SIGSTOP a worker mid-chunk (a batch's, a dataset job's), cancel, purge, SIGCONT: the woken chunk starts no item
+    and writes none of the run's keys back (without the tombstone it ran the rest of its chunk and recreated `events`);
+    then a message of each task of the run, delivered after the purge, runs nothing and writes nothing, not even its
+    done mark. Left: the tombstone alone, and no Celery result of any task."""
     cluster = Cluster(tmp_path, visibility_timeout=5, plugins=f"{PLUGINS},tests.support.counting_nodes")
     previous = cluster.apply_env()
     try:
         for name in ("k1", "k2"):
             cluster.start_worker(name)
         client, counts = ClusterRuns().redis, Counts(cluster)
-        run_id = durable.submit(batch_workflow(counts, 0.3, 10), {"items": list(range(40))})
+        if kind == "batch":
+            run_id = durable.submit(batch_workflow(counts, 0.3, 10), {"items": list(range(40))})
+        else:
+            run_id = scheduler.submit(record_workflow(counts, 0.3), items=({"n": i} for i in range(40)), chunk_size=10)
         until(lambda: len(counts.started_by("k1")) >= 2, 60, "k1 to be inside a chunk")
         paused = cluster.workers["k1"]
         paused.kill(signal.SIGSTOP)
@@ -300,7 +304,7 @@ def test_a_purged_run_stays_dead_when_its_paused_worker_wakes_up_and_when_its_me
         assert chordflow("purge", run_id).stdout == f"purged {run_id}\n"
         assert keys_of(client, run_id) == [] and client.exists(purged_key(run_id))
         paused.kill(signal.SIGCONT)
-        until(lambda: ignored(paused) > before, 60, "k1's woken chunk to end")
+        until(lambda: ignored(paused) > before, 60, "k1's woken chunk to end")  # Celery's line: "... ignored"
         assert counts.started_by("k1") == started  # not one more item
         sent = {}
         for name, args in ZOMBIES.items():
