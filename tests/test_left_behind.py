@@ -24,6 +24,7 @@ import pytest
 import redis
 
 import scheduler
+from ir.errors import RunPurged
 from scheduler import durable
 from scheduler.localcluster import Cluster, RedisServer, free_port
 from tests.support.cluster import PLUGINS
@@ -31,8 +32,11 @@ from tests.test_datasets import per_record_workflow, write_records
 from tests.test_dead_workers import Counts, batch_workflow, log_lines, record_workflow
 from tests.test_durable import until
 from worker.cluster.app import current_app
+from worker.cluster.datasets.store import ClusterDataset
 from worker.cluster.state.keys import RUNS, WINDOWS, done_key, purged_key, run_key, run_prefix
 from worker.cluster.state.runs import ClusterRuns
+from worker.cluster.state.runstate import RunState
+from worker.cluster.state.windows import BatchWindow
 from worker.runs.record import RunRecord
 
 ROOT = Path(__file__).parents[1]
@@ -321,6 +325,39 @@ def test_a_purged_run_stays_dead_when_its_paused_worker_wakes_up_and_when_its_me
     finally:
         cluster.restore_env(previous)
         cluster.stop()
+
+
+def test_every_write_of_a_purged_run_is_refused_and_nothing_of_it_comes_back(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What a task still in flight writes after its run's purge, each way it writes (a redis-server of this test's
+    own): the record and its exception, the progress stream, a batch's window, abort flag, permits and merged result,
+    a dataset job's step. Each writes nothing; what reads a stop says stop (and `purged`); only the tombstone stays."""
+    server = RedisServer(tmp_path)
+    try:
+        monkeypatch.setenv("CHORDFLOW_RESULT_BACKEND", server.url)
+        client = redis.Redis.from_url(server.url)
+        runs = ClusterRuns(client, ttl=600)
+        runs.create(RunRecord("gone", {"nodes": [{"id": "a", "type": "echo"}]}, "celery", "cancelled", "a"), {"x": 1})
+        runs.purge("gone")
+        state = RunState("gone", client, ttl=600)
+        for write in (
+            lambda: runs.set_status("gone", "failed", "late"),
+            lambda: runs.set_exception("gone", ValueError("late")),
+            lambda: state.finish_batch("b#0", b"result"),
+            state.cancelled,
+        ):
+            with pytest.raises(RunPurged):
+                write()
+        state.publish("b#0", [(0, True)], (0, 5, 1))
+        state.abort("b#0")
+        assert not state.acquire_permit("b#0", "token", 4, 30.0)
+        assert state.should_stop("b#0") and state.chunk_start("b#0")[0] and state.purged
+        assert BatchWindow(state, "b#0", "plan").finish(0, b"outcome", 1, 0.1, 2).state == "purged"
+        assert ClusterDataset("gone").check() == ("purged", [])
+        assert [k.decode() for k in client.scan_iter()] == [purged_key("gone")]
+    finally:
+        server.kill()
 
 
 # -- runs --prune ----------------------------------------------------------------------------------------------

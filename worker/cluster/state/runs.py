@@ -13,6 +13,7 @@ writes refused (the Lua scripts, `set_status`) and stops, so nothing of the run 
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import re
@@ -111,28 +112,35 @@ class ClusterRuns:
         return found
 
     def set_status(self, run_id: str, status: str, error: str | None = None, node: str | None = None) -> None:
-        """RunPurged, writing nothing, for a purged run (a task of it still in flight must not bring its record back):
-        the transaction watches the run's tombstone, so a purge between the check and the write cancels the write."""
+        """RunPurged, writing nothing, for a purged run (`_live`)."""
         fields: dict[str, Any] = {"status": status, "error": error or "", "updated": time.time()}
         if node is not None:
             fields["node"] = node
+        with self._live(run_id) as pipe:  # MULTI: whoever sees the run ended sees it trimmed
+            if status in ("queued", "running"):
+                pipe.hdel(run_key(run_id, "run"), "exception")
+            pipe.hset(run_key(run_id, "run"), mapping=fields)
+            if status in FINAL:  # wake whoever follows the run's stream (`wait`) now, not at its next poll
+                pipe.xadd(run_key(run_id, "events"), {"batch": "", "end": status})
+                pipe.expire(run_key(run_id, "events"), self.ttl)
+                self.trim(run_id, status, pipe)
+
+    @contextlib.contextmanager
+    def _live(self, run_id: str) -> Iterator[redis.client.Pipeline]:
+        """A transaction (MULTI, executed on leaving) that writes nothing of a purged run and raises RunPurged instead:
+        a task of the run still in flight must not bring its record back. It watches the run's tombstone, so a purge
+        between the check and EXEC cancels the writes too (two more round trips: for a run's few transitions)."""
         tombstone = purged_key(run_id)
-        with self.redis.pipeline() as pipe:  # MULTI: whoever sees the run ended sees it trimmed
+        with self.redis.pipeline() as pipe:
             try:
                 pipe.watch(tombstone)
                 if pipe.exists(tombstone):
-                    raise RunPurged(f"run {run_id} was purged: its status is not written")
+                    raise RunPurged(f"run {run_id} was purged: nothing of it is written")
                 pipe.multi()
-                if status in ("queued", "running"):
-                    pipe.hdel(run_key(run_id, "run"), "exception")
-                pipe.hset(run_key(run_id, "run"), mapping=fields)
-                if status in FINAL:  # wake whoever follows the run's stream (`wait`) now, not at its next poll
-                    pipe.xadd(run_key(run_id, "events"), {"batch": "", "end": status})
-                    pipe.expire(run_key(run_id, "events"), self.ttl)
-                    self.trim(run_id, status, pipe)
+                yield pipe
                 pipe.execute()
             except redis.WatchError:
-                raise RunPurged(f"run {run_id} was purged: its status is not written") from None
+                raise RunPurged(f"run {run_id} was purged: nothing of it is written") from None
 
     def priority(self, run_id: str) -> str:
         """The run's priority ('normal' for a run recorded without one)."""
@@ -205,7 +213,8 @@ class ClusterRuns:
     def set_exception(self, run_id: str, exc: BaseException) -> None:
         """What `wait` raises again for a run that failed with an exception (module, type, message)."""
         kind = type(exc)
-        self.redis.hset(run_key(run_id, "run"), "exception", json.dumps([kind.__module__, kind.__name__, str(exc)]))
+        with self._live(run_id) as pipe:  # never a record of a purged run, holding this field alone and no TTL
+            pipe.hset(run_key(run_id, "run"), "exception", json.dumps([kind.__module__, kind.__name__, str(exc)]))
 
     def exception(self, run_id: str) -> tuple[str, str, str] | None:
         raw = self.redis.hget(run_key(run_id, "run"), "exception")
