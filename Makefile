@@ -5,6 +5,9 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 RUN_STAMP := $(VENV)/.installed-run
 DEV_STAMP := $(VENV)/.installed-dev
+# chordflow's own bytecode, written once: each command is a fresh process, and where PYTHONDONTWRITEBYTECODE=1 is set
+# Python would compile every module it imports at every start (the venv's packages are compiled by pip already).
+COMPILE := $(BIN)/python -m compileall -q ir scheduler worker
 
 .PHONY: install run test lint bench flower worker clean fuzz browser
 
@@ -14,6 +17,7 @@ $(RUN_STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet -e .
+	$(COMPILE)
 	touch $(RUN_STAMP)
 
 $(DEV_STAMP): $(RUN_STAMP) pyproject.toml

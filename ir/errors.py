@@ -173,6 +173,11 @@ class Fenced(ChordflowError, RuntimeError):
     and another worker went on from the checkpoint: it stops at its next write and does nothing more."""
 
 
+class RunPurged(Fenced):
+    """The run was purged (`chordflow purge`) while this task held it, or before its message was delivered: the
+    task stops where it learns it and writes nothing of the run back (the run's tombstone says so)."""
+
+
 class Outage(ChordflowError, RuntimeError):
     """chordflow's own state (Redis, the broker) stayed out of reach past the outage budget: not the node's
     failure. Items and error routes let it through, and the task gives its work back to be delivered again."""

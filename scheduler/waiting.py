@@ -21,8 +21,7 @@ from worker import events, settings
 from worker.batch.remote import rebuild
 from worker.cluster.state import heartbeat
 from worker.cluster.state.progress import batches_of
-from worker.cluster.state.runs import ClusterRuns
-from worker.cluster.state.runstate import RunState
+from worker.cluster.state.runstate import RunState, client
 from worker.runs.record import FINAL, RESULT_STATUS, RunRecord, RunResult
 from worker.runs.store import RunStore, Unrecoverable
 
@@ -42,8 +41,8 @@ def status(run_id: str) -> dict[str, Any]:
     registered workers' pool sizes, by hostname: who can work on it now)."""
     record, runs = find_run(run_id)
     info = record.status_dict()
-    if isinstance(runs, ClusterRuns) and record.status not in FINAL:
-        info["workers"] = heartbeat.pool_sizes(runs.redis)  # a host cut off or dead drops out within 3 beats
+    if runs.durable and record.status not in FINAL:  # the workers drive it: a host cut off or dead drops out in 3 beats
+        info["workers"] = heartbeat.pool_sizes(client())
     if record.dataset is not None:
         info["records"] = reading.progress(record)
     else:

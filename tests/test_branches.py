@@ -435,3 +435,35 @@ def test_a_run_failing_at_the_fan_in_shows_the_failed_branchs_own_error_first(ba
     first, second = done.stderr.splitlines()[-2:]
     assert first == f"error: branch 'a' failed: FileNotFoundError: missing {tmp_path / 'missing'}", done.stderr
     assert second.startswith("error: TemplateError: node 'merge' param 'a2': cannot resolve ${a2.label}"), second
+
+
+def test_a_failed_fan_in_and_a_failed_node_read_alike_in_run_status_and_status_json(
+    backend: str, tmp_path: Path
+) -> None:
+    """One error text per failure on both backends, in `run` (its error line and its JSON report), `status` and
+    `status --json`: a node's error names the node; a fail_fast fan-in's is the failed branch's own error (no
+    `(node 'start:parallel')`: that section is no node of the workflow)."""
+    missing = tmp_path / "missing"
+    fan_in = section_workflow(tmp_path, fail=("c",), fan_in_error_handling="fail_fast")
+    plain = {"nodes": [log_node("a", tmp_path / "log"), log_node("b", tmp_path / "log", requires=str(missing))],
+             "edges": [{"from": "a", "to": "b"}]}  # fmt: skip
+    for wf, expected in (
+        (fan_in, f"FileNotFoundError: missing {missing}"),
+        (plain, f"FileNotFoundError: missing {missing} (node 'b')"),
+    ):
+        path = tmp_path / "wf.json"
+        path.write_text(json.dumps(wf))
+        done = subprocess.run(
+            [sys.executable, "-m", "scheduler.cli", "run", str(path), "--backend", backend, "--output", "json"],
+            cwd=ROOT, capture_output=True, text=True, timeout=180,
+        )  # fmt: skip
+        report = json.loads(done.stdout)
+        assert (done.returncode, done.stderr.splitlines()[-1], report["error"]) == (1, f"error: {expected}", expected)
+        shown, as_json = (
+            subprocess.run([sys.executable, "-m", "scheduler.cli", "status", report["run_id"], *flag],
+                           cwd=ROOT, env={**os.environ, "COLUMNS": "300"}, capture_output=True, text=True,
+                           timeout=60).stdout
+            for flag in ([], ["--json"])
+        )  # fmt: skip
+        assert f"  error: {expected}" in shown.splitlines(), shown
+        assert json.loads(as_json)["error"] == expected

@@ -1,10 +1,14 @@
-"""`make run` installs only what running needs; `make test` adds the dev tools (checked with `make -n`)."""
+"""`make run` installs only what running needs; `make test` adds the dev tools (checked with `make -n`); both leave
+chordflow's own bytecode compiled (a real `make install`)."""
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import shutil
 import subprocess
+import sys
+import sysconfig
 from pathlib import Path
 
 import pytest
@@ -47,3 +51,28 @@ def test_each_level_is_installed_once(tmp_path: Path) -> None:
     assert installs(dry_run("test", venv)) == ["-e '.[dev]'"]
     (venv / ".installed-dev").touch()
     assert installs(dry_run("test", venv)) == []
+
+
+def test_make_install_leaves_chordflows_own_bytecode_compiled(tmp_path: Path) -> None:
+    """Each command is a fresh process: where PYTHONDONTWRITEBYTECODE=1 is set, nothing compiled at install time
+    means every module compiled again at every start. A real `make install` into a fresh virtualenv, in a copy of the
+    sources (none compiled yet), with that variable set: every module of ir, scheduler and worker has its .pyc.
+    The virtualenv sees this one's packages (a .pth file), so pip finds every dependency installed, offline."""
+    repo, venv = tmp_path / "repo", tmp_path / "venv"
+    for package in ("ir", "scheduler", "worker"):
+        shutil.copytree(ROOT / package, repo / package, ignore=shutil.ignore_patterns("__pycache__"))
+    for name in ("Makefile", "pyproject.toml", "README.md"):
+        shutil.copy(ROOT / name, repo / name)
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
+    purelib = "import sysconfig; print(sysconfig.get_paths()['purelib'])"
+    site = subprocess.run([venv / "bin" / "python", "-c", purelib], capture_output=True, text=True, check=True)
+    (Path(site.stdout.strip()) / "this_suite.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+    env = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MAKELEVEL", "MFLAGS")}
+    made = subprocess.run(
+        ["make", "--no-print-directory", "install", f"VENV={venv}"], cwd=repo,
+        env={**env, "PYTHONDONTWRITEBYTECODE": "1"}, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert made.returncode == 0, made.stderr
+    modules = [path for package in ("ir", "scheduler", "worker") for path in (repo / package).rglob("*.py")]
+    assert len(modules) > 100
+    assert [m for m in modules if not Path(importlib.util.cache_from_source(str(m))).exists()] == []

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import secrets
+import signal
 import sqlite3
 import subprocess
 import sys
@@ -23,12 +24,19 @@ import pytest
 import redis
 
 import scheduler
-from scheduler.localcluster import RedisServer, free_port
+from ir.errors import RunPurged
+from scheduler import durable
+from scheduler.localcluster import Cluster, RedisServer, free_port
 from tests.support.cluster import PLUGINS
 from tests.test_datasets import per_record_workflow, write_records
+from tests.test_dead_workers import Counts, batch_workflow, log_lines, record_workflow
 from tests.test_durable import until
-from worker.cluster.state.keys import RUNS, run_key, run_prefix
+from worker.cluster.app import current_app
+from worker.cluster.datasets.store import ClusterDataset
+from worker.cluster.state.keys import RUNS, WINDOWS, done_key, purged_key, run_key, run_prefix
 from worker.cluster.state.runs import ClusterRuns
+from worker.cluster.state.runstate import RunState
+from worker.cluster.state.windows import BatchWindow
 from worker.runs.record import RunRecord
 
 ROOT = Path(__file__).parents[1]
@@ -126,7 +134,7 @@ def test_a_dataset_submit_that_hits_redis_maxmemory_takes_back_what_it_wrote_and
     assert "(reading)" not in text and "records: 0/0 read done" in text
     purged = chordflow("purge", run_id, env=env)
     assert purged.stdout == f"purged {run_id}\n", purged.stderr
-    assert list(client.scan_iter(count=1000)) == []
+    assert list(client.scan_iter(count=1000)) == [purged_key(run_id).encode()]  # its tombstone alone
 
 
 def test_a_submit_whose_inputs_overflow_redis_takes_back_what_it_wrote_and_records_why(
@@ -255,6 +263,101 @@ def test_purge_refuses_a_running_cluster_run_then_deletes_every_key_once_it_ende
     assert keys_of(client, run_id)
     assert chordflow("purge", run_id).stdout == f"purged {run_id}\n"
     assert keys_of(client, run_id) == [] and client.zscore(RUNS, run_id) is None
+
+
+#: A message of each task of a purged run, as one could come back (a redelivery, an aging copy): each is skipped.
+ZOMBIES: dict[str, tuple[Any, ...]] = {
+    "chordflow.advance": ("RUN", 0),
+    "chordflow.advance_branch": ("RUN", "start:parallel#0", "a", 0),
+    "chordflow.aggregate": ({"run": "RUN", "batch": "b#0", "node": "b", "count": 9, "fail_fast": False, "advance": 0},),
+    "chordflow.run_chunk": ({"run": "RUN", "batch": "b#0", "start": 0, "plan": "p", "items": []},),
+    "chordflow.dataset_chunk": ("RUN", 0),
+}
+
+
+def ignored(worker: Any) -> int:
+    """How many tasks the worker ignored so far (Celery's INFO line for each)."""
+    return sum(line.endswith(" ignored") for line in worker.log.read_text().splitlines())
+
+
+@pytest.mark.parametrize("kind", ["batch", "dataset job"])
+def test_a_purged_run_stays_dead_when_its_paused_worker_wakes_up_and_when_its_messages_come_back(
+    tmp_path: Path, kind: str
+) -> None:
+    """SIGSTOP a worker mid-chunk (a batch's, a dataset job's), cancel, purge, SIGCONT: the woken chunk starts no item
+    and writes none of the run's keys back (without the tombstone it ran the rest of its chunk and recreated `events`);
+    then a message of each task of the run, delivered after the purge, runs nothing and writes nothing, not even its
+    done mark. Left: the tombstone alone, and no Celery result of any task."""
+    cluster = Cluster(tmp_path, visibility_timeout=5, plugins=f"{PLUGINS},tests.support.counting_nodes")
+    previous = cluster.apply_env()
+    try:
+        for name in ("k1", "k2"):
+            cluster.start_worker(name)
+        client, counts = ClusterRuns().redis, Counts(cluster)
+        if kind == "batch":
+            run_id = durable.submit(batch_workflow(counts, 0.3, 10), {"items": list(range(40))})
+        else:
+            run_id = scheduler.submit(record_workflow(counts, 0.3), items=({"n": i} for i in range(40)), chunk_size=10)
+        until(lambda: len(counts.started_by("k1")) >= 2, 60, "k1 to be inside a chunk")
+        paused = cluster.workers["k1"]
+        paused.kill(signal.SIGSTOP)
+        started, before = counts.started_by("k1"), ignored(paused)  # k1 starts nothing more while stopped
+        assert chordflow("cancel", run_id).returncode == 0
+        # k1's chunk comes back to k2 after the dead-delivery bound (5 s here) and stops at once: the run ends.
+        until(lambda: ClusterRuns().get(run_id).status == "cancelled", 60, "the run to end cancelled")
+        assert chordflow("purge", run_id).stdout == f"purged {run_id}\n"
+        assert keys_of(client, run_id) == [] and client.exists(purged_key(run_id))
+        paused.kill(signal.SIGCONT)
+        until(lambda: ignored(paused) > before, 60, "k1's woken chunk to end")  # Celery's line: "... ignored"
+        assert counts.started_by("k1") == started  # not one more item
+        sent = {}
+        for name, args in ZOMBIES.items():
+            sent[name] = current_app().send_task(name, json.loads(json.dumps(args).replace('"RUN"', f'"{run_id}"'))).id
+        for name, task_id in sent.items():
+            line = f"skipped task {name}[{task_id}]: run {run_id} was purged"
+            until(lambda line=line: log_lines(cluster, line), 60, line)
+        assert [client.exists(done_key(task_id)) for task_id in sent.values()] == [0] * len(sent)
+        assert keys_of(client, run_id) == []
+        assert [k.decode() for k in client.scan_iter(match=f"*{run_id}*")] == [purged_key(run_id)]
+        assert [m for m, _ in client.zscan_iter(WINDOWS, match=f"{run_id}|*")] == []  # no window counted open
+        assert list(client.scan_iter(match="celery-task-meta-*")) == []
+        assert 0 < client.ttl(purged_key(run_id)) <= ClusterRuns().ttl
+    finally:
+        cluster.restore_env(previous)
+        cluster.stop()
+
+
+def test_every_write_of_a_purged_run_is_refused_and_nothing_of_it_comes_back(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What a task still in flight writes after its run's purge, each way it writes (a redis-server of this test's
+    own): the record and its exception, the progress stream, a batch's window, abort flag, permits and merged result,
+    a dataset job's step. Each writes nothing; what reads a stop says stop (and `purged`); only the tombstone stays."""
+    server = RedisServer(tmp_path)
+    try:
+        monkeypatch.setenv("CHORDFLOW_RESULT_BACKEND", server.url)
+        client = redis.Redis.from_url(server.url)
+        runs = ClusterRuns(client, ttl=600)
+        runs.create(RunRecord("gone", {"nodes": [{"id": "a", "type": "echo"}]}, "celery", "cancelled", "a"), {"x": 1})
+        runs.purge("gone")
+        state = RunState("gone", client, ttl=600)
+        for write in (
+            lambda: runs.set_status("gone", "failed", "late"),
+            lambda: runs.set_exception("gone", ValueError("late")),
+            lambda: state.finish_batch("b#0", b"result"),
+            state.cancelled,
+        ):
+            with pytest.raises(RunPurged):
+                write()
+        state.publish("b#0", [(0, True)], (0, 5, 1))
+        state.abort("b#0")
+        assert not state.acquire_permit("b#0", "token", 4, 30.0)
+        assert state.should_stop("b#0") and state.chunk_start("b#0")[0] and state.purged
+        assert BatchWindow(state, "b#0", "plan").finish(0, b"outcome", 1, 0.1, 2).state == "purged"
+        assert ClusterDataset("gone").check() == ("purged", [])
+        assert [k.decode() for k in client.scan_iter()] == [purged_key("gone")]
+    finally:
+        server.kill()
 
 
 # -- runs --prune ----------------------------------------------------------------------------------------------

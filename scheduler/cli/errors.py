@@ -24,6 +24,7 @@ from ir.errors import (
     UnknownRun,
     ValidationError,
 )
+from worker.runs.record import error_at
 from worker.runs.store import StoreDiskError
 
 #: ctx.meta key: print tracebacks (`--debug`, on the group or on a command).
@@ -71,9 +72,7 @@ def error_lines(exc: BaseException, node: str | None = None) -> list[str]:
         text = f"{_one_line(message)} (raised on a worker)"
     else:
         text = f"{type(exc).__name__}: {_one_line(message)}" if message.strip() else type(exc).__name__
-    if node and f"'{node}'" not in text:
-        text += f" (node '{node}')"
-    return [f"error: {text}"]
+    return [f"error: {error_at(text, node)}"]
 
 
 def error_text(exc: BaseException, node: str | None = None) -> str:

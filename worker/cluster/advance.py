@@ -108,7 +108,7 @@ class ClusterBatches:
         raise Suspended
 
 
-@task(name="chordflow.advance", bind=True, max_retries=None, acks_late=True)
+@task(name="chordflow.advance", bind=True, max_retries=None, acks_late=True, ignore_result=True)
 def advance(self: Any, run_id: str, step: int) -> str:
     """Advance run `run_id` from `step` until the flow ends or a batch is dispatched."""
     runs = ClusterRuns()
@@ -215,7 +215,7 @@ def _encoded(state: BranchState) -> bytes:
     return snapshot.encode(state.to_wire(), label=f"branch '{state.branch}'")
 
 
-@task(name="chordflow.advance_branch", bind=True, max_retries=None, acks_late=True)
+@task(name="chordflow.advance_branch", bind=True, max_retries=None, acks_late=True, ignore_result=True)
 def advance_branch(self: Any, run_id: str, key: str, branch: str, step: int) -> str:
     """Advance one branch of a parallel section from `step` until it reaches the fan-in (then join), fails,
     or dispatches a batch (whose chord body enqueues this task again). Like `advance`, it goes on from the

@@ -29,16 +29,18 @@ from typing import Any
 
 from celery import Celery, Task, signals
 from celery.backends.redis import RedisBackend, SentinelBackend
-from celery.exceptions import Reject
+from celery.exceptions import Ignore, Reject
 from celery.local import Proxy
 from celery.utils.nodenames import default_nodename, nodesplit
 
+from ir.errors import RunPurged
 from worker import settings
 from worker.cluster import aging, logs, outage, priorities, signing
 from worker.cluster.broker import amqp, deliveries
 from worker.cluster.broker.registry import for_settings as broker_for
 from worker.cluster.rate_limits import RedisLimiter
 from worker.cluster.state import connection, heartbeat, runstate
+from worker.cluster.state.keys import purged_key
 from worker.engine import rate_limits
 from worker.nodes import registry
 from worker.periodic import Periodic
@@ -157,8 +159,32 @@ class GivesBack(Task):
             raise Reject(exc, requeue=True) from exc
 
 
-class ChordflowTask(GivesBack, signing.SignedTask):
-    """The base of every task on a chordflow app: signed messages only, run once, given back in an outage."""
+class StaysPurged(Task):
+    """A task of a purged run (`chordflow purge`) runs nothing and writes nothing: a delivery that begins after the
+    purge finds the run's tombstone (one EXISTS per delivery, not per item), and one in flight then stops where a
+    write is refused or a stop check sees the tombstone (RunPurged). Either is ignored: acknowledged, no result, no
+    done mark, one WARNING line."""
+
+    def before_start(self, task_id: str, args: Any, kwargs: Any) -> None:
+        run_id = aging.run_of(tuple(args or ()))
+        if run_id is not None and not self.request.called_directly and runstate.client().exists(purged_key(run_id)):
+            log.warning("skipped task %s[%s]: run %s was purged", self.name, task_id, run_id)
+            raise Ignore()
+        super().before_start(task_id, args, kwargs)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return super().__call__(*args, **kwargs)
+        except RunPurged as exc:
+            if self.request.called_directly:
+                raise
+            log.warning("%s[%s]: %s", self.name, self.request.id, exc)
+            raise Ignore() from None
+
+
+class ChordflowTask(StaysPurged, GivesBack, signing.SignedTask):
+    """The base of every task on a chordflow app: signed messages only, run once, given back in an outage, nothing
+    of a purged run."""
 
 
 class ChordflowCelery(Celery):

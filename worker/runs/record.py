@@ -45,6 +45,16 @@ def valid_run_id(run_id: object) -> bool:
     return isinstance(run_id, str) and RUN_ID_RE.fullmatch(run_id) is not None
 
 
+def error_at(error: str, node: str | None) -> str:
+    """A failed run's error as every command shows it (`run`, `wait`, `status`, `status --json`; local or cluster):
+    the error, then the node it was raised at, ` (node 'b')`. Not when the error names the node already, nor for a
+    parallel section (`<fork>:parallel`, where a fan-in's fail_fast fails a run: no node of the workflow, whose ids
+    hold no ':'; the failed branch's own error says what failed)."""
+    if node is None or ":" in node or f"'{node}'" in error:
+        return error
+    return f"{error} (node '{node}')"
+
+
 def resume_refusal(record: RunRecord, workflow: Any = None) -> str | None:
     """Why `resume` refuses the run, or None: it must have ended failed or cancelled (with an edited `workflow`,
     succeeded too), and not be a dataset job, which goes on with `redrive` (its records have no checkpoint)."""
@@ -89,7 +99,7 @@ class RunRecord:
             "node": self.node,
             "steps": self.step,
             "batches": self.batches,
-            "error": self.error,
+            "error": error_at(self.error, self.node) if self.status == "failed" and self.error else self.error,
             "created": self.created,
             "updated": self.updated,
             "workflow": self.name,

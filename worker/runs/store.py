@@ -65,7 +65,8 @@ class RunStore(Protocol):
 
     def purge(self, run_id: str) -> None:
         """Delete everything the store holds of a run, its record too (`chordflow purge`; the caller checks that
-        the run has ended). Nothing is left that names it; a run it does not hold is no error."""
+        the run has ended). Nothing is left that names it but, in Redis, its tombstone (a task of the run still in
+        flight writes nothing back: worker/cluster/state/keys.py); a run it does not hold is no error."""
         ...
 
     def exception(self, run_id: str) -> tuple[str, str, str] | None:

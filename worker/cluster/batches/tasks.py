@@ -2,7 +2,8 @@
 and `chordflow.aggregate` (the chord body's role: the merge). Chunks never raise for item failures; they record
 outcomes.
 
-Defined with `worker.app.task`: registered on every chordflow app, whatever settings it was built from.
+Defined with `worker.app.task`: registered on every chordflow app, whatever settings it was built from. Neither
+stores a Celery result (`ignore_result`): what they return is only their log line; outcomes go to the run's keys.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from typing import Any
 from celery.exceptions import Ignore, Reject, Retry
 
 from ir import snapshot
-from ir.errors import SameForEveryItem
+from ir.errors import RunPurged, SameForEveryItem
 from ir.models import NodeSpec
 from worker import redact, settings
 from worker.batch import overrides
@@ -73,7 +74,7 @@ def _snapshot_cache() -> SnapshotCache:
     return SnapshotCache(settings.load().snapshot_cache_bytes)
 
 
-@task(name="chordflow.run_chunk", bind=True)
+@task(name="chordflow.run_chunk", bind=True, ignore_result=True)
 def run_chunk(self: Any, job: dict[str, Any]) -> str:
     """Run items[start:start+len] of one batch node, record their outcomes in the batch's window and send the
     chunks its place in the window lets go (the merge, if this was the last one). Only one message of a chunk runs:
@@ -100,9 +101,13 @@ def run_chunk(self: Any, job: dict[str, Any]) -> str:
     except Exception as exc:  # not an item failure (those are outcomes): the batch can never be merged
         _crashed(window, job, exc)
         raise
+    if state.purged:  # seen by a stop check or a refused publish: the chunk stopped, and reports nothing
+        raise RunPurged(f"run {job['run']} was purged: its chunk at {job['start']} stopped and reports nothing")
     processes = chunking.registered_processes(settings.load().result_backend) or chunking.FALLBACK_PROCESSES
     size = window_size(processes, window.open_windows())
     step = window.finish(job["start"], blob, count, time.monotonic() - began, size)
+    if step.state == "purged":
+        raise RunPurged(f"run {job['run']} was purged: its chunk at {job['start']} reports nothing")
     if step.state != "stale":
         follow(window, step)
     return step.state
@@ -145,7 +150,7 @@ def _crashed(window: BatchWindow, job: dict[str, Any], exc: BaseException) -> No
         batch_failed(meta, error)
 
 
-@task(name="chordflow.aggregate")
+@task(name="chordflow.aggregate", ignore_result=True)
 def aggregate(job: dict[str, Any]) -> str:
     """The chord body's role: once every chunk of the batch has finished (or stopped), merge their outcomes by
     index (the same merge as in-process), store the batch result in Redis and wake whoever goes on: the waiting
@@ -167,8 +172,9 @@ def aggregate(job: dict[str, Any]) -> str:
         chunk_results = window.outcomes()
         if "advance" in job:
             runs = ClusterRuns()
+            cancelled = state.cancelled()  # first: RunPurged for a purged run, before anything is written
             chunks = runs.keep_chunks(run_id, batch, chunk_results)
-            if state.cancelled():
+            if cancelled:
                 runs.set_status(run_id, "cancelled", "run cancelled", job["node"])
                 logs.transition(run_id, "running", "cancelled", node=job["node"])
                 window.drop()  # no longer a batch sharing the workers

@@ -14,7 +14,7 @@ from worker import settings
 from worker.batch.aggregate import ChunkResult
 from worker.cluster.batches import chunking
 from worker.cluster.state import connection
-from worker.cluster.state.keys import run_key
+from worker.cluster.state.keys import purged_key, run_key
 from worker.cluster.state.runstate import client, script
 from worker.datasets.job import RECORDS, Dataset, pack_records, unpack_records
 
@@ -32,6 +32,7 @@ class ClusterDataset:
         self.ttl = settings.load().run_ttl
         names = ("ds", "ds:todo", "ds:pending", "ds:out", "ds:cov", "ds:fails", "ds:rec", "cancel")
         self.keys = [run_key(run_id, name) for name in (*names, f"abort:{RECORDS}", "ds:next", "ds:reader", "ds:claim")]
+        self.keys.append(purged_key(run_id))
         self.started = run_key(run_id, "ds:started")  # chunks a task has begun (see `orphans`)
         self._step = script(self.redis, "dataset_step")
         self._size, self._read = 0, None  # chunk_length's, once the whole file is read

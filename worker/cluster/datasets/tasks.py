@@ -10,6 +10,7 @@ from typing import Any
 
 from celery.exceptions import Ignore
 
+from ir.errors import RunPurged
 from worker.batch.aggregate import ChunkResult
 from worker.cluster import aging, logs, priorities, signing
 from worker.cluster.app import current_app, task
@@ -125,7 +126,11 @@ def dataset_chunk(self: Any, run_id: str, n: int) -> str:
     elif done is not None:
         chunk = done
     logs.chunk(run_id, RECORDS, f"{RECORDS}:{n}", n * size, ran, failed, time.monotonic() - began)
+    if state.purged:  # seen by a stop check or a refused publish: nothing of the chunk is reported
+        raise RunPurged(f"run {run_id} was purged: its records chunk {n} stopped and reports nothing")
     step, claimed = ds.finish(n, chunk, len(records), dataset, claim)
+    if step == "purged":
+        raise RunPurged(f"run {run_id} was purged: its records chunk {n} reports nothing")
     if step == "stale":  # this worker was paused (or cut off) past the bound: another delivery holds the chunk
         log.warning("run %s: records chunk %d was delivered again meanwhile: this outcome is dropped", run_id, n)
         raise Ignore()  # not a success: the chunk's task is the new delivery's to end

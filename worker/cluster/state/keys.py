@@ -3,7 +3,9 @@
 Every key of a run carries the hash tag `{<run_id>}`, so a Lua script touches one slot and the state can
 move to Redis Cluster with runs sharded by id. A run's keys expire with it (CHORDFLOW_RUN_TTL); a run that ends
 keeps only what `status`, `results` and a resume read (worker/cluster/state/runs.py `ClusterRuns.trim`, a dataset
-job's `ClusterDataset.drop_records`), and `chordflow purge` deletes every key under its hash tag.
+job's `ClusterDataset.drop_records`), and `chordflow purge` deletes every key under its hash tag, leaving only the
+run's tombstone (`cf:purged:{<run_id>}`, below) so that a task of the run still in flight or delivered later writes
+none of them back.
 
 Keys of a run, `cf:{<run_id>}:<name>`; `<batch>` is `<node id>#<step>`:
   run                 hash    the run record (worker/runs/record.py RunRecord), a failed run's exception,
@@ -46,6 +48,11 @@ Outside any run:
   cf:{queued}         zset    runs with messages sent below the top priority not yet begun: run id -> last send
   cf:{queued}:sweeping string  set NX for one sweep interval: at most one aging sweep starts per interval
   cf:{idem:<key>}     string  `<run id> <fingerprint>` of the first submit with this idempotency key (a run TTL)
+  cf:purged:{<run_id>} string a purged run's tombstone, for a run TTL (every message of the run expires before it):
+                              a task of the run is ignored, its stop checks stop it, and the scripts that write a
+                              run's progress refuse to (outside the run's `cf:{<run_id>}:` prefix, in its slot)
+Celery's own: the broker's queues and kombu's `unacked`, `unacked_index`; no `celery-task-meta-<task id>` of a
+chordflow task (every one ignores its result: nothing reads it).
 """
 
 from __future__ import annotations
@@ -81,6 +88,12 @@ def worker_key(hostname: str) -> str:
 def limit_key(key: str) -> str:
     """A rate-limit bucket: one per `rate_limit.key`, shared by every run (its own hash tag, its own slot)."""
     return f"cf:{{limit:{key}}}"
+
+
+def purged_key(run_id: str) -> str:
+    """A purged run's tombstone: the run's hash tag (so a Lua script of the run may read it, in the run's Redis Cluster
+    slot) but not its prefix (so a purge, which deletes everything under the prefix, keeps it)."""
+    return f"cf:purged:{{{run_id}}}"
 
 
 def done_key(task_id: str) -> str:

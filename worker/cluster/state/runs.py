@@ -7,10 +7,13 @@ node changed, fenced on the step number, with the step's action and hashes (`ste
 it overwrote held before (`undo`, for `rewind`). `cf:runs` (created time per run id) lists recent runs.
 With a signer (a client holding the cluster's key), a record's workflow and dataset job are signed as they are
 written (`workflow_sig`); workers refuse a run whose record does not match (worker/cluster/signing.py check_run).
+A purge leaves the run's tombstone (keys.py `purged_key`) for a run TTL: a task of the run still in flight finds its
+writes refused (the Lua scripts, `set_status`) and stops, so nothing of the run comes back.
 """
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import re
@@ -21,10 +24,11 @@ from typing import Any
 import redis
 
 from ir import snapshot
+from ir.errors import RunPurged
 from worker import settings
 from worker.batch.aggregate import ChunkResult
 from worker.batch.rows import Row, rows_of_aggregate, rows_of_chunks
-from worker.cluster.state.keys import QUEUED, RUNS, run_key, run_prefix
+from worker.cluster.state.keys import QUEUED, RUNS, WINDOWS, purged_key, run_key, run_prefix
 from worker.cluster.state.runstate import client, script
 from worker.engine.steps import Step
 from worker.runs.record import FINAL, RunRecord, TrailStep, trail_action
@@ -77,6 +81,7 @@ class ClusterRuns:
         pipe.hset(run_key(record.run_id, "run"), mapping=self._signed(record.run_id, fields))
         pipe.expire(run_key(record.run_id, "run"), self.ttl)
         pipe.zadd(RUNS, {record.run_id: now})
+        pipe.delete(purged_key(record.run_id))  # a run id given again (the Python API) after its run was purged
         pipe.execute()
 
     def get(self, run_id: str) -> RunRecord | None:
@@ -107,18 +112,35 @@ class ClusterRuns:
         return found
 
     def set_status(self, run_id: str, status: str, error: str | None = None, node: str | None = None) -> None:
+        """RunPurged, writing nothing, for a purged run (`_live`)."""
         fields: dict[str, Any] = {"status": status, "error": error or "", "updated": time.time()}
-        if status in ("queued", "running"):
-            self.redis.hdel(run_key(run_id, "run"), "exception")
         if node is not None:
             fields["node"] = node
-        pipe = self.redis.pipeline()  # MULTI: whoever sees the run ended sees it trimmed
-        pipe.hset(run_key(run_id, "run"), mapping=fields)
-        if status in FINAL:  # wake whoever follows the run's stream (`wait`) now, not at its next poll
-            pipe.xadd(run_key(run_id, "events"), {"batch": "", "end": status})
-            pipe.expire(run_key(run_id, "events"), self.ttl)
-            self.trim(run_id, status, pipe)
-        pipe.execute()
+        with self._live(run_id) as pipe:  # MULTI: whoever sees the run ended sees it trimmed
+            if status in ("queued", "running"):
+                pipe.hdel(run_key(run_id, "run"), "exception")
+            pipe.hset(run_key(run_id, "run"), mapping=fields)
+            if status in FINAL:  # wake whoever follows the run's stream (`wait`) now, not at its next poll
+                pipe.xadd(run_key(run_id, "events"), {"batch": "", "end": status})
+                pipe.expire(run_key(run_id, "events"), self.ttl)
+                self.trim(run_id, status, pipe)
+
+    @contextlib.contextmanager
+    def _live(self, run_id: str) -> Iterator[redis.client.Pipeline]:
+        """A transaction (MULTI, executed on leaving) that writes nothing of a purged run and raises RunPurged instead:
+        a task of the run still in flight must not bring its record back. It watches the run's tombstone, so a purge
+        between the check and EXEC cancels the writes too (two more round trips: for a run's few transitions)."""
+        tombstone = purged_key(run_id)
+        with self.redis.pipeline() as pipe:
+            try:
+                pipe.watch(tombstone)
+                if pipe.exists(tombstone):
+                    raise RunPurged(f"run {run_id} was purged: nothing of it is written")
+                pipe.multi()
+                yield pipe
+                pipe.execute()
+            except redis.WatchError:
+                raise RunPurged(f"run {run_id} was purged: nothing of it is written") from None
 
     def priority(self, run_id: str) -> str:
         """The run's priority ('normal' for a run recorded without one)."""
@@ -146,21 +168,35 @@ class ClusterRuns:
             pipe.execute()
 
     def purge(self, run_id: str) -> None:
-        """Every key under the run's hash tag (found with SCAN) and its entries in `cf:runs` and `cf:{queued}`
-        (`chordflow purge`)."""
+        """Every key under the run's prefix (found with SCAN) and its entries in `cf:runs`, `cf:{queued}` and
+        `cf:{windows}` (`chordflow purge`). Its tombstone goes first and stays for a run TTL (every message of the
+        run expires before it): from then on a task of the run writes nothing, so nothing comes back after the keys
+        go."""
+        try:
+            self.redis.set(purged_key(run_id), 1, ex=self.ttl)
+        except redis.exceptions.OutOfMemoryError:  # Redis full: the keys go first, making room for the tombstone
+            self._delete(run_id)
+            self.redis.set(purged_key(run_id), 1, ex=self.ttl)
+        self._delete(run_id)
+
+    def _delete(self, run_id: str) -> None:
         names = list(self._keys(run_id))
         pipe = self.redis.pipeline(transaction=False)
         for i in range(0, len(names), DELETE_BATCH):
             pipe.delete(*names[i : i + DELETE_BATCH])
         pipe.zrem(RUNS, run_id)
         pipe.zrem(QUEUED, run_id)
+        windows = [m for m, _ in self.redis.zscan_iter(WINDOWS, match=_glob(f"{run_id}|") + "*", count=1000)]
+        if windows:  # a batch window still counted open (state/windows.py): it would be, for up to 30 s
+            pipe.zrem(WINDOWS, *windows)
         pipe.execute()
 
     def abandon(self, record: RunRecord, status: str, error: str) -> None:
         """A submit that stopped part-way (Redis out of memory, a bad records file, Ctrl-C): everything it wrote
-        goes first (deleting frees memory even when Redis refuses writes), then the record alone is written
-        again, saying why (`status` shows it; there is nothing to resume or read)."""
-        self.purge(record.run_id)
+        goes first (deleting frees memory even when Redis refuses writes: no tombstone, which the record written
+        again would take away), then the record alone is written again, saying why (`status` shows it; there is
+        nothing to resume or read)."""
+        self._delete(record.run_id)
         record.status, record.error = status, error
         self.create(record, {})
 
@@ -177,7 +213,8 @@ class ClusterRuns:
     def set_exception(self, run_id: str, exc: BaseException) -> None:
         """What `wait` raises again for a run that failed with an exception (module, type, message)."""
         kind = type(exc)
-        self.redis.hset(run_key(run_id, "run"), "exception", json.dumps([kind.__module__, kind.__name__, str(exc)]))
+        with self._live(run_id) as pipe:  # never a record of a purged run, holding this field alone and no TTL
+            pipe.hset(run_key(run_id, "run"), "exception", json.dumps([kind.__module__, kind.__name__, str(exc)]))
 
     def exception(self, run_id: str) -> tuple[str, str, str] | None:
         raw = self.redis.hget(run_key(run_id, "run"), "exception")

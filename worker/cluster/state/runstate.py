@@ -3,6 +3,10 @@
 Every key lives under `cf:{<run_id>}:` (the hash tag keeps a run's keys, and so each Lua script, in one
 Redis Cluster slot; snapshots under `cf:{<run_id>}:snap:<batch>:<sha256>`) and expires after `run_ttl`.
 The Lua scripts sit beside this module in worker/cluster/state/lua/.
+
+A purged run leaves its tombstone (keys.py `purged_key`): the stop checks a chunk makes anyway read it in the same
+round trip (`should_stop`, `chunk_start`: a purged run stops, and `purged` says so with no further call), `cancelled`
+raises RunPurged for it, and the scripts that write progress (publish, permits, flags, the merge) refuse to.
 """
 
 from __future__ import annotations
@@ -16,12 +20,12 @@ from typing import Any
 import msgpack
 import redis
 
-from ir.errors import ReplicationLost
+from ir.errors import ReplicationLost, RunPurged
 from worker import settings
 from worker.batch import overrides
 from worker.cluster import outage
 from worker.cluster.state import connection
-from worker.cluster.state.keys import run_prefix
+from worker.cluster.state.keys import purged_key, run_prefix
 
 _LUA = Path(__file__).with_name("lua")
 
@@ -62,10 +66,13 @@ class RunState:
         self.redis = redis_client or client()
         self.ttl = ttl or settings.load().run_ttl
         self.prefix = run_prefix(run_id)
+        self.tombstone = purged_key(run_id)
+        self.purged = False  # the tombstone was seen: the run was purged while this process held some of it
         self._acquire = self.redis.register_script(_script_source("acquire_permit"))
         self._keep = self.redis.register_script(_script_source("keep_permits"))
         self._publish = self.redis.register_script(_script_source("publish_progress"))
         self._finish = self.redis.register_script(_script_source("finish_batch"))
+        self._flag = self.redis.register_script(_script_source("raise_flag"))
 
     def key(self, name: str) -> str:
         return self.prefix + name
@@ -75,11 +82,19 @@ class RunState:
         self.redis.set(self.key("cancel"), 1, ex=self.ttl)
 
     def cancelled(self) -> bool:
-        return bool(self.redis.exists(self.key("cancel")))
+        """Whether the run was cancelled; RunPurged if it was purged (the caller holds a task of a run that is gone)."""
+        cancel, purged = self.redis.mget(self.key("cancel"), self.tombstone)
+        if purged is not None:
+            self._gone()
+        return cancel is not None
+
+    def _gone(self) -> None:
+        self.purged = True
+        raise RunPurged(f"run {self.run_id} was purged: this task of it stops and writes nothing")
 
     def abort(self, batch: str) -> None:
-        """fail_fast: the first failed item stops every other chunk of this batch."""
-        self.redis.set(self.key(f"abort:{batch}"), 1, ex=self.ttl)
+        """fail_fast: the first failed item stops every other chunk of this batch (unless the run was purged)."""
+        self._flag(keys=[self.key(f"abort:{batch}"), self.tombstone], args=[self.ttl])
 
     def mark_dispatched(self, batch: str) -> bool:
         """True the first time for a batch key: a redelivered advance must not plan the batch again."""
@@ -99,8 +114,16 @@ class RunState:
     def batch_total(self, batch: str) -> int:
         return int(self.redis.hget(self.key("totals"), batch) or 0)
 
+    def _stops(self, batch: str) -> list[str]:
+        return [self.key("cancel"), self.key(f"abort:{batch}"), self.tombstone]
+
     def should_stop(self, batch: str) -> bool:
-        return bool(self.redis.exists(self.key("cancel"), self.key(f"abort:{batch}")))
+        """The run cancelled, the batch aborted, or the run purged (then `purged` is set too): one round trip."""
+        return self._stopped(self.redis.mget(self._stops(batch)))
+
+    def _stopped(self, flags: list[bytes | None]) -> bool:
+        self.purged = self.purged or flags[2] is not None
+        return self.purged or any(flag is not None for flag in flags)
 
     def overrides(self) -> dict[str, Any]:
         """The limits `chordflow update` changed (worker/batch/overrides.py), typed; empty when none."""
@@ -110,23 +133,25 @@ class RunState:
         """What a chunk reads as it starts, in one round trip: whether to stop at once (`should_stop`) and the
         run's overrides (its limits as `chordflow update` left them)."""
         pipe = self.redis.pipeline(transaction=False)
-        pipe.exists(self.key("cancel"), self.key(f"abort:{batch}"))
+        pipe.mget(self._stops(batch))
         pipe.hgetall(self.key("overrides"))
-        stop, raw = pipe.execute()
-        return bool(stop), overrides.parse(raw)
+        flags, raw = pipe.execute()
+        return self._stopped(flags), overrides.parse(raw)
 
     # -- progress ---------------------------------------------------------------------------
     def publish(
         self, batch: str, outcomes: list[tuple[int, bool]], failures: tuple[int, int, int] | None = None
     ) -> None:
         """Append outcomes to the run's stream. `failures` (chunk start, the chunk's failed items so far,
-        the most the batch tolerates): also count them, and abort the batch once it has more."""
-        keys, args = [self.key("events")], [batch, msgpack.packb(outcomes), self.ttl]
+        the most the batch tolerates): also count them, and abort the batch once it has more. Nothing is written for a
+        purged run (`purged` is set: the chunk stops at its next stop check and reports nothing)."""
+        keys, args = [self.key("events"), self.tombstone], [batch, msgpack.packb(outcomes), self.ttl]
         if failures is not None:
             keys += [self.key(f"failed:{batch}"), self.key(f"abort:{batch}")]
             args += list(failures)
         try:
-            connection.replicated(self.redis, self._publish, keys, args, "a chunk's outcomes")
+            written = connection.replicated(self.redis, self._publish, keys, args, "a chunk's outcomes")
+            self.purged = self.purged or not written
         except ReplicationLost:
             self.abort(batch)  # the batch fails with this chunk: the others stop between items
             raise
@@ -174,8 +199,11 @@ class RunState:
         return msgpack.unpackb(packed)
 
     def finish_batch(self, batch: str, result: bytes) -> None:
-        """Store a batch's merged result, then announce it on the stream (one atomic script)."""
-        self._finish(keys=[self.key(f"result:{batch}"), self.key("events")], args=[result, batch, self.ttl])
+        """Store a batch's merged result, then announce it on the stream (one atomic script); RunPurged (nothing
+        written) for a purged run."""
+        keys = [self.key(f"result:{batch}"), self.key("events"), self.tombstone]
+        if not self._finish(keys=keys, args=[result, batch, self.ttl]):
+            self._gone()
 
     def batch_result(self, batch: str) -> bytes | None:
         return self.redis.get(self.key(f"result:{batch}"))
@@ -217,14 +245,14 @@ class RunState:
         """Take or renew `token`'s permit for `lease` seconds; `reclaim`: a chunk's token prefix, whose earlier
         deliveries' permits are taken back first (acquire_permit.lua)."""
         now = time.time()
-        keys = [self.key(f"permits:{batch}"), self.key("overrides")]  # `limit` unless `chordflow update` set one
+        keys = [self.key(f"permits:{batch}"), self.key("overrides"), self.tombstone]  # overrides: `chordflow update`
         args = [token, limit, now + lease, now, self.ttl] + ([reclaim] if reclaim else [])
         return bool(self._acquire(keys=keys, args=args))
 
     def keep_permits(self, batch: str, tokens: list[str], limit: int, lease: float) -> set[str]:
         """Extend the leases of `tokens` (permits whose items may be in flight); the tokens lost (keep_permits.lua)."""
         now = time.time()
-        keys = [self.key(f"permits:{batch}"), self.key("overrides")]
+        keys = [self.key(f"permits:{batch}"), self.key("overrides"), self.tombstone]
         lost = self._keep(keys=keys, args=[now + lease, now, limit, self.ttl, *tokens])
         return {token.decode() if isinstance(token, bytes) else token for token in lost}
 

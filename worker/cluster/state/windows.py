@@ -46,8 +46,8 @@ class Chunk:
 
 @dataclass(frozen=True)
 class WindowStep:
-    """What a step of the window says: `state` ('go', 'end', 'dup', 'dupend', 'stale'), the run's priority, how
-    long the batch's last finished chunk waited in the queue (seconds), and the chunks to send now."""
+    """What a step of the window says: `state` ('go', 'end', 'dup', 'dupend', 'stale', 'purged'), the run's priority,
+    how long the batch's last finished chunk waited in the queue (seconds), and the chunks to send now."""
 
     state: str
     priority: str = "normal"
@@ -70,12 +70,12 @@ class BatchWindow:
     def _keys(self) -> list[str]:
         parts = [f"{self.name}:{part}" for part in ("todo", "pending", "out", "items")]
         stops = [self.state.key("cancel"), self.state.key(f"abort:{self.batch}")]
-        return [self.name, *parts, *stops, f"{self.name}:next", self.state.key("run")]
+        return [self.name, *parts, *stops, f"{self.name}:next", self.state.key("run"), self.state.tombstone]
 
     def _call(self, mode: str, *args: object) -> WindowStep:
         reply = self._step(keys=self._keys(), args=[mode, self.state.ttl, self.plan_id, *args])
         state = reply[0].decode()
-        if state == "stale":
+        if state in ("stale", "purged"):
             return WindowStep(state)
         chunks = [Chunk.parse(c) for c in reply[3:]]
         return WindowStep(state, reply[1].decode(), float(reply[2]), chunks)

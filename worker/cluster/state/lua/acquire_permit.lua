@@ -7,6 +7,8 @@
 -- chunk delivered again never waits for the leases of the one it replaces.
 -- Returns 1 when granted, 0 when all are taken.
 -- KEYS[1]: the permit sorted set (member = holder token, score = lease expiry)   KEYS[2]: the run's overrides (hash)
+-- KEYS[3]: the run's tombstone (keys.py purged_key): a purged run's chunk gets no permit (0) and writes nothing.
+if redis.call('EXISTS', KEYS[3]) == 1 then return 0 end
 local now = tonumber(ARGV[4])
 local limit = tonumber(redis.call('HGET', KEYS[2], 'max_concurrent') or ARGV[2])
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)

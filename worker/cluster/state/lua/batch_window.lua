@@ -7,7 +7,8 @@
 --       ended), 2 todo (list of "start:end" blocks, in index order), 3 pending (hash chunk start ->
 --       "end:block,...@sent": sent, when it was claimed),
 --       4 out (hash chunk start -> outcome bytes), 5 items (hash block start -> items bytes), 6 cancel flag,
---       7 abort flag of the batch, 8 next (hash chunk start -> the chunks its finish claimed, ";" between), 9 the run record
+--       7 abort flag of the batch, 8 next (hash chunk start -> the chunks its finish claimed, ";" between), 9 the run record,
+--       10 the run's tombstone (keys.py purged_key): a purged run's step writes nothing and returns {'purged'}
 -- ARGV: 1 mode, 2 ttl, 3 plan id, then per mode:
 --   plan    4 window, 5 max_items, 6 min_items, 7 chunk_seconds, 8 header bytes, 9 priority, 10 now, 11.. blocks
 --   finish  4 chunk start, 5 outcome bytes, 6 items run, 7 seconds it took, 8 the window now, 9 now
@@ -16,6 +17,7 @@
 -- counted: those of its claims not finished yet, again; 'dupend' if the batch has ended), 'stale' (a chunk of an
 -- earlier plan of this batch: a resume planned it again).
 local mode, ttl, id = ARGV[1], tonumber(ARGV[2]), ARGV[3]
+if redis.call('EXISTS', KEYS[10]) == 1 then return {'purged'} end
 local now = (mode == 'plan') and ARGV[10] or ARGV[9]
 
 local function keep()

@@ -7,15 +7,18 @@
 --       with an outcome), 6 fails (hash n -> failed records), 7 rec (hash n -> records bytes), 8 cancel flag,
 --       9 abort flag of the job's chunks, 10 next (hash n -> chunks claimed when n finished, "1,2"),
 --       11 reader (exists while the client reading the file is alive: renewed by every add, gone at read_done),
---       12 claim (hash n -> the claim of the task that began chunk n last: each delivery's own token)
+--       12 claim (hash n -> the claim of the task that began chunk n last: each delivery's own token),
+--       13 the run's tombstone (keys.py purged_key)
 -- ARGV: 1 mode, 2 window, 3 ttl, then per mode:
 --   add       4 n, 5 records bytes, 6 records read so far, 7 seconds the reader lives without another add
 --   finish    4 n, 5 outcome bytes, 6 covered, 7 failed, 8 drop the records (1: all ran and succeeded),
 --             9 tolerated percent or '', 10 tolerated count or '', 11 the finishing task's claim or ''
 --   read_done 4 total records
 -- Returns {state, claimed chunk numbers...}; state: 'end', 'go', 'dup' (a finish already counted), or 'stale'
--- (a finish whose claim is no longer the chunk's: a later delivery of the chunk began, and only its finish counts).
+-- (a finish whose claim is no longer the chunk's: a later delivery of the chunk began, and only its finish counts),
+-- or 'purged' (the run was purged: nothing is written).
 local mode, window, ttl = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
+if redis.call('EXISTS', KEYS[13]) == 1 then return {'purged'} end
 
 local function keep()
   for i = 1, 7 do redis.call('EXPIRE', KEYS[i], ttl) end

@@ -5,7 +5,13 @@
 -- between items (acquire_permit.lua), so a permit is never handed on while its item runs.
 -- Returns the lost tokens.
 -- KEYS[1]: the permit sorted set   KEYS[2]: the run's overrides (hash)
+-- KEYS[3]: the run's tombstone (keys.py purged_key): a purged run's permits are all lost, and nothing is written.
 -- ARGV[2]: now (unix seconds)   ARGV[3]: the batch's max_concurrent   ARGV[4]: the set's TTL (seconds)
+if redis.call('EXISTS', KEYS[3]) == 1 then
+  local lost = {}
+  for i = 5, #ARGV do table.insert(lost, ARGV[i]) end
+  return lost
+end
 local now = tonumber(ARGV[2])
 local limit = tonumber(redis.call('HGET', KEYS[2], 'max_concurrent') or ARGV[3])
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
