@@ -130,7 +130,7 @@ def _go_on(
 ) -> RunResult:
     run_id = record.run_id
     cancelled = cancelled or threading.Event()
-    ctx = RunContext(sink=on_event, cancelled=cancelled, on_node_start=on_node_start)
+    ctx = RunContext(sink=on_event, cancelled=cancelled, on_node_start=on_node_start, answers=runs.answers(run_id))
     try:
         ctx.backend = backends.create(record.backend, run_id, ctx)  # may fail at once: Redis unreachable
         ctx.sections = ThreadedSections(

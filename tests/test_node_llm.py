@@ -87,6 +87,7 @@ def test_usage_is_recorded_at_the_root() -> None:
             "response_chars": len(response),
             "input_tokens": 1,  # the fake counts words: "hello"
             "output_tokens": len(response.split()),
+            "cached": False,
         }
     ]
     assert "__llm_calls__" not in root["ask"]
@@ -135,7 +136,13 @@ def test_the_llm_package_answers_llm_models_with_system_and_temperature(monkeypa
     assert stub.calls == [{"model": "stub-1", "prompt": "2+2?", "system": "be exact", "temperature": 0.2}]
     assert out["response"] == "stub answer to 2+2?"
     assert out["__llm_calls__"] == [
-        {"node": "llm", "model": "stub-1", "prompt_chars": 4, "response_chars": len("stub answer to 2+2?")}
+        {
+            "node": "llm",
+            "model": "stub-1",
+            "prompt_chars": 4,
+            "response_chars": len("stub answer to 2+2?"),
+            "cached": False,
+        }
     ]
 
 
@@ -270,7 +277,8 @@ def test_reported_usage_is_recorded_and_charged(monkeypatch: pytest.MonkeyPatch)
     assert node.tokens_used(exec_res) == 18
     node.post(store, node.prep(store), exec_res)
     assert store["__llm_calls__"][0] == {
-        "node": "llm", "model": "m", "prompt_chars": 2, "response_chars": 7, "input_tokens": 11, "output_tokens": 7
+        "node": "llm", "model": "m", "prompt_chars": 2, "response_chars": 7, "input_tokens": 11, "output_tokens": 7,
+        "cached": False,
     }  # fmt: skip
 
 
@@ -341,8 +349,9 @@ def test_fake_throttled_past_max_throttle_wait_fails() -> None:
 
 
 def test_usage_totals_count_every_entry() -> None:
-    calls = [{"input_tokens": 3, "output_tokens": 4}, {"node": "other"}, {"input_tokens": 5}, "odd"]
-    assert usage_totals({"__llm_calls__": calls}) == {"calls": 4, "input_tokens": 8, "output_tokens": 4}
+    calls = [{"input_tokens": 3, "output_tokens": 4}, {"node": "other"}, {"input_tokens": 5}, "odd", {"cached": True}]
+    totals = {"calls": 5, "cached_calls": 1, "input_tokens": 8, "output_tokens": 4}
+    assert usage_totals({"__llm_calls__": calls}) == totals
     assert usage_totals({}) is None
 
 

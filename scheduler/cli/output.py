@@ -212,4 +212,5 @@ def print_summary(console: Console, wf: ir.Workflow, result: Any) -> None:
 def llm_line(totals: dict[str, int]) -> str:
     """The token totals of a run's `__llm_calls__`, as `status` and `results` print them."""
     calls, inputs, outputs = totals["calls"], totals["input_tokens"], totals["output_tokens"]
-    return f"llm: {calls} calls, {inputs} input tokens, {outputs} output tokens"
+    cached = f" ({totals['cached_calls']} answered from kept answers)" if totals.get("cached_calls") else ""
+    return f"llm: {calls} calls{cached}, {inputs} input tokens, {outputs} output tokens"

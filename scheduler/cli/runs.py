@@ -6,7 +6,6 @@ them: `purge`, `runs --prune`. What only a run's resumption needs (the IR's mode
 from __future__ import annotations
 
 import contextlib
-import re
 import sys
 import time
 from pathlib import Path
@@ -15,6 +14,7 @@ from typing import Any
 import click
 
 import ir
+from ir import durations
 from ir.errors import WaitTimeout
 from scheduler.cli import repair as cli_repair
 from scheduler.cli import rowsfile
@@ -289,7 +289,6 @@ def _fitting_columns(rows: list[tuple[str, ...]], width: int) -> list[str]:
 
 
 #: Seconds per unit of `--older-than`.
-AGE_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 
 
 def _prune(prune: bool, older_than: str | None, status_: str | None) -> None:
@@ -302,10 +301,10 @@ def _prune(prune: bool, older_than: str | None, status_: str | None) -> None:
         raise CliUsageError("--prune needs --older-than D (an age, like 7d, 12h, 30m or 90s)")
     if status_ is not None:
         raise CliUsageError("--status: not with --prune (it deletes every ended run older than D)")
-    found = re.fullmatch(r"(\d+)([smhd])", older_than.strip())
-    if found is None:
-        raise CliUsageError(f"--older-than {older_than!r}: expected a number and a unit, like 7d, 12h, 30m or 90s")
-    for where, count in api.prune(int(found.group(1)) * AGE_UNITS[found.group(2)]).items():
+    age = durations.seconds(older_than)
+    if age is None:
+        raise CliUsageError(f"--older-than {older_than!r}: expected a number and a unit, {durations.EXAMPLES}")
+    for where, count in api.prune(age).items():
         if count is None:
             click.echo(f"{where}: not reachable, nothing pruned there", err=True)
         else:

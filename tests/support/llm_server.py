@@ -2,7 +2,8 @@
 node's tests: the official `openai` and `anthropic` clients talk to it over HTTP exactly as to a provider.
 
 It checks the key (401), knows a set of models (404 for another), answers 429 with Retry-After to the first
-`throttle` calls, can take `delay` seconds per answer, and bills tokens as words (input: every message's words,
+`throttle` calls, can take `delay` seconds per answer (and hold the answers to `held` prompts until `release` is
+set), and bills tokens as words (input: every message's words,
 the system prompt's too; output: the answer's). `requests` records every request: (protocol, model, status).
 The answer to a chat is `echo: <its last message>`.
 """
@@ -32,6 +33,8 @@ class Provider:
     throttle: int = 0  # the first N calls get 429
     retry_after: float = 0.05
     delay: float = 0.0
+    held: set[str] = field(default_factory=set)  # chats whose last message is one of these wait for `release`
+    release: threading.Event = field(default_factory=threading.Event)
     requests: list[tuple[str, str, int]] = field(default_factory=list)
     input_tokens: int = 0
     output_tokens: int = 0
@@ -89,6 +92,8 @@ def handler(provider: Provider) -> type[BaseHTTPRequestHandler]:
             if provider.delay:
                 time.sleep(provider.delay)  # the model's answer time
             messages = body.get("messages") or []
+            if messages and messages[-1].get("content") in provider.held:
+                provider.release.wait(60)
             text = "echo: " + str(messages[-1]["content"] if messages else "")
             system = body.get("system") if protocol == "anthropic" else None
             tokens_in = sum(_words(m.get("content")) for m in messages) + _words(system)

@@ -29,6 +29,7 @@ from worker.batch.remote import rebuild, stored_batch_result
 from worker.cluster import logs, outage, signing
 from worker.cluster.app import task
 from worker.cluster.batches.dispatch import dispatch_batch, redispatch, send_advance
+from worker.cluster.state.answers import RedisAnswers
 from worker.cluster.state.keys import run_key
 from worker.cluster.state.runs import ClusterRuns
 from worker.cluster.state.runstate import RunState
@@ -123,7 +124,7 @@ def advance(self: Any, run_id: str, step: int) -> str:
         lease.release()
         return "fenced"
     state = RunState(run_id)
-    ctx = RunContext()
+    ctx = RunContext(answers=RedisAnswers(state))
     try:
         if state.cancelled():
             runs.set_status(run_id, "cancelled", "run cancelled")
@@ -255,7 +256,7 @@ def advance_branch(self: Any, run_id: str, key: str, branch: str, step: int) -> 
         store.update(state.changed)
         sink = BranchSink(lambda event: rstate.publish_branch_event(event), branch)
         # A branch stops when the run is cancelled or (fail_fast) another branch of its section failed.
-        ctx = RunContext(sink=sink, cancelled=StopFlag(lambda: rstate.should_stop(key)))
+        ctx = RunContext(sink=sink, cancelled=StopFlag(lambda: rstate.should_stop(key)), answers=RedisAnswers(rstate))
         ctx.backend = ClusterBatches(run_id, ctx, runs, rstate, branch=(key, branch))
 
         def save(kept: BranchState) -> None:

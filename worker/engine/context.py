@@ -30,6 +30,8 @@ class RunContext:
     sections: Any = None
     # Where rate-limit buckets live (worker/engine/rate_limits.py Limiter); None: this process's.
     limiter: Any = None
+    # Where the run's model answers are kept (worker/llm/answers.py Answers); None: not kept (no run).
+    answers: Any = None
 
     def __post_init__(self) -> None:
         if self.backend is None:

@@ -212,7 +212,9 @@ class ThreadedSections:
             bstore.pop(name, None)
         bstore.update(state.changed)
         sink = BranchSink(parent.sink, branch)
-        ctx = RunContext(sink=sink, cancelled=StopFlag(lambda: parent.cancelled.is_set() or stop.is_set()))
+        ctx = RunContext(
+            sink=sink, cancelled=StopFlag(lambda: parent.cancelled.is_set() or stop.is_set()), answers=parent.answers
+        )
         ctx.backend = self.backend_for(ctx)
         journal = BranchSteps(state, functools.partial(self.journal.save, key) if self.journal else None)
         try:

@@ -60,12 +60,14 @@ class Request:
 
 @dataclass(frozen=True)
 class Answer:
-    """The model's text, the model that answered, and the tokens it billed (None where it does not say)."""
+    """The model's text, the model that answered, and the tokens it billed (None where it does not say);
+    `cached`: a kept answer reused (worker/llm/answers.py), billed nothing this time."""
 
     text: str
     model: str
     input_tokens: int | None
     output_tokens: int | None
+    cached: bool = False
 
 
 def model_of(written: str) -> Model:

@@ -18,11 +18,13 @@ from typing import Any
 
 from pocketflow import Node
 
+from ir import durations
 from ir.errors import SameForEveryItem, Throttled
 from ir.templates import references
 from worker import settings
+from worker.engine import context
 from worker.engine.rate_limits import DEFAULT_MAX_WAIT
-from worker.llm import fake, providers
+from worker.llm import answers, fake, providers
 from worker.nodes.http import parse_retry_after
 from worker.nodes.params import Param
 from worker.nodes.registry import register
@@ -70,14 +72,16 @@ def _count(value: Any) -> int | None:
 
 
 def usage_totals(store: Mapping[str, Any]) -> dict[str, int] | None:
-    """{"calls", "input_tokens", "output_tokens"} over the store's `__llm_calls__` (None without that list):
-    what `chordflow status` and `results` report. Entries without counts add a call and no tokens."""
+    """{"calls", "cached_calls", "input_tokens", "output_tokens"} over the store's `__llm_calls__` (None without that
+    list): what `chordflow status` and `results` report. Entries without counts add a call and no tokens; a reused
+    answer (`cached`) is a call that billed nothing."""
     calls = store.get("__llm_calls__")
     if not isinstance(calls, list):
         return None
-    totals = {"calls": len(calls), "input_tokens": 0, "output_tokens": 0}
+    totals = {"calls": len(calls), "cached_calls": 0, "input_tokens": 0, "output_tokens": 0}
     for entry in calls:
         if isinstance(entry, dict):
+            totals["cached_calls"] += entry.get("cached") is True
             for key in ("input_tokens", "output_tokens"):
                 totals[key] += _count(entry.get(key)) or 0
     return totals
@@ -118,6 +122,11 @@ PARAMS = {
         what="a positive number of seconds", check=_positive,
     ),
     "base_url": Param("the provider's endpoint (default: OPENAI_BASE_URL / ANTHROPIC_BASE_URL, else its own)", str),
+    "cache": Param(
+        f"reuse an identical request's answer from any run within this long ({durations.EXAMPLES}); unset: "
+        "answers are reused within the run only", str, what=f"a duration {durations.EXAMPLES}",
+        check=lambda text: durations.seconds(text) is not None,
+    ),
     "max_throttle_wait": Param(
         "seconds (number > 0, default 300) this call may spend in all waiting out the model's rate-limit errors "
         "before its item fails",
@@ -133,10 +142,23 @@ class Call:
     model: str
     request: providers.Request
     max_wait: float
+    cache: int | None = None  # seconds an answer is kept across runs (`cache`); None: this run only
 
     @property
     def prompt(self) -> str:
         return "\n\n".join(m["content"] for m in self.request.messages)
+
+
+def ask(model: providers.Model, call: Call) -> providers.Answer:
+    """One request to the provider; a 429 (or 503/529) raises Throttled, waited out by the engine."""
+    try:
+        return providers.call(model, call.request)
+    except SameForEveryItem:
+        raise
+    except Exception as exc:
+        if (limited := rate_limited(exc)) is not None:
+            raise Throttled(str(exc), retry_after=retry_after_of(limited), max_wait=call.max_wait) from exc
+        raise
 
 
 def check_params(params: dict[str, Any]) -> dict[str, str] | str | None:
@@ -182,20 +204,22 @@ class LlmNode(Node):
             temperature=values["temperature"], max_tokens=values["max_tokens"], timeout=values["timeout"],
             base_url=values["base_url"],
         )  # fmt: skip
-        return Call(model, request, float(values["max_throttle_wait"]))
+        cache = None if values["cache"] is None else durations.seconds(values["cache"])
+        return Call(model, request, float(values["max_throttle_wait"]), cache)
 
     def exec(self, call: Call) -> providers.Answer:
         if offline(call.model):
             text, input_tokens, output_tokens = fake.answer(call.model, call.request.system, call.prompt, call.max_wait)
             return providers.Answer(text, fake.FAKE, input_tokens, output_tokens)
-        try:
-            return providers.call(providers.model_of(call.model), call.request)
-        except SameForEveryItem:
-            raise
-        except Exception as exc:
-            if (limited := rate_limited(exc)) is not None:
-                raise Throttled(str(exc), retry_after=retry_after_of(limited), max_wait=call.max_wait) from exc
-            raise
+        model, kept = providers.model_of(call.model), context.current().answers
+        if kept is None:
+            return ask(model, call)
+        key = answers.key_of(model, call.request)
+        if (found := kept.find(key, shared=call.cache is not None)) is not None:
+            return answers.from_record(found)
+        answer = ask(model, call)
+        kept.keep(key, answers.to_record(answer), call.cache)  # before the item's outcome: never paid for twice
+        return answer
 
     def tokens_used(self, answer: providers.Answer) -> int:
         """What the call cost, for the engine's `tokens_per_minute` bucket (0 when the model does not say)."""
@@ -212,6 +236,7 @@ class LlmNode(Node):
         for key in ("input_tokens", "output_tokens"):
             if (value := getattr(answer, key)) is not None:
                 usage[key] = value
+        usage["cached"] = answer.cached
         calls = shared.get("__llm_calls__")
         if isinstance(calls, list):
             calls.append(usage)

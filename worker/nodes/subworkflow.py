@@ -157,10 +157,10 @@ class SubFlow:
         """The context of a run about to start, sharing the parent run's cancel flag (made again when the parent's
         flag is another: another run). Runs of one flow in one thread follow one another, and a sub-workflow never
         contains itself, so no two runs hold it at once."""
-        cancelled = context.current().cancelled
-        if self.ctx is None or self.ctx.cancelled is not cancelled:
-            self.ctx = RunContext(cancelled=cancelled)
-        self.ctx.last_node, self.ctx.step = None, 0
+        parent = context.current()
+        if self.ctx is None or self.ctx.cancelled is not parent.cancelled:
+            self.ctx = RunContext(cancelled=parent.cancelled)
+        self.ctx.last_node, self.ctx.step, self.ctx.answers = None, 0, parent.answers
         return self.ctx
 
 

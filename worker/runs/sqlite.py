@@ -47,6 +47,8 @@ CREATE TABLE IF NOT EXISTS chunks (run_id TEXT, batch TEXT, start INTEGER, value
   PRIMARY KEY (run_id, batch, start));
 CREATE TABLE IF NOT EXISTS branches (run_id TEXT, section TEXT, branch TEXT, value BLOB,
   PRIMARY KEY (run_id, section, branch));
+CREATE TABLE IF NOT EXISTS answers (run_id TEXT, key TEXT, value TEXT, PRIMARY KEY (run_id, key));
+CREATE TABLE IF NOT EXISTS kept_answers (key TEXT PRIMARY KEY, value TEXT, until REAL NOT NULL);
 """
 
 
@@ -285,6 +287,10 @@ class LocalRuns:
             rows = self.db.execute("SELECT node FROM trail WHERE run_id = ? ORDER BY step", (run_id,)).fetchall()
         return [row[0] for row in rows]
 
+    # -- model answers already paid for (worker/llm/answers.py) ----------------------------------------------------
+    def answers(self, run_id: str) -> LocalAnswers:
+        return LocalAnswers(self, run_id)
+
     # -- branches of a parallel section that has not reached its fan-in (worker/engine/sections.py) -------------
     def save_branch(self, run_id: str, section: str, branch: str, value: bytes) -> None:
         with self.writing():
@@ -383,6 +389,32 @@ class LocalRuns:
             last = max((b for (b,) in batches), key=lambda b: int(b.rsplit("#", 1)[1]))
             return rows_of_chunks(self.saved_chunks(run_id, last))
         raise LookupError(f"run {run_id} has no batch results for node '{node}'")
+
+
+class LocalAnswers:
+    """A local run's model answers (worker/llm/answers.py Answers), each committed as it comes; those a node keeps
+    across runs (`cache`) in `kept_answers` until their time is up."""
+
+    def __init__(self, runs: LocalRuns, run_id: str):
+        self.runs, self.run_id = runs, run_id
+
+    def find(self, key: str, shared: bool) -> dict[str, Any] | None:
+        with self.runs.lock:
+            row = self.runs.db.execute(
+                "SELECT value FROM answers WHERE run_id = ? AND key = ?", (self.run_id, key)
+            ).fetchone()
+            if row is None and shared:
+                row = self.runs.db.execute(
+                    "SELECT value FROM kept_answers WHERE key = ? AND until > ?", (key, time.time())
+                ).fetchone()
+        return None if row is None else json.loads(row[0])
+
+    def keep(self, key: str, answer: dict[str, Any], share_for: int | None) -> None:
+        value = json.dumps(answer)
+        with self.runs.writing() as db:
+            db.execute("INSERT OR REPLACE INTO answers VALUES (?,?,?)", (self.run_id, key, value))
+            if share_for is not None:
+                db.execute("INSERT OR REPLACE INTO kept_answers VALUES (?,?,?)", (key, value, time.time() + share_for))
 
 
 def _disk_error(exc: sqlite3.OperationalError, path: Path) -> StoreDiskError | None:

@@ -31,10 +31,13 @@ from worker.cluster.batches.dispatch import follow, send_advance, window_size
 from worker.cluster.batches.middleware import chunk_middleware
 from worker.cluster.batches.snapshot_cache import SnapshotCache
 from worker.cluster.broker import deliveries
+from worker.cluster.state.answers import RedisAnswers
 from worker.cluster.state.runs import ClusterRuns
 from worker.cluster.state.runstate import RunState
 from worker.cluster.state.windows import BatchWindow
+from worker.engine import context
 from worker.engine.build import item_chain
+from worker.engine.context import RunContext
 from worker.engine.loader import checked_spec
 
 _CACHE_SIZE = 8
@@ -129,7 +132,8 @@ def _run(task: Any, job: dict[str, Any], payloads: list[bytes], state: RunState,
         state, batch, spec.fail_fast, chunk=job["start"], max_concurrent=spec.max_concurrent,
         tolerance=tolerance_of(spec), task=task,
     )  # fmt: skip
-    chunk = run_slice(executor, items, job["start"], hooks)  # on threads with batch.parallel
+    with context.using(RunContext(answers=RedisAnswers(state))):  # model answers kept as they come
+        chunk = run_slice(executor, items, job["start"], hooks)  # on threads with batch.parallel
     seconds = time.monotonic() - began
     logs.chunk(job["run"], executor.node_id, batch, job["start"], len(chunk.results), len(chunk.failures), seconds)
     return snapshot.encode(chunk.to_wire(), label=f"batch '{executor.node_id}' results"), len(chunk.results)

@@ -18,10 +18,13 @@ from worker.cluster.batches.middleware import chunk_middleware
 from worker.cluster.batches.tasks import chunk_executor
 from worker.cluster.broker import deliveries
 from worker.cluster.datasets.store import ClusterDataset
+from worker.cluster.state.answers import RedisAnswers
 from worker.cluster.state.runs import ClusterRuns
 from worker.cluster.state.runstate import RunState
 from worker.datasets.chunks import run_chunk
 from worker.datasets.job import RECORDS, Dataset, verdict
+from worker.engine import context
+from worker.engine.context import RunContext
 from worker.runs.record import FINAL
 
 log = logging.getLogger(__name__)
@@ -117,10 +120,11 @@ def dataset_chunk(self: Any, run_id: str, n: int) -> str:
     began, ran, failed = time.monotonic(), 0, 0
     if not state.should_stop(RECORDS):
         executor = chunk_executor(dataset.record_spec(record.workflow).wire(), runs.load_store(run_id))
-        chunk = run_chunk(
-            executor, records, bad, n * size, done,
-            lambda count: chunk_middleware(state, RECORDS, False),
-        )  # fmt: skip
+        with context.using(RunContext(answers=RedisAnswers(state))):  # model answers kept as they come
+            chunk = run_chunk(
+                executor, records, bad, n * size, done,
+                lambda count: chunk_middleware(state, RECORDS, False),
+            )  # fmt: skip
         kept = len(done.results) - len(done.failures) if done is not None else 0  # a redrive's successes: not run
         ran, failed = len(chunk.results) - kept, len(chunk.failures)
     elif done is not None:

@@ -36,6 +36,7 @@ Keys of a run, `cf:{<run_id>}:<name>`; `<batch>` is `<node id>#<step>`:
                               (worker/cluster/aging.py); queued_msgs hash: task id -> the packed message
   copies, begun       hash    aging's copies: task id -> its message's first id; first id -> the delivery that began
   snap:<batch>:<sha>  string  a snapshot too large to travel inside each chunk message
+  answers             hash    model answers already paid for: request key -> answer (worker/llm/answers.py)
   permits:<batch>     zset    leased item permits (max_concurrent), `<chunk>/<delivery>/<n>` -> lease deadline
   branches:<section>  hash    a parallel section's finished branches; joined:<section> set: the join
   ds, ds:*            ...     a dataset job's chunks, outcomes, counts, claims (worker/cluster/datasets/)
@@ -47,6 +48,7 @@ Outside any run:
   cf:done:<task id>   string  a task that ran to the end on a signed cluster: another delivery of it is skipped
   cf:{queued}         zset    runs with messages sent below the top priority not yet begun: run id -> last send
   cf:{queued}:sweeping string  set NX for one sweep interval: at most one aging sweep starts per interval
+  cf:{answer:<key>}   string  a model answer a node keeps across runs (`cache`), for that long
   cf:{idem:<key>}     string  `<run id> <fingerprint>` of the first submit with this idempotency key (a run TTL)
   cf:purged:{<run_id>} string a purged run's tombstone, for a run TTL (every message of the run expires before it):
                               a task of the run is ignored, its stop checks stop it, and the scripts that write a
@@ -104,3 +106,8 @@ def done_key(task_id: str) -> str:
 def idempotency_key(key: str) -> str:
     """The claim of a submit's idempotency key: its own hash tag, so one SET NX decides between concurrent submits."""
     return f"cf:{{idem:{key}}}"
+
+
+def shared_answer_key(request: str) -> str:
+    """A model answer kept across runs (the `llm` node's `cache`), by its request key."""
+    return f"cf:{{answer:{request}}}"

@@ -1,0 +1,47 @@
+"""Answers already paid for: a model request answered once in a run is never sent again in that run.
+
+A request's key is a digest of everything that shapes its answer (provider, model, endpoint, messages, system,
+options). The `llm` node looks it up before it calls and keeps the answer right after, before the item's outcome
+is recorded: so a chunk delivered again after its worker died, an item run again after a later failure, `resume`,
+`redrive` and `repair` find the answer instead of paying for it twice. Answers live where the run's state lives
+(the run context's `answers`: Redis on a cluster, worker/cluster/state/answers.py; the embedded store locally,
+worker/runs/sqlite.py), for the run's TTL.
+
+Across runs only on request: a node's `cache` ("7d") also keeps the answer outside the run for that long, and any
+run asking the same request within it reuses it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+from typing import Any, Protocol
+
+from worker.llm.providers import Answer, Model, Request
+
+
+class Answers(Protocol):
+    """Where a run's answers live. `find`: this run's answer to `key`, else (with `shared`) one kept across runs;
+    `keep`: the answer to `key` for this run, and across runs for `share_for` seconds when given."""
+
+    def find(self, key: str, shared: bool) -> dict[str, Any] | None: ...
+
+    def keep(self, key: str, answer: dict[str, Any], share_for: int | None) -> None: ...
+
+
+def key_of(model: Model, request: Request) -> str:
+    """The digest of what shapes the answer: the model, its provider and endpoint, and the request (its timeout,
+    which shapes no answer, left out)."""
+    shape = {"provider": model.provider, "model": model.name, **dataclasses.asdict(request)}
+    shape.pop("timeout", None)
+    return hashlib.sha256(json.dumps(shape, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def to_record(answer: Answer) -> dict[str, Any]:
+    return dataclasses.asdict(answer)
+
+
+def from_record(record: dict[str, Any]) -> Answer:
+    """A kept answer, as reused: it cost nothing this time."""
+    return Answer(**{**record, "input_tokens": 0, "output_tokens": 0, "cached": True})
