@@ -23,6 +23,7 @@ from tests.support import llm_server
 from tests.support.cluster import PLUGINS
 from tests.support.llm_server import Provider
 from worker.llm import providers
+from worker.nodes.llm import usage_totals
 
 ROOT = Path(__file__).parents[1]
 PROVIDER_VARIABLES = ("OPENAI_API_KEY", "OPENAI_BASE_URL", "ANTHROPIC_API_KEY", "ANTHROPIC_BASE_URL")
@@ -193,3 +194,25 @@ def test_the_model_name_is_split_into_provider_and_model(monkeypatch: pytest.Mon
     assert providers.model_of("openai/meta-llama/llama-3").name == "meta-llama/llama-3"  # OpenRouter-style ids
     monkeypatch.setenv("CHORDFLOW_LLM_PROVIDER", "anthropic")
     assert providers.model_of("claude-x").provider == "anthropic"
+
+
+def test_calls_are_priced_from_the_users_prices(
+    provider: Provider, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    prices = tmp_path / "prices.json"
+    prices.write_text(json.dumps({"openai/gpt-test": {"input": 2.0, "output": 10.0}}))
+    monkeypatch.setenv("CHORDFLOW_LLM_PRICES", str(prices))
+    result = scheduler.run({"nodes": [ask("openai/gpt-test"), {**ask("anthropic/claude-test"), "id": "other"}]})
+    priced, unpriced = result.shared["__llm_calls__"]
+    assert priced["cost_usd"] == pytest.approx((4 * 2.0 + 5 * 10.0) / 1_000_000)  # the server's own token counts
+    assert "cost_usd" not in unpriced  # no price: tokens only
+    totals = usage_totals(result.shared)
+    assert totals is not None and totals["cost_usd"] == pytest.approx(priced["cost_usd"])
+    assert totals["input_tokens"] == provider.tokens()[0]
+
+
+def test_a_bad_prices_file_stops_the_batch_once(provider: Provider, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CHORDFLOW_LLM_PRICES", '{"openai/gpt-test": {"input": "cheap"}}')
+    with pytest.raises(SameForEveryItem, match="CHORDFLOW_LLM_PRICES: model 'openai/gpt-test': expected"):
+        scheduler.run(batch("openai/gpt-test", 5), {"items": list("abcde")})
+    assert provider.requests == []

@@ -215,6 +215,9 @@ class Settings:
         read=_integer(at_least=1),
     )
     llm_model: str | None = _var("CHORDFLOW_LLM_MODEL", None, "the `llm` node's model; 'fake' answers offline")
+    llm_prices: str | None = _var(
+        "CHORDFLOW_LLM_PRICES", None, "a JSON file (or JSON) of model -> USD per 1M tokens {input, output}"
+    )
     llm_provider: Literal["openai", "anthropic", "llm"] = _var(
         "CHORDFLOW_LLM_PROVIDER",
         "openai",
@@ -237,7 +240,8 @@ _FIELD_OF = {field.name: field for field in dataclasses.fields(Settings)}  # nam
 FIELDS = tuple(_FIELD_OF)
 #: Fields whose bad value fails only the code that reads them (`get`); `load()` leaves them at their default.
 CHECKED_ON_USE = frozenset({"plugins", "home", "max_steps", "log_format", "http_connections", "llm_model",
-                            "llm_provider", "repair_generator", "repair_model", "dashboard_basic_auth"})  # fmt: skip
+                            "llm_prices", "llm_provider", "repair_generator", "repair_model",
+                            "dashboard_basic_auth"})  # fmt: skip
 #: CHORDFLOW_* variables read by chordflow's own tests and Makefile, not by chordflow: known, so no warning.
 TEST_VARIABLES = frozenset({"CHORDFLOW_FUZZ_EXAMPLES", "CHORDFLOW_TEST_BROKER"})
 VARIABLES = tuple(Settings.variable(name) for name in _FIELD_OF)

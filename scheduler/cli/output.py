@@ -209,8 +209,9 @@ def print_summary(console: Console, wf: ir.Workflow, result: Any) -> None:
             console.print(Text(f"  {name} = {_render(value, 200)}"))
 
 
-def llm_line(totals: dict[str, int]) -> str:
+def llm_line(totals: dict[str, Any]) -> str:
     """The token totals of a run's `__llm_calls__`, as `status` and `results` print them."""
     calls, inputs, outputs = totals["calls"], totals["input_tokens"], totals["output_tokens"]
     cached = f" ({totals['cached_calls']} answered from kept answers)" if totals.get("cached_calls") else ""
-    return f"llm: {calls} calls{cached}, {inputs} input tokens, {outputs} output tokens"
+    cost = f", ${totals['cost_usd']:.4f}" if "cost_usd" in totals else ""
+    return f"llm: {calls} calls{cached}, {inputs} input tokens, {outputs} output tokens{cost}"

@@ -24,7 +24,7 @@ from ir.templates import references
 from worker import settings
 from worker.engine import context
 from worker.engine.rate_limits import DEFAULT_MAX_WAIT
-from worker.llm import answers, fake, providers
+from worker.llm import answers, fake, prices, providers
 from worker.nodes.http import parse_retry_after
 from worker.nodes.params import Param
 from worker.nodes.registry import register
@@ -71,19 +71,21 @@ def _count(value: Any) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
 
 
-def usage_totals(store: Mapping[str, Any]) -> dict[str, int] | None:
-    """{"calls", "cached_calls", "input_tokens", "output_tokens"} over the store's `__llm_calls__` (None without that
-    list): what `chordflow status` and `results` report. Entries without counts add a call and no tokens; a reused
-    answer (`cached`) is a call that billed nothing."""
+def usage_totals(store: Mapping[str, Any]) -> dict[str, Any] | None:
+    """{"calls", "cached_calls", "input_tokens", "output_tokens"}, and "cost_usd" when any call was priced, over the
+    store's `__llm_calls__` (None without that list): what `chordflow status` and `results` report. Entries without
+    counts add a call and no tokens; a reused answer (`cached`) is a call that billed nothing."""
     calls = store.get("__llm_calls__")
     if not isinstance(calls, list):
         return None
-    totals = {"calls": len(calls), "cached_calls": 0, "input_tokens": 0, "output_tokens": 0}
+    totals: dict[str, Any] = {"calls": len(calls), "cached_calls": 0, "input_tokens": 0, "output_tokens": 0}
     for entry in calls:
         if isinstance(entry, dict):
             totals["cached_calls"] += entry.get("cached") is True
             for key in ("input_tokens", "output_tokens"):
                 totals[key] += _count(entry.get(key)) or 0
+            if isinstance(cost := entry.get("cost_usd"), int | float) and not isinstance(cost, bool):
+                totals["cost_usd"] = totals.get("cost_usd", 0.0) + cost
     return totals
 
 
@@ -212,6 +214,7 @@ class LlmNode(Node):
             text, input_tokens, output_tokens = fake.answer(call.model, call.request.system, call.prompt, call.max_wait)
             return providers.Answer(text, fake.FAKE, input_tokens, output_tokens)
         model, kept = providers.model_of(call.model), context.current().answers
+        prices.table()  # a bad prices file stops the batch before any call is paid
         if kept is None:
             return ask(model, call)
         key = answers.key_of(model, call.request)
@@ -237,6 +240,9 @@ class LlmNode(Node):
             if (value := getattr(answer, key)) is not None:
                 usage[key] = value
         usage["cached"] = answer.cached
+        priced = prices.cost(call.model, providers.model_of(call.model).name, answer.input_tokens, answer.output_tokens)
+        if priced is not None:
+            usage["cost_usd"] = priced
         calls = shared.get("__llm_calls__")
         if isinstance(calls, list):
             calls.append(usage)
