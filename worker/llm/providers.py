@@ -112,16 +112,17 @@ def _message(exc: BaseException) -> str:
     return " ".join(str(getattr(exc, "message", None) or exc).split())[:300]
 
 
-_clients: dict[tuple[str, str | None, str | None], Any] = {}
+_clients: dict[tuple[int, str, str | None, str | None], Any] = {}
 _clients_lock = threading.Lock()
 
 
 def client(provider: str, base_url: str | None) -> Any:
-    """This process's client for `provider` at `base_url` (else the provider's variable, else its own default)."""
+    """This process's client for `provider` at `base_url` (else the provider's variable, else its own default); by
+    pid too: a forked pool process makes its own (a connection pool is not shared across a fork)."""
     key = os.environ.get(KEY_VARIABLES[provider])
     url = base_url or os.environ.get(URL_VARIABLES[provider]) or None
     with _clients_lock:
-        found = _clients.get((provider, url, key))
+        found = _clients.get((os.getpid(), provider, url, key))
         if found is None:
             if provider == "openai":
                 import openai  # a worker that never calls a model never pays its import
@@ -131,7 +132,7 @@ def client(provider: str, base_url: str | None) -> Any:
                 import anthropic
 
                 found = anthropic.Anthropic(api_key=key, base_url=url, max_retries=0)
-            _clients[(provider, url, key)] = found
+            _clients[(os.getpid(), provider, url, key)] = found
         return found
 
 
