@@ -275,15 +275,17 @@ def test_ctrl_c_on_wait_stops_waiting_and_the_run_goes_on(celery_cluster: Cluste
     params = {"log": str(log), "label": "held", "gate": str(gate)}
     held = write_wf(tmp_path, {"nodes": [{"id": "s", "type": "test-side-effect", "params": params}]})
     run_id = cli(celery_cluster, "run", held, "--backend", "celery", "--detach").stdout.strip()
+    redis = Redis.from_url(celery_cluster.redis.url)
+    before = {c["id"] for c in redis.client_list()}  # other tests' clients may be in an XREAD of their own
     waiting = subprocess.Popen(
         [sys.executable, "-m", "scheduler.cli", "wait", run_id], cwd=ROOT,
         env={**celery_cluster.env, "CHORDFLOW_PLUGINS": PLUGINS}, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
         text=True,
     )  # fmt: skip
     try:
-        redis = Redis.from_url(celery_cluster.redis.url)
         # `wait` follows the run's progress stream with a blocking XREAD: it is in its loop once Redis sees one
-        until(lambda: any(c["cmd"] == "xread" for c in redis.client_list()), 60, "wait to follow the run")
+        following = lambda: any(c["cmd"] == "xread" and c["id"] not in before for c in redis.client_list())  # noqa: E731
+        until(following, 60, "wait to follow the run")
         waiting.send_signal(signal.SIGINT)
         out, err = waiting.communicate(timeout=30)
     finally:

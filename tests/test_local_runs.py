@@ -69,7 +69,7 @@ def test_a_sigkilled_run_reads_failed_everywhere_and_resumes_from_its_checkpoint
     gone = f"the process running it (pid {proc.pid}) is gone"
     assert waiting.returncode == 1 and gone in waited_err, waited_err
     status = json.loads(run_cli("status", run_id, "--json").stdout)
-    assert (status["status"], status["error"], status["node"]) == ("failed", gone, "n2")
+    assert (status["status"], status["error"], status["node"]) == ("failed", f"{gone} (node 'n2')", "n2")
     listed = {r["run_id"]: r for r in json.loads(run_cli("runs", "--json", "--limit", "50").stdout)}
     assert listed[run_id]["status"] == "failed"
     waited = run_cli("wait", run_id, timeout=60)

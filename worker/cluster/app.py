@@ -165,14 +165,12 @@ class StaysPurged(Task):
     write is refused or a stop check sees the tombstone (RunPurged). Either is ignored: acknowledged, no result, no
     done mark, one WARNING line."""
 
-    def before_start(self, task_id: str, args: Any, kwargs: Any) -> None:
-        run_id = aging.run_of(tuple(args or ()))
-        if run_id is not None and not self.request.called_directly and runstate.client().exists(purged_key(run_id)):
-            log.warning("skipped task %s[%s]: run %s was purged", self.name, task_id, run_id)
-            raise Ignore()
-        super().before_start(task_id, args, kwargs)
-
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        # Inside GivesBack (see ChordflowTask's bases): Redis out of reach here gives the message back, as in the task.
+        run_id = None if self.request.called_directly else aging.run_of(tuple(args))
+        if run_id is not None and runstate.client().exists(purged_key(run_id)):
+            log.warning("skipped task %s[%s]: run %s was purged", self.name, self.request.id, run_id)
+            raise Ignore()
         try:
             return super().__call__(*args, **kwargs)
         except RunPurged as exc:
@@ -182,7 +180,7 @@ class StaysPurged(Task):
             raise Ignore() from None
 
 
-class ChordflowTask(StaysPurged, GivesBack, signing.SignedTask):
+class ChordflowTask(GivesBack, StaysPurged, signing.SignedTask):
     """The base of every task on a chordflow app: signed messages only, run once, given back in an outage, nothing
     of a purged run."""
 
