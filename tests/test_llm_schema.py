@@ -121,6 +121,16 @@ def test_an_answer_that_is_not_json_is_asked_again(provider: Provider) -> None:
     assert "$: not JSON (Expecting value" in provider.bodies[1]["messages"][-1]["content"]
 
 
+def test_a_429_on_the_asking_again_goes_on_from_the_answer_already_billed(provider: Provider) -> None:
+    provider.invalid, provider.throttle_again = (lambda prompt: 1), 1
+    result = scheduler.run({"nodes": [classify(MODELS["openai"], "great food")]})
+    jsonschema.validate(result.shared["classify"]["data"], REVIEW)
+    assert [status for _, _, status in provider.requests] == [200, 429, 200]  # the first answer not asked again
+    calls = result.shared["__llm_calls__"]
+    assert [c["cached"] for c in calls] == [False, False]  # both billed, both recorded with their tokens
+    assert (sum(c["input_tokens"] for c in calls), sum(c["output_tokens"] for c in calls)) == provider.tokens()
+
+
 @pytest.mark.parametrize("protocol", ["openai", "anthropic"])
 def test_an_answer_still_invalid_after_the_retries_fails_its_item_with_schema_error(
     provider: Provider, protocol: str

@@ -2,9 +2,9 @@
 node's tests: the official `openai` and `anthropic` clients talk to it over HTTP exactly as to a provider.
 
 It checks the key (401), knows a set of models (404 for another), answers 429 with Retry-After to the first
-`throttle` calls, can take `delay` seconds per answer (and hold the answers to `held` prompts until `release` is
-set), and bills tokens as words (input: every message's words,
-the system prompt's too; output: the answer's). `requests` records every request: (protocol, model, status).
+`throttle` calls (and to the first `throttle_again` calls going on with a chat), can take `delay` seconds per answer
+(and hold the answers to `held` prompts until `release` is set), and bills tokens as words (input: every message's
+words, the system prompt's too; output: the answer's). `requests` records every request: (protocol, model, status).
 The answer to a chat is `echo: <its last message>`; `bodies` keeps every request's body as received.
 
 A request asking for JSON of a schema, the way each API takes it (OpenAI: `response_format` `json_schema`; Anthropic:
@@ -39,6 +39,7 @@ class Provider:
     models: set[str] = field(default_factory=lambda: {"gpt-test", "claude-test"})
     key: str = KEY
     throttle: int = 0  # the first N calls get 429
+    throttle_again: int = 0  # the first N calls going on with a chat (an assistant turn in it) get 429
     retry_after: float = 0.05
     delay: float = 0.0
     held: set[str] = field(default_factory=set)  # chats whose last message is one of these wait for `release`
@@ -85,9 +86,13 @@ def handler(provider: Provider) -> type[BaseHTTPRequestHandler]:
 
         def answer(self, protocol: str, body: dict[str, Any], authorized: bool) -> None:
             model = str(body.get("model"))
+            again = any(m.get("role") == "assistant" for m in body.get("messages") or [])
             with provider.lock:
-                throttled = provider.throttle > 0
-                provider.throttle -= throttled
+                throttled = provider.throttle > 0 or (again and provider.throttle_again > 0)
+                if provider.throttle > 0:
+                    provider.throttle -= 1
+                elif throttled:
+                    provider.throttle_again -= 1
             if not authorized:
                 status, payload = 401, error(protocol, "authentication_error", "invalid api key")
             elif model not in provider.models:

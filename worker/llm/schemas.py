@@ -97,19 +97,21 @@ class Reply:
         return self.exchanges[-1][1]
 
 
-def ask(request: Request, retries: int, send: Callable[[Request], Answer]) -> Reply:
+def ask(request: Request, retries: int, send: Callable[[Request], Answer], made: list[tuple[Request, Answer]]) -> Reply:
     """`send(request)`; with a schema, an invalid answer is sent again with the answer and its correction appended to
-    the chat, up to `retries` more times. Without a schema: the one answer."""
-    exchanges: list[tuple[Request, Answer]] = []
+    the chat, up to `retries` more times. `made` holds the exchanges so far and is appended to as they happen: an
+    attempt that raised (a 429 waited out, a timeout retried by the node) goes on from the last answer instead of
+    starting over, so no billed answer is asked or recorded twice."""
     while True:
-        answer = send(request)
-        exchanges.append((request, answer))
-        if request.schema is None:
-            return Reply(exchanges)
-        data, error = parsed(request.schema, answer.text)
-        if error is None:
-            return Reply(exchanges, data)
-        if len(exchanges) > retries:
-            return Reply(exchanges, error=error)
-        chat = [{"role": "assistant", "content": answer.text}, {"role": "user", "content": correction(error)}]
-        request = dataclasses.replace(request, messages=[*request.messages, *chat])
+        if made:
+            asked, answer = made[-1]
+            if asked.schema is None:
+                return Reply(list(made))
+            data, error = parsed(asked.schema, answer.text)
+            if error is None:
+                return Reply(list(made), data)
+            if len(made) > retries:
+                return Reply(list(made), error=error)
+            chat = [{"role": "assistant", "content": answer.text}, {"role": "user", "content": correction(error)}]
+            request = dataclasses.replace(asked, messages=[*asked.messages, *chat])
+        made.append((request, send(request)))

@@ -17,7 +17,7 @@ still invalid fails the item with SchemaError.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from pocketflow import Node
@@ -155,13 +155,14 @@ PARAMS = {
 @dataclass(frozen=True)
 class Call:
     """What prep resolved: the model as written, the request, the throttle budget, and what an answer not of the
-    request's `schema` may cost in more requests."""
+    request's `schema` may cost in more requests; `made`: the requests answered so far (exec's attempts share it)."""
 
     model: str
     request: providers.Request
     max_wait: float
     cache: int | None = None  # seconds an answer is kept across runs (`cache`); None: this run only
     schema_retries: int = schemas.DEFAULT_RETRIES
+    made: list[tuple[providers.Request, providers.Answer]] = field(default_factory=list, compare=False)
 
     @property
     def prompt(self) -> str:
@@ -232,13 +233,17 @@ class LlmNode(Node):
             base_url=values["base_url"], schema=values["schema"],
         )  # fmt: skip
         if values["schema"] is not None and (problem := schemas.problem(values["schema"])) is not None:
-            raise ValueError(f"llm: param 'schema' {problem}")  # a templated schema, checked once resolved
+            raise ValueError(f"llm: param 'schema' {problem}")  # a templated one; the validator is made once
         cache = None if values["cache"] is None else durations.seconds(values["cache"])
         return Call(model, request, float(values["max_throttle_wait"]), cache, values["schema_retries"])
 
     def exec(self, call: Call) -> schemas.Reply:
         """The answer; with a `schema`, asked again while it does not match (worker/llm/schemas.py)."""
-        return schemas.ask(call.request, call.schema_retries, lambda asked: self.answer(replace(call, request=asked)))
+
+        def send(request: providers.Request) -> providers.Answer:
+            return self.answer(replace(call, request=request))
+
+        return schemas.ask(call.request, call.schema_retries, send, call.made)
 
     def answer(self, call: Call) -> providers.Answer:
         """One request's answer: the fake's, one kept in the run, or the provider's (then kept)."""
