@@ -163,8 +163,7 @@ def test_a_single_node_still_invalid_fails_the_run_naming_the_path(provider: Pro
 )  # fmt: skip
 def test_a_bad_schema_is_one_validation_line(provider: Provider, tmp_path: Path, schema: Any, problem: str) -> None:
     wf = tmp_path / "wf.json"
-    wf.write_text(json.dumps({"nodes": [{**classify(MODELS["openai"], "hi"), "params": {
-        "prompt": "hi", "model": MODELS["openai"], "schema": schema}}]}))  # fmt: skip
+    wf.write_text(json.dumps({"nodes": [classify(MODELS["openai"], "hi", schema=schema)]}))
     for command in ("validate", "run"):
         proc = run_cli(command, wf)
         lines = proc.stderr.strip().splitlines()
