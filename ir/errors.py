@@ -164,6 +164,12 @@ class SameForEveryItem(ChordflowError, RuntimeError):
     whatever its `error_handling`, and fails with it, instead of paying for the same refusal once per item."""
 
 
+class SchemaError(ChordflowError, RuntimeError):
+    """An `llm` node's answer was not JSON of its `schema`'s shape, and still was not after `schema_retries` more
+    requests, each told what was wrong: the item fails. The message is `<path>: <what>`, the path being where in
+    the answer it failed (`$.label`, `$` for the whole answer) (worker/llm/schemas.py)."""
+
+
 class ThrottledTooLong(ChordflowError, RuntimeError):
     """A call was throttled (HTTP 429/503) for longer in all than its bounded wait: the item fails, naming why."""
 

@@ -2,10 +2,17 @@
 node's tests: the official `openai` and `anthropic` clients talk to it over HTTP exactly as to a provider.
 
 It checks the key (401), knows a set of models (404 for another), answers 429 with Retry-After to the first
-`throttle` calls, can take `delay` seconds per answer (and hold the answers to `held` prompts until `release` is
-set), and bills tokens as words (input: every message's words,
-the system prompt's too; output: the answer's). `requests` records every request: (protocol, model, status).
-The answer to a chat is `echo: <its last message>`.
+`throttle` calls (and to the first `throttle_again` calls going on with a chat), can take `delay` seconds per answer
+(and hold the answers to `held` prompts until `release` is set), and bills tokens as words (input: every message's
+words, the system prompt's too; output: the answer's). `requests` records every request: (protocol, model, status).
+The answer to a chat is `echo: <its last message>`; `bodies` keeps every request's body as received.
+
+A request asking for JSON of a schema, the way each API takes it (OpenAI: `response_format` `json_schema`; Anthropic:
+a tool whose `input_schema` is the schema, forced by `tool_choice`), is answered as the API does: the JSON text in
+`message.content` (OpenAI), a `tool_use` content block whose `input` is the object (Anthropic). The object is
+valid for the schema (worker/llm/fake.py `data`, from the chat's first message: its string fields carry it), except
+for the first `invalid(first message)` answers of a chat (counted by the assistant turns already in it): their
+first typed property has a value of another type — or, with `prose` (OpenAI only), they are not JSON at all.
 """
 
 from __future__ import annotations
@@ -14,12 +21,13 @@ import contextlib
 import json
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler
 from typing import Any
 
 from tests.support.http_server import running
+from worker.llm import fake
 
 KEY = "sk-loopback-test"
 
@@ -31,11 +39,15 @@ class Provider:
     models: set[str] = field(default_factory=lambda: {"gpt-test", "claude-test"})
     key: str = KEY
     throttle: int = 0  # the first N calls get 429
+    throttle_again: int = 0  # the first N calls going on with a chat (an assistant turn in it) get 429
     retry_after: float = 0.05
     delay: float = 0.0
     held: set[str] = field(default_factory=set)  # chats whose last message is one of these wait for `release`
     release: threading.Event = field(default_factory=threading.Event)
+    invalid: Callable[[str], int] | None = None  # invalid answers a chat starting with this message gets first
+    prose: bool = False  # OpenAI: those invalid answers are prose, not JSON
     requests: list[tuple[str, str, int]] = field(default_factory=list)
+    bodies: list[dict[str, Any]] = field(default_factory=list)
     input_tokens: int = 0
     output_tokens: int = 0
     lock: threading.Lock = field(default_factory=threading.Lock)
@@ -62,6 +74,8 @@ def handler(provider: Provider) -> type[BaseHTTPRequestHandler]:
 
         def do_POST(self) -> None:
             body = json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0)) or b"{}")
+            with provider.lock:
+                provider.bodies.append(body)
             bearer = self.headers.get("Authorization") == f"Bearer {provider.key}"
             if self.path.endswith("/chat/completions"):
                 self.answer("openai", body, bearer)
@@ -72,9 +86,13 @@ def handler(provider: Provider) -> type[BaseHTTPRequestHandler]:
 
         def answer(self, protocol: str, body: dict[str, Any], authorized: bool) -> None:
             model = str(body.get("model"))
+            again = any(m.get("role") == "assistant" for m in body.get("messages") or [])
             with provider.lock:
-                throttled = provider.throttle > 0
-                provider.throttle -= throttled
+                throttled = provider.throttle > 0 or (again and provider.throttle_again > 0)
+                if provider.throttle > 0:
+                    provider.throttle -= 1
+                elif throttled:
+                    provider.throttle_again -= 1
             if not authorized:
                 status, payload = 401, error(protocol, "authentication_error", "invalid api key")
             elif model not in provider.models:
@@ -94,7 +112,12 @@ def handler(provider: Provider) -> type[BaseHTTPRequestHandler]:
             messages = body.get("messages") or []
             if messages and messages[-1].get("content") in provider.held:
                 provider.release.wait(60)
-            text = "echo: " + str(messages[-1]["content"] if messages else "")
+            schema, tool = requested_schema(protocol, body)
+            value = None if schema is None else structured(provider, schema, messages)
+            if schema is None or isinstance(value, str):
+                text = value or "echo: " + str(messages[-1]["content"] if messages else "")
+            else:
+                text = json.dumps(value)
             system = body.get("system") if protocol == "anthropic" else None
             tokens_in = sum(_words(m.get("content")) for m in messages) + _words(system)
             tokens_out = _words(text)
@@ -113,7 +136,10 @@ def handler(provider: Provider) -> type[BaseHTTPRequestHandler]:
                 "id": "msg_loopback", "type": "message", "role": "assistant", "model": model,
                 "content": [{"type": "text", "text": text}], "stop_reason": "end_turn", "stop_sequence": None,
                 "usage": {"input_tokens": tokens_in, "output_tokens": tokens_out},
-            }  # fmt: skip
+            } | ({} if tool is None else {
+                "content": [{"type": "tool_use", "id": "toolu_loopback", "name": tool, "input": value}],
+                "stop_reason": "tool_use",
+            })  # fmt: skip
 
         def send_json(self, status: int, payload: dict[str, Any], headers: dict[str, str] | None = None) -> None:
             data = json.dumps(payload).encode()
@@ -129,6 +155,31 @@ def handler(provider: Provider) -> type[BaseHTTPRequestHandler]:
             pass
 
     return Handler
+
+
+def requested_schema(protocol: str, body: dict[str, Any]) -> tuple[dict[str, Any] | None, str | None]:
+    """(the schema the request asks the answer to match, the Anthropic tool to call with it), or (None, None)."""
+    if protocol == "openai":
+        shape = body.get("response_format") or {}
+        return (shape["json_schema"]["schema"], None) if shape.get("type") == "json_schema" else (None, None)
+    choice = body.get("tool_choice") or {}
+    tools = {tool["name"]: tool for tool in body.get("tools") or []}
+    if choice.get("type") == "tool" and choice.get("name") in tools:
+        return tools[choice["name"]]["input_schema"], choice["name"]
+    return None, None
+
+
+def structured(provider: Provider, schema: dict[str, Any], messages: list[dict[str, Any]]) -> Any:
+    """The answer's object (or, for an invalid answer with `prose`, its text)."""
+    first = str(messages[0]["content"]) if messages else ""
+    value = fake.data(schema, first)
+    owed = provider.invalid(first) if provider.invalid is not None else 0
+    if sum(m.get("role") == "assistant" for m in messages) >= owed:
+        return value
+    if provider.prose:
+        return f"Sure! The answer to {first!r} is below."
+    name, part = next((n, p) for n, p in schema["properties"].items() if "type" in p or "enum" in p)
+    return {**value, name: "not an array" if part.get("type") == "array" else ["not", "valid"]}
 
 
 def error(protocol: str, kind: str, message: str) -> dict[str, Any]:

@@ -10,6 +10,11 @@ One client per (provider, endpoint, key) per process, shared by every item threa
 pool keeps connections alive across items. The clients' own retries are off (`max_retries=0`): the engine retries
 an item (`max_retries`) and waits out 429s for the whole rate-limit bucket (worker/engine/rate_limits.py).
 
+A request with a `schema` asks for JSON of that shape the provider's own way: OpenAI's `response_format`
+(`json_schema`, strict when the schema allows it: every object closed and all its properties required), a tool
+Anthropic is made to call (its `input_schema` the schema, `tool_choice` naming it; the answer is the tool call's
+input), the `llm` package's `schema` option. The answer's text is then that JSON; worker/llm/schemas.py checks it.
+
 An answer that would be the same for every item — the key refused (401, 403), the model unknown (404), no key in
 this process — raises SameForEveryItem: the batch stops at the first one instead of paying for the same refusal
 once per item.
@@ -17,7 +22,9 @@ once per item.
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import threading
 from dataclasses import dataclass
 from typing import Any
@@ -35,6 +42,10 @@ URL_VARIABLES = {"openai": "OPENAI_BASE_URL", "anthropic": "ANTHROPIC_BASE_URL"}
 ANTHROPIC_MAX_TOKENS = 4096
 #: HTTP statuses a provider answers the same way for every request of a batch (the key, the model).
 SAME_FOR_EVERY_ITEM = {401: "refused the key", 403: "refused the key", 404: "does not know the model"}
+#: Keywords whose values are data, not schemas: never walked for objects.
+LITERAL_KEYWORDS = {"enum", "const", "default", "examples", "required", "title", "description"}
+#: What the Anthropic tool standing for the answer's shape says it is for.
+TOOL_DESCRIPTION = "Give your answer by calling this tool: its input is the answer."
 
 
 @dataclass(frozen=True)
@@ -48,7 +59,8 @@ class Model:
 
 @dataclass(frozen=True)
 class Request:
-    """One call: chat `messages` ({role, content}), and the options a node may set (None: the provider's default)."""
+    """One call: chat `messages` ({role, content}), and the options a node may set (None: the provider's default);
+    `schema`: the JSON Schema (an object at its root) the answer must match."""
 
     messages: list[dict[str, str]]
     system: str | None = None
@@ -56,6 +68,7 @@ class Request:
     max_tokens: int | None = None
     timeout: float | None = None
     base_url: str | None = None
+    schema: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True)
@@ -139,21 +152,33 @@ def client(provider: str, base_url: str | None) -> Any:
 def _openai(model: Model, request: Request) -> Answer:
     messages = ([{"role": "system", "content": request.system}] if request.system else []) + request.messages
     options = _options(request, temperature=request.temperature, max_tokens=request.max_tokens)
+    if request.schema is not None:
+        shape = {"name": schema_name(request.schema), "schema": request.schema, "strict": strict(request.schema)}
+        options["response_format"] = {"type": "json_schema", "json_schema": shape}
     response = client("openai", request.base_url).chat.completions.create(
         model=model.name, messages=messages, **options
     )
     usage = getattr(response, "usage", None)
-    text = response.choices[0].message.content or ""
+    message = response.choices[0].message
+    text = message.content or getattr(message, "refusal", None) or ""  # a refusal: not JSON, so asked again
     return Answer(text, getattr(response, "model", None) or model.name, _tokens(usage, "prompt_tokens"),
                   _tokens(usage, "completion_tokens"))  # fmt: skip
 
 
 def _anthropic(model: Model, request: Request) -> Answer:
     options = _options(request, temperature=request.temperature, system=request.system)
+    if request.schema is not None:
+        name = schema_name(request.schema)
+        options["tools"] = [{"name": name, "description": TOOL_DESCRIPTION, "input_schema": request.schema}]
+        options["tool_choice"] = {"type": "tool", "name": name}
     response = client("anthropic", request.base_url).messages.create(
         model=model.name, max_tokens=request.max_tokens or ANTHROPIC_MAX_TOKENS, messages=request.messages, **options
     )
-    text = "".join(getattr(block, "text", "") for block in response.content if getattr(block, "type", "") == "text")
+    calls = [block for block in response.content if getattr(block, "type", "") == "tool_use"]
+    if request.schema is not None and calls:
+        text = json.dumps(calls[0].input)
+    else:
+        text = "".join(getattr(b, "text", "") for b in response.content if getattr(b, "type", "") == "text")
     usage = getattr(response, "usage", None)
     return Answer(text, getattr(response, "model", None) or model.name, _tokens(usage, "input_tokens"),
                   _tokens(usage, "output_tokens"))  # fmt: skip
@@ -166,11 +191,35 @@ def _llm_package(model: Model, request: Request) -> Answer:
         raise SameForEveryItem(f"model '{model.written}' needs the `llm` package (pip install llm)") from None
     handle = llm.get_model(model.name)
     prompt = "\n\n".join(m["content"] for m in request.messages)
-    options = {} if request.temperature is None else {"temperature": request.temperature}
+    options: dict[str, Any] = {} if request.temperature is None else {"temperature": request.temperature}
+    if request.schema is not None:
+        options["schema"] = request.schema
     response = handle.prompt(prompt, system=request.system, **options)
     text = response.text()  # an `llm` Response is lazy: the request happens here
     usage = response.usage() if callable(getattr(response, "usage", None)) else None
     return Answer(text, str(getattr(handle, "model_id", model.name)), _tokens(usage, "input"), _tokens(usage, "output"))
+
+
+def schema_name(schema: dict[str, Any]) -> str:
+    """The name a provider shows the model for the answer's shape: the schema's `title` when it is a valid name
+    (letters, digits, `_`, `-`, at most 64), else "answer"."""
+    title = schema.get("title")
+    return title if isinstance(title, str) and re.fullmatch(r"[A-Za-z0-9_-]{1,64}", title) else "answer"
+
+
+def strict(schema: Any) -> bool:
+    """Whether OpenAI's strict mode (the answer constrained to the schema) takes `schema`: every object in it lists
+    each of its properties as required and allows no others. Otherwise the request is not strict, and the answer's
+    validation (worker/llm/schemas.py) catches what the model gets wrong."""
+    if isinstance(schema, list):
+        return all(strict(part) for part in schema)
+    if not isinstance(schema, dict):
+        return True
+    if schema.get("type") == "object" or "properties" in schema:
+        names = set(schema.get("properties") or {})
+        if schema.get("additionalProperties") is not False or set(schema.get("required") or ()) != names:
+            return False
+    return all(strict(value) for key, value in schema.items() if key not in LITERAL_KEYWORDS)
 
 
 _ASK = {"openai": _openai, "anthropic": _anthropic, "llm": _llm_package}

@@ -8,12 +8,16 @@ accumulator `__llm_calls__` (batch items' records are merged in index order), wi
 A 429 (or a 503/529 asking to come back later) raises `Throttled`, so the engine waits and asks again without
 counting an attempt (worker/engine/rate_limits.py). A refused key, an unknown model, a missing key or no model at
 all raise SameForEveryItem: the batch stops at the first instead of once per item.
+
+`schema` asks for JSON of that shape and writes the parsed answer to `data` (worker/llm/schemas.py): an invalid
+answer is asked again (`schema_retries`) with what was wrong, each request its own `__llm_calls__` record, and one
+still invalid fails the item with SchemaError.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from pocketflow import Node
@@ -24,7 +28,7 @@ from ir.templates import references
 from worker import settings
 from worker.engine import context
 from worker.engine.rate_limits import DEFAULT_MAX_WAIT
-from worker.llm import answers, fake, prices, providers
+from worker.llm import answers, fake, prices, providers, schemas
 from worker.nodes.http import parse_retry_after
 from worker.nodes.params import Param
 from worker.nodes.registry import register
@@ -93,6 +97,10 @@ def _positive(value: Any) -> bool:
     return value > 0
 
 
+def _not_negative(value: Any) -> bool:
+    return value >= 0
+
+
 def _messages(value: Any) -> bool:
     """A list of {role, content} with string values: what every provider takes."""
     return bool(value) and all(
@@ -129,6 +137,15 @@ PARAMS = {
         "answers are reused within the run only", str, what=f"a duration {durations.EXAMPLES}",
         check=lambda text: durations.seconds(text) is not None,
     ),
+    "schema": Param(
+        "a JSON Schema (an object at its root) the answer must match: asked of the provider, validated, the parsed "
+        "answer written to `data`", dict,
+    ),
+    "schema_retries": Param(
+        f"more requests (a whole number >= 0, default {schemas.DEFAULT_RETRIES}) an answer that does not match "
+        "`schema` may cost, each told what was wrong; then the item fails with SchemaError", int,
+        default=schemas.DEFAULT_RETRIES, what="a whole number >= 0", check=_not_negative,
+    ),
     "max_throttle_wait": Param(
         "seconds (number > 0, default 300) this call may spend in all waiting out the model's rate-limit errors "
         "before its item fails",
@@ -139,16 +156,23 @@ PARAMS = {
 
 @dataclass(frozen=True)
 class Call:
-    """What prep resolved: the model as written, the request, and the throttle budget."""
+    """What prep resolved: the model as written, the request, the throttle budget, and what an answer not of the
+    request's `schema` may cost in more requests; `made`: the requests answered so far (exec's attempts share it)."""
 
     model: str
     request: providers.Request
     max_wait: float
     cache: int | None = None  # seconds an answer is kept across runs (`cache`); None: this run only
+    schema_retries: int = schemas.DEFAULT_RETRIES
+    made: list[tuple[providers.Request, providers.Answer]] = field(default_factory=list, compare=False)
 
     @property
     def prompt(self) -> str:
-        return "\n\n".join(m["content"] for m in self.request.messages)
+        return prompt_of(self.request)
+
+
+def prompt_of(request: providers.Request) -> str:
+    return "\n\n".join(m["content"] for m in request.messages)
 
 
 def ask(model: providers.Model, call: Call) -> providers.Answer:
@@ -164,17 +188,21 @@ def ask(model: providers.Model, call: Call) -> providers.Answer:
 
 
 def check_params(params: dict[str, Any]) -> dict[str, str] | str | None:
-    """Before any item runs (validation, a local run, `submit`): one of prompt/messages, and the key a literal
-    model needs in this process."""
+    """Before any item runs (validation, a local run, `submit`): one of prompt/messages, a literal `schema` usable as
+    an answer's shape (checked once here, not per item), and the key a literal model needs in this process."""
     if "prompt" in params and "messages" in params:
         return {"messages": "give `prompt` or `messages`, not both"}
     if "prompt" not in params and "messages" not in params and set(params) <= set(PARAMS):  # (a misspelt one: named)
         return {"prompt": "required (or `messages`)"}
+    problems: dict[str, str] = {}
+    schema = params.get("schema")
+    if isinstance(schema, dict) and not references(schema) and (problem := schemas.problem(schema)) is not None:
+        problems["schema"] = problem
     model = params.get("model") or settings.get("llm_model")
-    if not isinstance(model, str) or references(model) or offline(model):
-        return None
-    problem = providers.missing_key_message(providers.model_of(model))
-    return {"model": problem} if problem else None
+    literal = isinstance(model, str) and not references(model) and not offline(model)
+    if literal and (problem := providers.missing_key_message(providers.model_of(model))) is not None:
+        problems["model"] = problem
+    return problems or None
 
 
 def offline(model: str) -> bool:
@@ -204,14 +232,27 @@ class LlmNode(Node):
         request = providers.Request(
             messages=[{"role": m["role"], "content": m["content"]} for m in messages], system=values["system"],
             temperature=values["temperature"], max_tokens=values["max_tokens"], timeout=values["timeout"],
-            base_url=values["base_url"],
+            base_url=values["base_url"], schema=values["schema"],
         )  # fmt: skip
+        if values["schema"] is not None and (problem := schemas.problem(values["schema"])) is not None:
+            raise ValueError(f"llm: param 'schema' {problem}")  # a templated one; the validator is made once
         cache = None if values["cache"] is None else durations.seconds(values["cache"])
-        return Call(model, request, float(values["max_throttle_wait"]), cache)
+        return Call(model, request, float(values["max_throttle_wait"]), cache, values["schema_retries"])
 
-    def exec(self, call: Call) -> providers.Answer:
+    def exec(self, call: Call) -> schemas.Reply:
+        """The answer; with a `schema`, asked again while it does not match (worker/llm/schemas.py)."""
+
+        def send(request: providers.Request) -> providers.Answer:
+            return self.answer(replace(call, request=request))
+
+        return schemas.ask(call.request, call.schema_retries, send, call.made)
+
+    def answer(self, call: Call) -> providers.Answer:
+        """One request's answer: the fake's, one kept in the run, or the provider's (then kept)."""
         if offline(call.model):
-            text, input_tokens, output_tokens = fake.answer(call.model, call.request.system, call.prompt, call.max_wait)
+            text, input_tokens, output_tokens = fake.answer(
+                call.model, call.request.system, call.prompt, call.max_wait, call.request.schema
+            )
             return providers.Answer(text, fake.FAKE, input_tokens, output_tokens)
         model, kept = providers.model_of(call.model), context.current().answers
         prices.table()  # a bad prices file stops the batch before any call is paid
@@ -224,28 +265,34 @@ class LlmNode(Node):
         kept.keep(key, answers.to_record(answer), call.cache)  # before the item's outcome: never paid for twice
         return answer
 
-    def tokens_used(self, answer: providers.Answer) -> int:
-        """What the call cost, for the engine's `tokens_per_minute` bucket (0 when the model does not say)."""
-        return (answer.input_tokens or 0) + (answer.output_tokens or 0)
+    def tokens_used(self, reply: schemas.Reply) -> int:
+        """What the call cost, every request of it, for the engine's `tokens_per_minute` bucket (0 when the model
+        does not say)."""
+        return sum((answer.input_tokens or 0) + (answer.output_tokens or 0) for _, answer in reply.exchanges)
 
-    def post(self, shared: Any, call: Call, answer: providers.Answer) -> str:
-        shared["response"] = answer.text
-        usage = {
-            "node": self.type_name,
-            "model": answer.model,
-            "prompt_chars": len(call.prompt),
-            "response_chars": len(answer.text),
-        }
-        for key in ("input_tokens", "output_tokens"):
-            if (value := getattr(answer, key)) is not None:
-                usage[key] = value
-        usage["cached"] = answer.cached
-        priced = prices.cost(call.model, providers.model_of(call.model).name, answer.input_tokens, answer.output_tokens)
-        if priced is not None:
-            usage["cost_usd"] = priced
-        calls = shared.get("__llm_calls__")
-        if isinstance(calls, list):
-            calls.append(usage)
-        else:
-            shared["__llm_calls__"] = [usage]
+    def post(self, shared: Any, call: Call, reply: schemas.Reply) -> str:
+        shared["response"] = reply.answer.text
+        name = providers.model_of(call.model).name
+        for request, answer in reply.exchanges:  # the invalid answers too: they were billed
+            usage = {
+                "node": self.type_name,
+                "model": answer.model,
+                "prompt_chars": len(prompt_of(request)),
+                "response_chars": len(answer.text),
+            }
+            for key in ("input_tokens", "output_tokens"):
+                if (value := getattr(answer, key)) is not None:
+                    usage[key] = value
+            usage["cached"] = answer.cached
+            if (priced := prices.cost(call.model, name, answer.input_tokens, answer.output_tokens)) is not None:
+                usage["cost_usd"] = priced
+            calls = shared.get("__llm_calls__")
+            if isinstance(calls, list):
+                calls.append(usage)
+            else:
+                shared["__llm_calls__"] = [usage]
+        if reply.error is not None:
+            raise reply.error  # after the records: an item that fails still paid for its requests
+        if call.request.schema is not None:
+            shared["data"] = reply.data
         return "default"
