@@ -55,10 +55,13 @@ def test_an_openai_model_is_answered_by_the_server_with_its_usage(provider: Prov
 def test_an_anthropic_model_is_answered_with_its_usage(provider: Provider) -> None:
     messages = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"},
                 {"role": "user", "content": "and in French?"}]  # fmt: skip
-    node = {"id": "ask", "type": "llm", "params": {"messages": messages, "model": "anthropic/claude-test"}}
+    params = {"messages": messages, "model": "anthropic/claude-test", "temperature": 0.3, "max_tokens": 100}
+    node = {"id": "ask", "type": "llm", "params": params}
     result = scheduler.run({"nodes": [node]})
     assert result.shared["ask"]["response"] == "echo: and in French?"
     assert provider.billed() == [("anthropic", "claude-test", 200)]
+    [body] = provider.bodies
+    assert (body["temperature"], body["max_tokens"], len(body["messages"])) == (0.3, 100, 3)
     [call] = result.shared["__llm_calls__"]
     assert (call["input_tokens"], call["output_tokens"]) == provider.tokens() == (5, 4)
 

@@ -166,7 +166,9 @@ def _openai(model: Model, request: Request) -> Answer:
 
 
 def _anthropic(model: Model, request: Request) -> Answer:
-    options = _options(request, temperature=request.temperature, system=request.system)
+    options = _options(request, system=request.system)
+    if request.temperature is not None:  # the messages API takes it; newer clients no longer name it as an argument
+        options["extra_body"] = {"temperature": request.temperature}
     if request.schema is not None:
         name = schema_name(request.schema)
         options["tools"] = [{"name": name, "description": TOOL_DESCRIPTION, "input_schema": request.schema}]
