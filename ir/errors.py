@@ -170,6 +170,12 @@ class SchemaError(ChordflowError, RuntimeError):
     the answer it failed (`$.label`, `$` for the whole answer) (worker/llm/schemas.py)."""
 
 
+class BudgetExhausted(SameForEveryItem):
+    """The run's model calls would bill more than its `budget` allows: no further call starts (calls in flight
+    finish), and the run fails with `budget exhausted: <spent> of <cap> tokens`, keeping its outcomes; a larger
+    budget (`chordflow update RUN --budget-tokens N`) and `resume` go on without paying again for an answer."""
+
+
 class ThrottledTooLong(ChordflowError, RuntimeError):
     """A call was throttled (HTTP 429/503) for longer in all than its bounded wait: the item fails, naming why."""
 

@@ -216,6 +216,19 @@ class OutputSpec(_Model):
 Priority = Literal["high", "normal", "low"]
 
 
+class Budget(_Model):
+    """`budget` on a workflow: caps on what the run's model calls may bill, on every worker together."""
+
+    tokens: int | None = Field(None, ge=1, description="most tokens (input + output) the run's model calls may bill")
+    usd: float | None = Field(None, gt=0, description="most USD they may cost (priced by CHORDFLOW_LLM_PRICES)")
+
+    @model_validator(mode="after")
+    def _some(self) -> Budget:
+        if self.tokens is None and self.usd is None:
+            raise ValueError("give tokens, usd or both")
+        return self
+
+
 class Workflow(_Model):
     """A whole workflow. Build it with `ir.load`, which also runs the static checks."""
 
@@ -238,6 +251,7 @@ class Workflow(_Model):
     priority: Priority | None = Field(
         None, description="on a cluster: high runs' chunks go before normal ones, normal before low; omitted: normal"
     )
+    budget: Budget | None = Field(None, description="caps on the tokens and USD the run's model calls may bill")
 
     #: What `ir.load` found suspicious but valid (e.g. a loop left only by a non-default action).
     _warnings: list[str] = PrivateAttr(default_factory=list)

@@ -219,15 +219,19 @@ def update(
     tolerated_failure_percent: float | None = None,
     tolerated_failure_count: int | None = None,
     priority: str | None = None,
+    budget_tokens: int | None = None,
+    budget_usd: float | None = None,
 ) -> dict[str, Any]:
     """Change a running cluster run's limits (`chordflow update`): its batches' `max_concurrent` (permits follow
-    within about a second), their failure thresholds (each chunk and the batch's verdict read them) and its
-    priority; returns the changes, which the run record keeps with their time (`status`: `updates`)."""
+    within about a second), their failure thresholds (each chunk and the batch's verdict read them), its
+    priority and its budget (also on a run that ended: a run over budget fails, and `resume` goes on); returns the
+    changes, which the run record keeps with their time (`status`: `updates`)."""
     from scheduler import durable
 
     changes = {
         "max_concurrent": max_concurrent, "tolerated_failure_percent": tolerated_failure_percent,
-        "tolerated_failure_count": tolerated_failure_count, "priority": priority,
+        "tolerated_failure_count": tolerated_failure_count, "priority": priority, "budget_tokens": budget_tokens,
+        "budget_usd": budget_usd,
     }  # fmt: skip
     return durable.update_run(run_id, changes)
 

@@ -26,6 +26,8 @@ from worker.engine.loader import load, source_of
 from worker.engine.sections import StoredBranches
 from worker.engine.stepper import ThreadedSections, batch_nodes, drive, ending
 from worker.engine.steps import Cursor
+from worker.llm.budget import local_budget
+from worker.nodes.llm import usage_totals
 from worker.runs.record import RECORD_STATUS, RunRecord, RunResult, StepJournal, new_run_id, resume_refusal
 from worker.runs.redrive import redrive_batch
 from worker.runs.resume_point import go_on_under
@@ -131,6 +133,7 @@ def _go_on(
     run_id = record.run_id
     cancelled = cancelled or threading.Event()
     ctx = RunContext(sink=on_event, cancelled=cancelled, on_node_start=on_node_start, answers=runs.answers(run_id))
+    ctx.budget = local_budget(flow.workflow, usage_totals(store))  # a resumed run counts what it billed before
     try:
         ctx.backend = backends.create(record.backend, run_id, ctx)  # may fail at once: Redis unreachable
         ctx.sections = ThreadedSections(

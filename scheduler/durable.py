@@ -209,5 +209,5 @@ def update_run(run_id: str, changes: dict[str, Any]) -> dict[str, Any]:
     if outcome == "unknown":
         raise ValidationError(f"unknown run '{run_id}' (its record expired or was purged)")
     if outcome != "ok":
-        raise ValidationError(f"run {run_id} already ended: {outcome}; nothing to change")
+        raise ValidationError(f"run {run_id} already ended: {outcome}; only its budget can change (then resume)")
     return changes

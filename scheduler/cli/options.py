@@ -114,6 +114,30 @@ def dataset_job(items: str | None, job: dict[str, Any]) -> dict[str, Any] | None
     return None
 
 
+def budget_options(command: Callable[..., Any]) -> Callable[..., Any]:
+    """`run` and `submit`: `--budget-tokens N`, `--budget-usd X`, caps on the run's model calls."""
+    options = [
+        click.option("--budget-tokens", type=click.IntRange(min=1), default=None, metavar="N",
+                     help="Most tokens the run's model calls may bill, on every worker together."),
+        click.option("--budget-usd", type=click.FloatRange(min=0, min_open=True), default=None, metavar="X",
+                     help="Most USD they may cost (priced by CHORDFLOW_LLM_PRICES)."),
+    ]  # fmt: skip
+    for option in reversed(options):
+        command = option(command)
+    return command
+
+
+def with_budget(wf: ir.Workflow, tokens: int | None, usd: float | None) -> ir.Workflow:
+    """`wf` with the budget flags laid over its own `budget` (a flag given wins)."""
+    if tokens is None and usd is None:
+        return wf
+    from ir.models import Budget
+
+    caps = wf.budget.model_dump() if wf.budget is not None else {}
+    caps.update({k: v for k, v in (("tokens", tokens), ("usd", usd)) if v is not None})
+    return wf.model_copy(update={"budget": Budget.model_validate(caps)})
+
+
 #: `run` and `submit`: the run's priority on a cluster (worker/cluster/priorities.py).
 priority_option = click.option(
     "--priority", type=click.Choice(PRIORITIES), default=None,

@@ -17,7 +17,14 @@ from scheduler.cli import repair as cli_repair
 from scheduler.cli import rowsfile
 from scheduler.cli.errors import DEBUG_KEY, EXIT_CANCELLED, EXIT_FAILED, EXIT_OK, CliUsageError
 from scheduler.cli.follow import cancel_on_signals, follow, follow_cluster_run, make_event_handler, progress_display
-from scheduler.cli.options import dataset_job, dataset_options, load_for_run, priority_option
+from scheduler.cli.options import (
+    budget_options,
+    dataset_job,
+    dataset_options,
+    load_for_run,
+    priority_option,
+    with_budget,
+)
 from scheduler.cli.output import escape_surrogates, jsonable, plain, stderr_console, to_json
 
 
@@ -28,6 +35,7 @@ from scheduler.cli.output import escape_surrogates, jsonable, plain, stderr_cons
 @dataset_options
 @click.option("--backend", type=click.Choice(["local", "celery"]), default="local", show_default=True)
 @priority_option
+@budget_options
 @click.option("--output", type=click.Choice(["text", "json"]), default="text", show_default=True)
 @click.option("--detach", is_flag=True, help="With --backend celery: print the run id and return at once.")
 @click.option("--stream", "as_stream", is_flag=True, help="Print the run's events as JSON lines while it runs.")
@@ -48,6 +56,8 @@ def run(
     items: str | None,
     priority: str | None,
     rows_out: str | None,
+    budget_tokens: int | None,
+    budget_usd: float | None,
     **job: Any,
 ) -> None:
     """Run a workflow and print a summary (with --output json: one JSON object, the run report, always).
@@ -80,6 +90,7 @@ def run(
 
     def start(**hooks: Any) -> Any:
         wf, inputs = load_for_run(workflow, pairs, inputs_file, dataset, whole=backend == "local")
+        wf = with_budget(wf, budget_tokens, budget_usd)
         if dataset is not None and backend == "local":
             return wf, scheduler.run(wf, inputs, backend=backend, run_id=run_id, **hooks, **dataset)
         if backend == "local":
@@ -155,6 +166,7 @@ def _submit_and_wait(
               "run's id and records nothing; another workflow or other inputs under it are an error.")  # fmt: skip
 @dataset_options
 @priority_option
+@budget_options
 def submit(
     workflow: str,
     pairs: tuple[str, ...],
@@ -162,6 +174,8 @@ def submit(
     items: str | None,
     key: str | None,
     priority: str | None,
+    budget_tokens: int | None,
+    budget_usd: float | None,
     **job: Any,
 ) -> None:
     """Validate a workflow, record the run in Redis and enqueue it; print the run id. Workers do the rest.
@@ -174,13 +188,14 @@ def submit(
         raise CliUsageError("--inputs-file: with --items, give the inputs common to every record with --input")
     if dataset and key is not None:
         raise CliUsageError("--idempotency-key: a dataset job (--items) takes none; only a workflow submit does")
-    _, inputs = load_for_run(workflow, pairs, inputs_file, dataset or None, whole=False)  # checked before anything
+    wf, inputs = load_for_run(workflow, pairs, inputs_file, dataset or None, whole=False)  # checked before anything
+    budgeted = with_budget(wf, budget_tokens, budget_usd)
 
     def repeated(run_id: str) -> None:
         click.echo(f"note: idempotency key '{key}' was used by run {run_id}: nothing new submitted", err=True)
 
     run_id = api.submit(
-        workflow,
+        workflow if budgeted is wf else budgeted,  # the file, unless a flag changed the budget: then the workflow
         inputs,
         inputs_file=inputs_file,
         idempotency_key=key,

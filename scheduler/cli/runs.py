@@ -330,8 +330,13 @@ def purge(run_id: str) -> None:
 @click.option("--tolerated-failure-count", type=int, default=None, metavar="K",
               help="A continue batch fails once more than K of its items failed.")  # fmt: skip
 @click.option("--priority", default=None, metavar="P", help="high, normal or low.")
+@click.option(
+    "--budget-tokens", type=int, default=None, metavar="N", help="Its model calls' token budget (then resume)."
+)
+@click.option("--budget-usd", type=float, default=None, metavar="X", help="Its model calls' USD budget (then resume).")
 def update(run_id: str, **changes: Any) -> None:
-    """Change a running cluster run's limits: its batches take them within a few seconds; `status` shows the change."""
+    """Change a running cluster run's limits: its batches take them within a few seconds; `status` shows the change.
+    A budget may also be raised on a run that ended (a run over budget fails): `resume` it then."""
     from scheduler import api
 
     done = api.update(run_id, **changes)

@@ -23,7 +23,7 @@ def problems(changes: Mapping[str, Any]) -> list[str]:
     found = []
     if not changes:
         found.append("nothing to change: give --max-concurrent, --tolerated-failure-percent, "
-                     "--tolerated-failure-count or --priority")  # fmt: skip
+                     "--tolerated-failure-count, --priority, --budget-tokens or --budget-usd")  # fmt: skip
     value = changes.get("max_concurrent")
     if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
         found.append(f"max_concurrent must be an integer >= 1, got {value!r}")
@@ -36,7 +36,18 @@ def problems(changes: Mapping[str, Any]) -> list[str]:
     value = changes.get("priority")
     if value is not None and value not in PRIORITIES:
         found.append(f"priority must be one of {', '.join(PRIORITIES)}, got {value!r}")
+    value = changes.get("budget_tokens")
+    if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
+        found.append(f"budget_tokens must be an integer >= 1, got {value!r}")
+    value = changes.get("budget_usd")
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int | float) or not value > 0):
+        found.append(f"budget_usd must be a number > 0, got {value!r}")
     return found
+
+
+def budget_only(changes: Mapping[str, Any]) -> bool:
+    """Whether `changes` touch only the run's budget: the one change a run that ended may take (then `resume`)."""
+    return bool(changes) and all(name.startswith("budget_") for name in changes)
 
 
 def parse(raw: Mapping[bytes | str, bytes | str]) -> dict[str, Any]:

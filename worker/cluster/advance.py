@@ -29,6 +29,7 @@ from worker.batch.remote import rebuild, stored_batch_result
 from worker.cluster import logs, outage, signing
 from worker.cluster.app import task
 from worker.cluster.batches.dispatch import dispatch_batch, redispatch, send_advance
+from worker.cluster.state import budget as budgets
 from worker.cluster.state.answers import RedisAnswers
 from worker.cluster.state.keys import run_key
 from worker.cluster.state.runs import ClusterRuns
@@ -132,6 +133,7 @@ def advance(self: Any, run_id: str, step: int) -> str:
             return "cancelled"
         signing.check_run(self.app.signer, run_id, record)  # an altered workflow fails the run: nothing of it runs
         flow = _flow(record.workflow, state.overrides())
+        ctx.budget = budgets.record_caps(state, flow.workflow.budget)  # the caps every worker's calls reserve against
         store = runs.load_store(run_id)
         ctx.backend = ClusterBatches(run_id, ctx, runs, state)
         ctx.cancelled = StopFlag(state.cancelled)  # the run's cancel flag in Redis, read between nodes
@@ -257,6 +259,7 @@ def advance_branch(self: Any, run_id: str, key: str, branch: str, step: int) -> 
         sink = BranchSink(lambda event: rstate.publish_branch_event(event), branch)
         # A branch stops when the run is cancelled or (fail_fast) another branch of its section failed.
         ctx = RunContext(sink=sink, cancelled=StopFlag(lambda: rstate.should_stop(key)), answers=RedisAnswers(rstate))
+        ctx.budget = budgets.in_redis(rstate)
         ctx.backend = ClusterBatches(run_id, ctx, runs, rstate, branch=(key, branch))
 
         def save(kept: BranchState) -> None:

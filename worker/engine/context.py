@@ -32,6 +32,8 @@ class RunContext:
     limiter: Any = None
     # Where the run's model answers are kept (worker/llm/answers.py Answers); None: not kept (no run).
     answers: Any = None
+    # The run's budget for model calls (worker/llm/budget.py Budget); None: no budget.
+    budget: Any = None
 
     def __post_init__(self) -> None:
         if self.backend is None:

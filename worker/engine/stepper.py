@@ -213,7 +213,10 @@ class ThreadedSections:
         bstore.update(state.changed)
         sink = BranchSink(parent.sink, branch)
         ctx = RunContext(
-            sink=sink, cancelled=StopFlag(lambda: parent.cancelled.is_set() or stop.is_set()), answers=parent.answers
+            sink=sink,
+            cancelled=StopFlag(lambda: parent.cancelled.is_set() or stop.is_set()),
+            answers=parent.answers,
+            budget=parent.budget,
         )
         ctx.backend = self.backend_for(ctx)
         journal = BranchSteps(state, functools.partial(self.journal.save, key) if self.journal else None)

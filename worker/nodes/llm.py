@@ -16,7 +16,7 @@ still invalid fails the item with SchemaError.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -28,7 +28,7 @@ from ir.templates import references
 from worker import settings
 from worker.engine import context
 from worker.engine.rate_limits import DEFAULT_MAX_WAIT
-from worker.llm import answers, fake, prices, providers, schemas
+from worker.llm import answers, budget, fake, prices, providers, schemas
 from worker.nodes.http import parse_retry_after
 from worker.nodes.params import Param
 from worker.nodes.registry import register
@@ -187,6 +187,35 @@ def ask(model: providers.Model, call: Call) -> providers.Answer:
         raise
 
 
+def ask_fake(call: Call) -> providers.Answer:
+    text, input_tokens, output_tokens = fake.answer(
+        call.model, call.request.system, call.prompt, call.max_wait, call.request.schema
+    )
+    return providers.Answer(text, fake.FAKE, input_tokens, output_tokens)
+
+
+def spend(call: Call, make: Callable[[], providers.Answer]) -> providers.Answer:
+    """`make()`'s answer, the most it can bill reserved against the run's budget first (BudgetExhausted when that
+    would pass a cap) and replaced by what it billed after."""
+    kept = context.current().budget
+    if kept is None:
+        return make()
+    name = providers.model_of(call.model).name
+    tokens = budget.most_of(call.request)
+    output = call.request.max_tokens or budget.RESERVED_OUTPUT
+    most = budget.Spend(tokens, prices.cost(call.model, name, tokens - output, output) or 0.0)
+    kept.reserve(most)
+    try:
+        answer = make()
+    except BaseException:
+        kept.settle(most, budget.Spend(0))  # a request that failed billed nothing here
+        raise
+    used = (answer.input_tokens or 0) + (answer.output_tokens or 0)
+    cost = prices.cost(call.model, name, answer.input_tokens, answer.output_tokens) or 0.0
+    kept.settle(most, budget.Spend(used, cost))
+    return answer
+
+
 def check_params(params: dict[str, Any]) -> dict[str, str] | str | None:
     """Before any item runs (validation, a local run, `submit`): one of prompt/messages, a literal `schema` usable as
     an answer's shape (checked once here, not per item), and the key a literal model needs in this process."""
@@ -248,21 +277,18 @@ class LlmNode(Node):
         return schemas.ask(call.request, call.schema_retries, send, call.made)
 
     def answer(self, call: Call) -> providers.Answer:
-        """One request's answer: the fake's, one kept in the run, or the provider's (then kept)."""
+        """One request's answer: one kept in the run, else a new one (the fake's, or the provider's, then kept),
+        reserved against the run's budget."""
         if offline(call.model):
-            text, input_tokens, output_tokens = fake.answer(
-                call.model, call.request.system, call.prompt, call.max_wait, call.request.schema
-            )
-            return providers.Answer(text, fake.FAKE, input_tokens, output_tokens)
+            return spend(call, lambda: ask_fake(call))
         model, kept = providers.model_of(call.model), context.current().answers
         prices.table()  # a bad prices file stops the batch before any call is paid
-        if kept is None:
-            return ask(model, call)
-        key = answers.key_of(model, call.request)
-        if (found := kept.find(key, shared=call.cache is not None)) is not None:
+        key = None if kept is None else answers.key_of(model, call.request)
+        if key is not None and (found := kept.find(key, shared=call.cache is not None)) is not None:
             return answers.from_record(found)
-        answer = ask(model, call)
-        kept.keep(key, answers.to_record(answer), call.cache)  # before the item's outcome: never paid for twice
+        answer = spend(call, lambda: ask(model, call))
+        if key is not None:
+            kept.keep(key, answers.to_record(answer), call.cache)  # before the item's outcome: never paid twice
         return answer
 
     def tokens_used(self, reply: schemas.Reply) -> int:

@@ -160,7 +160,8 @@ class SubFlow:
         parent = context.current()
         if self.ctx is None or self.ctx.cancelled is not parent.cancelled:
             self.ctx = RunContext(cancelled=parent.cancelled)
-        self.ctx.last_node, self.ctx.step, self.ctx.answers = None, 0, parent.answers
+        self.ctx.last_node, self.ctx.step = None, 0
+        self.ctx.answers, self.ctx.budget = parent.answers, parent.budget
         return self.ctx
 
 

@@ -31,6 +31,7 @@ from worker.cluster.batches.dispatch import follow, send_advance, window_size
 from worker.cluster.batches.middleware import chunk_middleware
 from worker.cluster.batches.snapshot_cache import SnapshotCache
 from worker.cluster.broker import deliveries
+from worker.cluster.state import budget as budgets
 from worker.cluster.state.answers import RedisAnswers
 from worker.cluster.state.runs import ClusterRuns
 from worker.cluster.state.runstate import RunState
@@ -132,7 +133,7 @@ def _run(task: Any, job: dict[str, Any], payloads: list[bytes], state: RunState,
         state, batch, spec.fail_fast, chunk=job["start"], max_concurrent=spec.max_concurrent,
         tolerance=tolerance_of(spec), task=task,
     )  # fmt: skip
-    with context.using(RunContext(answers=RedisAnswers(state))):  # model answers kept as they come
+    with context.using(RunContext(answers=RedisAnswers(state), budget=budgets.in_redis(state))):  # model calls
         chunk = run_slice(executor, items, job["start"], hooks)  # on threads with batch.parallel
     seconds = time.monotonic() - began
     logs.chunk(job["run"], executor.node_id, batch, job["start"], len(chunk.results), len(chunk.failures), seconds)

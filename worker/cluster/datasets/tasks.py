@@ -18,6 +18,7 @@ from worker.cluster.batches.middleware import chunk_middleware
 from worker.cluster.batches.tasks import chunk_executor
 from worker.cluster.broker import deliveries
 from worker.cluster.datasets.store import ClusterDataset
+from worker.cluster.state import budget as budgets
 from worker.cluster.state.answers import RedisAnswers
 from worker.cluster.state.runs import ClusterRuns
 from worker.cluster.state.runstate import RunState
@@ -120,7 +121,7 @@ def dataset_chunk(self: Any, run_id: str, n: int) -> str:
     began, ran, failed = time.monotonic(), 0, 0
     if not state.should_stop(RECORDS):
         executor = chunk_executor(dataset.record_spec(record.workflow).wire(), runs.load_store(run_id))
-        with context.using(RunContext(answers=RedisAnswers(state))):  # model answers kept as they come
+        with context.using(RunContext(answers=RedisAnswers(state), budget=budgets.in_redis(state))):  # model calls
             chunk = run_chunk(
                 executor, records, bad, n * size, done,
                 lambda count: chunk_middleware(state, RECORDS, False),

@@ -36,6 +36,7 @@ Keys of a run, `cf:{<run_id>}:<name>`; `<batch>` is `<node id>#<step>`:
                               (worker/cluster/aging.py); queued_msgs hash: task id -> the packed message
   copies, begun       hash    aging's copies: task id -> its message's first id; first id -> the delivery that began
   snap:<batch>:<sha>  string  a snapshot too large to travel inside each chunk message
+  budget              hash    the run's model-call budget (worker/cluster/state/budget.py): caps, spent, reserved
   answers             hash    model answers already paid for: request key -> answer (worker/llm/answers.py)
   permits:<batch>     zset    leased item permits (max_concurrent), `<chunk>/<delivery>/<n>` -> lease deadline
   branches:<section>  hash    a parallel section's finished branches; joined:<section> set: the join

@@ -26,8 +26,10 @@ import redis
 from ir import snapshot
 from ir.errors import RunPurged
 from worker import settings
+from worker.batch import overrides
 from worker.batch.aggregate import ChunkResult
 from worker.batch.rows import Row, rows_of_aggregate, rows_of_chunks
+from worker.cluster.state.budget import micro
 from worker.cluster.state.keys import QUEUED, RUNS, WINDOWS, purged_key, run_key, run_prefix
 from worker.cluster.state.runstate import client, script
 from worker.engine.steps import Step
@@ -206,8 +208,10 @@ class ClusterRuns:
     def update(self, run_id: str, changes: dict[str, Any]) -> str:
         """Set a queued or running run's changed limits (its `overrides`) and add them to its record's `updates`
         history, atomically (lua/update_run.lua); returns 'ok', 'unknown' or the status of a run that ended."""
-        pairs = [v for name, value in changes.items() for v in (name, value)]
-        args = [time.time(), self.ttl, json.dumps(changes), *pairs]
+        stored = {**changes, **({"budget_usd": micro(changes["budget_usd"])} if "budget_usd" in changes else {})}
+        pairs = [v for name, value in stored.items() for v in (name, value)]
+        ended_too = "1" if overrides.budget_only(changes) else "0"  # a budget raised on a run over it, to resume
+        args = [time.time(), self.ttl, json.dumps(changes), ended_too, *pairs]
         return self._update(keys=[run_key(run_id, "run"), run_key(run_id, "overrides")], args=args).decode()
 
     def set_exception(self, run_id: str, exc: BaseException) -> None:

@@ -1,0 +1,115 @@
+"""A run's budget for its model calls: no call starts that could take what the run billed past the cap (one atomic
+reservation of the most a call can bill, replaced by what it billed), the run fails with `budget exhausted`
+keeping its outcomes, and a larger budget plus `resume` finishes it with no answer paid twice. Billed tokens are
+the loopback provider's own count (tests/support/llm_server.py): a call bills 1 input token (the prompt `pN`) and
+2 output tokens (`echo: pN`); with `max_tokens` 10 a call reserves 11."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import scheduler
+from ir.errors import BudgetExhausted
+from scheduler import api
+from scheduler.localcluster import Cluster
+from tests.support import llm_server
+from tests.support.cluster import PLUGINS
+from tests.support.llm_server import Provider
+from tests.test_cli import run_cli
+
+#: Tokens one call reserves (1 for its prompt, at most one per two characters, and its max_tokens) and bills.
+RESERVED, BILLED = 11, 3
+
+
+@pytest.fixture
+def provider(monkeypatch: pytest.MonkeyPatch) -> Iterator[Provider]:
+    monkeypatch.delenv("CHORDFLOW_LLM_MODEL", raising=False)
+    with llm_server.serving() as served:
+        for name, value in llm_server.environment(served).items():
+            monkeypatch.setenv(name, value)
+        yield served
+
+
+def budgeted(tokens: int, items: int, **batch: Any) -> dict[str, Any]:
+    params = {"prompt": "${item}", "model": "openai/gpt-test", "max_tokens": 10}
+    node = {"id": "ask", "type": "llm", "params": params, "batch": {"items": "${items}", **batch}}
+    return {"nodes": [node], "budget": {"tokens": tokens}, "inputs": {"items": {"default": prompts(items)}}}
+
+
+def prompts(count: int) -> list[str]:
+    return [f"p{i}" for i in range(count)]
+
+
+def asked(provider: Provider) -> Counter[str]:
+    """How many times each prompt was billed."""
+    return Counter(body["messages"][-1]["content"] for body in provider.bodies)
+
+
+def test_a_local_run_stops_at_its_budget_and_a_larger_one_finishes_it(provider: Provider, tmp_path: Path) -> None:
+    with pytest.raises(BudgetExhausted, match=re.escape("budget exhausted: 30 of 40 tokens")):
+        scheduler.run(budgeted(40, 20))
+    assert sum(provider.tokens()) == 30 <= 40  # 10 calls: the 11th could have taken 30 + 11 past 40
+    run_id = next(r.run_id for r in scheduler_runs() if r.status == "failed")
+    wf = tmp_path / "wf.json"
+    wf.write_text(json.dumps(budgeted(1000, 20)))
+    resumed = scheduler.resume(run_id, workflow=str(wf))
+    assert resumed.status == "success" and resumed.shared["ask"]["success_count"] == 20
+    assert asked(provider) == Counter(prompts(20))  # every prompt once: the first 10 answers were kept
+
+
+def scheduler_runs() -> list[Any]:
+    from worker.runs.sqlite import LocalRuns
+
+    return LocalRuns.default().recent(None, 5)
+
+
+def test_the_cli_flags_set_the_budget(provider: Provider, tmp_path: Path) -> None:
+    wf = tmp_path / "wf.json"
+    wf.write_text(json.dumps({**budgeted(10_000, 20), "budget": None}))
+    env = {k: v for k, v in os.environ.items() if k != "CHORDFLOW_LLM_MODEL"}
+    proc = run_cli("run", wf, "--budget-tokens", "25", env=env)
+    assert proc.returncode == 1 and "budget exhausted: 15 of 25 tokens" in proc.stderr, proc.stderr
+    assert len(provider.billed()) == 5  # the sixth could have taken 15 + 11 past 25
+    bad = run_cli("run", wf, "--budget-tokens", "0", env=env)
+    assert bad.returncode == 2 and "--budget-tokens" in bad.stderr
+
+
+def test_a_cluster_run_stops_at_its_budget_on_every_worker_and_resumes_after_an_update(tmp_path: Path) -> None:
+    # 60 items in chunks of 10 on two workers, a budget of 100 tokens: at most 100 + the reservations of the two
+    # calls in flight are billed before the run fails. `update --budget-tokens` and `resume` finish it, every
+    # prompt billed once.
+    with llm_server.serving() as provider:
+        env = {**os.environ, **llm_server.environment(provider)}
+        env.pop("CHORDFLOW_LLM_MODEL", None)
+        cluster = Cluster(tmp_path, plugins=PLUGINS, base_env=env)
+        previous = cluster.apply_env()
+        try:
+            for name in ("b1", "b2"):
+                cluster.start_worker(name)
+            with pytest.MonkeyPatch.context() as patch:
+                for name, value in llm_server.environment(provider).items():
+                    patch.setenv(name, value)
+                wf = budgeted(100, 60, chunk_size=10)
+                run_id = scheduler.submit(wf)
+                failed = scheduler.wait(run_id, timeout=120)
+                billed = sum(provider.tokens())
+                scheduler.update(run_id, budget_tokens=1000)
+                api.resume_cluster(run_id)
+                done = scheduler.wait(run_id, timeout=120)
+        finally:
+            cluster.restore_env(previous)
+            cluster.stop()
+    assert failed.status == "failed" and "budget exhausted:" in failed.error and "of 100 tokens" in failed.error
+    assert billed <= 100 + 2 * RESERVED, billed
+    assert done.status == "success", done.error
+    assert [r["response"] for r in done.shared["ask"]["results"]] == [f"echo: {p}" for p in prompts(60)]
+    assert asked(provider) == Counter(prompts(60))  # no answer paid twice
+    print(f"budget 100: {billed} tokens billed before the run failed; {sum(provider.tokens())} in all after resume")
