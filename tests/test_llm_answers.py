@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 
 import scheduler
+from scheduler import api
 from tests.support import llm_server
 from tests.support.cluster import destroyable_cluster
 from tests.support.llm_server import Provider
@@ -124,3 +125,25 @@ def test_a_chunk_delivered_again_after_a_sigkill_pays_for_no_answer_twice(
     billed = len(provider.billed())
     assert billed <= 1.02 * len(items), f"{billed} requests billed for {len(items)} answers"
     print(f"{billed} requests billed for {len(items)} answers; the run ended {time.monotonic() - killed:.1f}s after")
+
+
+def test_cancel_then_resume_pays_for_no_answer_twice(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # 120 items in chunks of 30 on two workers, answers of 50 ms: cancel a third of the way, resume, and the run
+    # ends with every answer, each billed once (but for one in flight at the cancel).
+    with llm_server.serving(Provider(delay=0.05)) as provider:
+        for name, value in llm_server.environment(provider).items():
+            monkeypatch.setenv(name, value)
+        with destroyable_cluster(tmp_path, 5):
+            items = [f"p{i}" for i in range(120)]
+            run_id = scheduler.submit(ask_each(chunk_size=30), {"items": items})
+            until(lambda: len(provider.requests) >= 40, 60, "a third of the answers")
+            api.cancel(run_id)
+            assert scheduler.wait(run_id, timeout=60).status == "cancelled"
+            cancelled_at = len(provider.billed())
+            api.resume_cluster(run_id)
+            result = scheduler.wait(run_id, timeout=120)
+    assert result.status == "success", result.error
+    assert [r["response"] for r in result.shared["ask"]["results"]] == [f"echo: {p}" for p in items]
+    billed = len(provider.billed())
+    assert billed <= 1.02 * len(items), f"{billed} requests billed for {len(items)} answers"
+    print(f"cancel after {cancelled_at} answers, resume: {billed} requests billed for {len(items)} answers")
