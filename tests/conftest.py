@@ -14,7 +14,7 @@ os.environ["CHORDFLOW_HOME"] = tempfile.mkdtemp(prefix="chordflow-home-")
 
 from tests.support import nodes as test_nodes  # imported after the environment is set
 
-pytest_plugins = ["tests.support.cluster"]
+pytest_plugins = ["tests.support.cluster", "tests.support.llm_server"]
 
 BACKENDS = ["local", "celery"]
 

@@ -11,7 +11,6 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -25,15 +24,6 @@ from tests.support.llm_server import Provider
 from tests.test_cli import ROOT, cli_env, run_cli
 from tests.test_long_chunks import until
 from worker.runs.sqlite import LocalRuns
-
-
-@pytest.fixture
-def provider(monkeypatch: pytest.MonkeyPatch) -> Iterator[Provider]:
-    monkeypatch.delenv("CHORDFLOW_LLM_MODEL", raising=False)
-    with llm_server.serving() as served:
-        for name, value in llm_server.environment(served).items():
-            monkeypatch.setenv(name, value)
-        yield served
 
 
 def ask_each(items: str = "${items}", **batch: Any) -> dict[str, Any]:

@@ -10,7 +10,6 @@ import json
 import os
 import re
 from collections import Counter
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -27,15 +26,6 @@ from tests.test_cli import run_cli
 
 #: Tokens one call reserves (1 for its prompt, at most one per two characters, and its max_tokens) and bills.
 RESERVED, BILLED = 11, 3
-
-
-@pytest.fixture
-def provider(monkeypatch: pytest.MonkeyPatch) -> Iterator[Provider]:
-    monkeypatch.delenv("CHORDFLOW_LLM_MODEL", raising=False)
-    with llm_server.serving() as served:
-        for name, value in llm_server.environment(served).items():
-            monkeypatch.setenv(name, value)
-        yield served
 
 
 def budgeted(tokens: int, items: int, **batch: Any) -> dict[str, Any]:

@@ -10,7 +10,6 @@ import os
 import re
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -27,16 +26,6 @@ from worker.nodes.llm import usage_totals
 
 ROOT = Path(__file__).parents[1]
 PROVIDER_VARIABLES = ("OPENAI_API_KEY", "OPENAI_BASE_URL", "ANTHROPIC_API_KEY", "ANTHROPIC_BASE_URL")
-
-
-@pytest.fixture
-def provider(monkeypatch: pytest.MonkeyPatch) -> Iterator[Provider]:
-    """A loopback provider, this process's provider variables pointing at it (CHORDFLOW_LLM_MODEL unset)."""
-    monkeypatch.delenv("CHORDFLOW_LLM_MODEL", raising=False)
-    with llm_server.serving() as served:
-        for name, value in llm_server.environment(served).items():
-            monkeypatch.setenv(name, value)
-        yield served
 
 
 def ask(model: str, **params: Any) -> dict[str, Any]:

@@ -7,7 +7,6 @@ a bad schema is one validation line; the offline fake answers valid objects, on 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -38,16 +37,6 @@ REVIEW = {
     "additionalProperties": False,
 }
 MODELS = {"openai": "openai/gpt-test", "anthropic": "anthropic/claude-test"}
-
-
-@pytest.fixture
-def provider(monkeypatch: pytest.MonkeyPatch) -> Iterator[Provider]:
-    """A loopback provider, this process's provider variables pointing at it (CHORDFLOW_LLM_MODEL unset)."""
-    monkeypatch.delenv("CHORDFLOW_LLM_MODEL", raising=False)
-    with llm_server.serving() as served:
-        for name, value in llm_server.environment(served).items():
-            monkeypatch.setenv(name, value)
-        yield served
 
 
 def classify(model: str, prompt: str = "${item}", **params: Any) -> dict[str, Any]:

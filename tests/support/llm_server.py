@@ -26,6 +26,8 @@ from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler
 from typing import Any
 
+import pytest
+
 from tests.support.http_server import running
 from worker.llm import fake
 
@@ -205,3 +207,13 @@ def environment(provider: Provider, key: str = KEY) -> dict[str, str]:
         "ANTHROPIC_API_KEY": key,
         "ANTHROPIC_BASE_URL": provider.url,
     }
+
+
+@pytest.fixture
+def provider(monkeypatch: pytest.MonkeyPatch) -> Iterator[Provider]:
+    """A loopback provider, this process's provider variables pointing at it (CHORDFLOW_LLM_MODEL unset)."""
+    monkeypatch.delenv("CHORDFLOW_LLM_MODEL", raising=False)
+    with serving() as served:
+        for name, value in environment(served).items():
+            monkeypatch.setenv(name, value)
+        yield served
