@@ -8,7 +8,8 @@ RSS (target: < 150 MB at 1,000,000), the workers' peak RSS, Redis's peak memory 
 the time to the first readable result; then the same job as one command, `chordflow run WF --items FILE
 --backend celery --out FILE` (the rows written as the chunks finish).
 
-Beside it, in the same run: what a user writes by hand with Celery (read the file, a `group` of tasks over
+Beside it, in the same run, in paired rounds at the small size: a stock Celery group as a user writes it by hand
+(bench/stock_group.py: its own Celery app and workers, no chordflow code; read the file, a `group` of tasks over
 chunks of 500 records, each running the workflow's two steps as two PocketFlow nodes per record,
 `GroupResult.get()`, the rows written to a file); the local backend (`chordflow run WF --items FILE` +
 `chordflow results RUN --out FILE`, and `chordflow run WF --items FILE --out FILE`) against a plain PocketFlow
