@@ -209,8 +209,8 @@ def targets(results: Results) -> str:
             for key, wall in (("one", job["one"]["seconds"]), ("three", job["seconds"])):
                 rows.append(
                     (
-                        f"{job['n']:,} records, `--chunk-size {job['chunk_size']}` (one job, against the rounds' "
-                        f"median stock wall, its chunks still {CHUNK}): {names[key]}",
+                        f"{job['n']:,} records, `--chunk-size {job['chunk_size']}` (one job, against the median "
+                        f"of the rounds' stock group walls, whose chunks stay {CHUNK}): {names[key]}",
                         f"{wall:.2f} s / {stock:.2f} s = {wall / stock:.2f}x",
                         "(not a target)",
                         "-",
