@@ -54,7 +54,7 @@ class Sizes:
     rounds: int  # paired rounds at the small size: the stock group, then chordflow's forms, in turns
 
 
-FULL = Sizes(large=1_000_000, small=100_000, warm=2_000, rounds=5)
+FULL = Sizes(large=1_000_000, small=100_000, warm=2_000, rounds=7)
 QUICK = Sizes(large=20_000, small=5_000, warm=500, rounds=2)
 
 
