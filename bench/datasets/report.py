@@ -27,6 +27,16 @@ def ratios(one_round: dict[str, Any]) -> dict[str, float]:
     }
 
 
+#: A round is left alone when other processes used less CPU than this in each of its timed phases.
+QUIET_SECONDS = 0.5
+
+
+def quiet(one_round: dict[str, Any]) -> bool:
+    """Other processes on the machine took under QUIET_SECONDS of CPU in each of the round's cluster phases."""
+    phases = (one_round["stock"], one_round["job"], one_round["job"]["one"])
+    return all(phase["cpu_used"]["others"] < QUIET_SECONDS for phase in phases)
+
+
 def median_round(results: Results) -> dict[str, Any] | None:
     """The round whose three-command ratio is the median one: the round the detailed tables show."""
     if not results.rounds:
@@ -182,14 +192,20 @@ def targets(results: Results) -> str:
     if results.rounds:
         n = results.sizes.small
         per_round = [ratios(r) for r in results.rounds]
+        clean = [q for r, q in zip(results.rounds, per_round, strict=True) if quiet(r)]
         for key, name in names.items():
             values = [r[key] for r in per_round]
             middle = statistics.median(values)
             spread = ", ".join(f"{v:.2f}" for v in values)
+            calm = (
+                f"; the {len(clean)} rounds other processes left alone: {statistics.median(q[key] for q in clean):.2f}x"
+                if clean
+                else "; no round was left alone by other processes"
+            )
             rows.append(
                 (
                     f"{n:,} records: {name}",
-                    f"**{middle:.2f}x** (median of {len(values)} rounds: {spread})",
+                    f"**{middle:.2f}x** (median of {len(values)} rounds: {spread}{calm})",
                     f"<= {GOALS[key]:.1f}x",
                     verdict(middle <= GOALS[key]),
                 )
@@ -311,7 +327,7 @@ def rounds_table(results: Results) -> str:
             f"{job['results'].seconds:.2f})"
         )
         loc = local["child"].seconds + local["results"].seconds
-        others = f"{max(0.0, stock['cpu_used']['others']):.1f} / {max(0.0, job['cpu_used']['others']):.1f}"
+        others = " / ".join(f"{max(0.0, p['cpu_used']['others']):.1f}" for p in (stock, job, job["one"]))
         rows.append(
             (
                 i, "stock first" if i % 2 else "chordflow first", f"{stock['child'].seconds:.2f}", three,
@@ -320,7 +336,7 @@ def rounds_table(results: Results) -> str:
             )
         )  # fmt: skip
     head = ("round", "order", "stock group s", "submit + wait + results s", "ratio", "one command s", "ratio")
-    head += ("local run + results / loop s", "ratio", "other processes' CPU s (stock / three commands)")
+    head += ("local run + results / loop s", "ratio", "other processes' CPU s (stock / three commands / one)")
     return harness.table(head, rows, "rlrrrrrrrr")
 
 
@@ -415,7 +431,8 @@ def report(session: Session, results: Results) -> str:
 {paired}
 
 Each ratio is two figures of one round, taken back to back on the same machine; the machine is shared (the load
-averages are under Machine, other processes' CPU in each round below), so the median of the rounds is judged.
+averages are under Machine, other processes' CPU in each round below), so the median of all the rounds is judged;
+beside it, the median of the rounds in which other processes took under {QUIET_SECONDS} s of CPU in each phase.
 
 {rounds_table(results)}
 
