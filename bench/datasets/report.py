@@ -13,8 +13,9 @@ from bench import harness
 from bench.datasets import CHUNK, POLL, SUBMIT_RSS_MB, TEXT, Results, workflow
 from bench.harness import POOL, Session, mb, redis_text, verdict, worker_text
 
-#: Each target: (name, goal), the ratio of a round's wall times.
+#: Each target's goal: the most a round's ratio of wall times may be (its median over the rounds).
 GOALS = {"one": 1.0, "three": 1.3, "local": 2.0}
+MISSED = {"one": "one command", "three": "three commands", "local": "local run + results"}
 
 
 def ratios(one_round: dict[str, Any]) -> dict[str, float]:
@@ -272,7 +273,13 @@ def where_time_goes(results: Results) -> str:
         return "(no paired round)"
     stock, job = middle["stock"], middle["job"]
     p = stock["phases"]
-    return (
+    per_round = [ratios(r) for r in results.rounds]
+    medians = {key: statistics.median(q[key] for q in per_round) for key in GOALS}
+    missed = [
+        f"{MISSED[key]} {medians[key]:.2f}x (goal {GOALS[key]:.1f}x)" for key in GOALS if medians[key] > GOALS[key]
+    ]
+    plainly = f"**Missed in this run**: {'; '.join(missed)}. Why, below.\n\n" if missed else ""
+    return plainly + (
         f"The median round, {job['n']:,} records. The stock group: {stock['child'].seconds:.2f} s = interpreter "
         f"and imports, reading the file {p['read']:.2f} s, building and sending the group {p['send']:.2f} s, "
         f"`GroupResult.get()` {p['get']:.2f} s, writing the rows {p['write']:.2f} s. chordflow's three commands: "
@@ -287,8 +294,8 @@ def where_time_goes(results: Results) -> str:
 FINDINGS = """\
 - **The wait phase is the job itself.** `wait` exits about 0.1 s after the last chunk writes the run's final
   status (that write wakes its stream read at once); the job ends when the workers are through with it. It is
-  CPU-bound on the 2 cores: chordflow's two workers spend 2.2-2.9 s of CPU on 100,000 records (22-29 us per record,
-  by load), the stock group's about 1.2 s (12 us), while `submit` (0.6 s of CPU) and redis-server share the same
+  CPU-bound on the 2 cores: chordflow's two workers spend 2.2-3.4 s of CPU on 100,000 records (22-34 us per record,
+  by load), the stock group's 1.2-1.4 s (12-14 us), while `submit` (0.6 s of CPU) and redis-server share the same
   cores. That 1-1.7 s of worker CPU more, over two workers, is the wait phase's extra second. The stock group's
   workers keep up with its client's sending; chordflow's client keeps ahead of its workers.
 - **Per record, in a worker** (`python -m bench.record_profile`): the record loop, 10.5-17 us by load (a workflow
@@ -302,7 +309,8 @@ FINDINGS = """\
   chunk in all (INFO commandstats over a 100,000-record job), 0.13 s of redis-server CPU. The stock task pays
   Celery's part too, and about 4 ms per task in all; the gap is the record loop.
 - **Chunk size**: with `--chunk-size 2000` (the row under the targets, when the run has it) the per-chunk part
-  is paid a quarter as often; in a separate A/B of 100,000 records the workers used about 0.5 s less CPU.
+  is paid a quarter as often; in a separate A/B of 100,000 records the workers used about 0.5 s less CPU (the
+  jobs table: worker CPU per record at `--chunk-size 2000` beside 500's).
 - **Prefetch**: chordflow's workers prefetch 1 message; a job keeps 2 chunks per worker process in flight (each
   finished chunk sends the next), one running and one queued per worker, so more prefetch can only save the
   fetch of the queued one (one BRPOP per chunk). Prefetch 2 against 1, four rounds each at load 1-2: no
