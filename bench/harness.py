@@ -135,6 +135,7 @@ class BenchCluster:
             raise
         self.logs = WorkerLogs([w.log for w in self.cluster.workers.values()])
         self.peaks = WorkerPeaks(self.pids)
+        self.side_pids: list[int] = []  # another side's workers (a baseline's), measured as these are
         self.env = {**self.cluster.env, "CHORDFLOW_PLUGINS": os.environ.get("CHORDFLOW_PLUGINS", ""), "COLUMNS": "200"}
 
     @property
@@ -178,7 +179,8 @@ class BenchCluster:
         return processes
 
     def pids(self) -> list[int]:
-        return [pid for worker in self.cluster.workers.values() for pid in process_tree(worker.pid)]
+        mine = [pid for worker in self.cluster.workers.values() for pid in process_tree(worker.pid)]
+        return mine + [pid for side in self.side_pids for pid in process_tree(side)]
 
     def delete(self, pattern: str) -> int:
         keys = list(self.redis.scan_iter(match=pattern, count=1000))
@@ -254,6 +256,7 @@ class Phase:
             "workers": self.workers,
             "worker_cpu": self.cpu.used["workers"],
             "cpu": self.cpu.text(),
+            "cpu_used": dict(self.cpu.used),
             **self.redis.as_dict(),
         }
 

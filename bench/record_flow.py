@@ -1,5 +1,5 @@
 """The dataset bench's workflow as a user writes it with PocketFlow alone: two nodes, one edge
-(bench/datasets: the hand-written Celery baseline's tasks run it per record).
+(bench/stock_group.py: the stock Celery group's tasks run it per record).
 
 `python -m bench.record_flow FILE OUT`: the local baseline, a plain loop reading the records file line by line,
 each record through the flow on a store of its own, its row written to OUT as `chordflow results --out`

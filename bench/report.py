@@ -273,8 +273,8 @@ OTHER_RESULTS = [
     "  a 1,000,000-item batch through `submit` + `wait` (client, worker and Redis peak memory) and",
     "  `results --node` streaming it to a file.",
     "- `DATASETS.md` (`python -m bench.datasets`): dataset jobs (`submit --items`) of 1,000,000 and 100,000",
-    "  records: wall time, client/worker/Redis memory, first result, `results --out`, against a hand-written",
-    "  Celery `group` and the local backend.",
+    "  records: wall time, client/worker/Redis memory, first result, `results --out`, against a stock Celery",
+    "  `group` written by hand (bench/stock_group.py, no chordflow code) and the local backend.",
     "",
 ]
 

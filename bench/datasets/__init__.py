@@ -8,7 +8,8 @@ RSS (target: < 150 MB at 1,000,000), the workers' peak RSS, Redis's peak memory 
 the time to the first readable result; then the same job as one command, `chordflow run WF --items FILE
 --backend celery --out FILE` (the rows written as the chunks finish).
 
-Beside it, in the same run: what a user writes by hand with Celery (read the file, a `group` of tasks over
+Beside it, in the same run, in paired rounds at the small size: a stock Celery group as a user writes it by hand
+(bench/stock_group.py: its own Celery app and workers, no chordflow code; read the file, a `group` of tasks over
 chunks of 500 records, each running the workflow's two steps as two PocketFlow nodes per record,
 `GroupResult.get()`, the rows written to a file); the local backend (`chordflow run WF --items FILE` +
 `chordflow results RUN --out FILE`, and `chordflow run WF --items FILE --out FILE`) against a plain PocketFlow
@@ -23,6 +24,8 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import os
+import socket
 import sys
 import threading
 import time
@@ -30,18 +33,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bench import harness
+import redis
+
+from bench import harness, stock_group
 from bench.harness import BenchCluster, Child, Phase, Session, log, mb
 from bench.measure import CpuUse
-from bench.record_flow import one_record, record_flow
-from worker.cluster.app import task
 
-PLUGINS = "bench.datasets"  # the workers import this module: it defines the baseline's task
-CHUNK = 500  # records per chunk: chordflow's default, and the baseline's chunk
+CHUNK = stock_group.CHUNK  # records per chunk: chordflow's default, and the baseline's chunk
 SUBMIT_RSS_MB = 150  # target: the submitting client's peak RSS at the large N
 LIMIT = 1800  # seconds: any one child process (a job, the baseline) is killed past this
 POLL = 0.005  # seconds between two looks for the first result
-RECORDS_TASK = "bench.records_chunk"
 TEXT = "some short text"
 
 
@@ -49,11 +50,12 @@ TEXT = "some short text"
 class Sizes:
     large: int  # records in the large job
     small: int  # the small one: same measurements, to show the client's memory does not grow
-    warm: int  # an untimed job first (the workers' first-chunk costs)
+    warm: int  # an untimed job first on each side (the workers' first-chunk costs)
+    rounds: int  # paired rounds at the small size: the stock group, then chordflow's forms, in turns
 
 
-FULL = Sizes(large=1_000_000, small=100_000, warm=2_000)
-QUICK = Sizes(large=20_000, small=5_000, warm=500)
+FULL = Sizes(large=1_000_000, small=100_000, warm=2_000, rounds=7)
+QUICK = Sizes(large=20_000, small=5_000, warm=500, rounds=2)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -62,14 +64,12 @@ def main(argv: list[str] | None = None) -> int:
             "--chunk-size", type=int, action="append", default=[], metavar="N",
             help="also a job of the small size with this --chunk-size (repeatable)",
         )  # fmt: skip
-        parser.add_argument("--celery-client", type=Path, nargs=2, metavar=("FILE", "OUT"), help=argparse.SUPPRESS)
+        parser.add_argument("--small-only", action="store_true", help="no job of the large size")
 
     args = harness.arguments("bench.datasets", __doc__, "DATASETS.md", f"small sizes: {QUICK}", argv, options)
-    if args.celery_client:
-        return celery_client(*args.celery_client, CHUNK)
     from bench.datasets.report import report  # it reads this module's constants
 
-    harness.run_bench(args, measure, report, plugins=PLUGINS, needed=(RECORDS_TASK, "chordflow.dataset_chunk"))
+    harness.run_bench(args, measure, report, needed=("chordflow.dataset_chunk",))
     return 0
 
 
@@ -85,51 +85,6 @@ def workflow() -> dict[str, Any]:
         ],
         "outputs": {"id": {"source": "${b.n}"}},
     }
-
-
-# -- the hand-written Celery baseline: the workflow as two PocketFlow nodes (bench/record_flow.py) ------------
-@task(name=RECORDS_TASK)
-def records_chunk(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """A chunk of records through `one_record`, results in the chunk's order."""
-    flow = record_flow()
-    return [one_record(flow, record) for record in records]
-
-
-def celery_client(path: Path, out: Path, chunk: int) -> int:
-    """The baseline client, run as its own process (`--celery-client FILE OUT`): read the whole file, send a
-    `group` of one task per `chunk` records, `GroupResult.get()`, check the results are in input order, write
-    them to OUT as the rows `chordflow results --out` writes (a `json.dumps` per row, as a user would).
-    Prints its phases as one JSON object. A stock Celery app with worker/app.py's config, signing its
-    messages as chordflow's do (the workers drop unsigned ones), as bench/variants.py's baselines."""
-    from celery import Celery, group
-
-    from worker import settings
-    from worker.cluster import app as worker_app
-    from worker.cluster import signing
-
-    client = Celery("datasets-bench-client", set_as_current=False)
-    client.conf.update(worker_app.config(settings.load()))
-    signing.sign_messages(client, worker_app.current_app().signer)
-    t0 = time.perf_counter()
-    with path.open(encoding="utf-8") as f:
-        records = [json.loads(line) for line in f]
-    read = time.perf_counter()
-    job = group(
-        (client.signature(RECORDS_TASK, args=(records[i : i + chunk],)) for i in range(0, len(records), chunk)),
-        app=client,
-    )
-    result = job.apply_async()
-    sent = time.perf_counter()
-    results = [row for part in result.get(timeout=LIMIT) for row in part]
-    got = time.perf_counter()
-    ordered = len(results) == len(records) and all(row["id"] == i for i, row in enumerate(results))
-    with out.open("w", encoding="utf-8") as rows:
-        for i, row in enumerate(results):
-            rows.write(json.dumps({"index": i, "result": row, "error": None}, ensure_ascii=False) + "\n")
-    wrote = time.perf_counter()
-    phases = {"read": read - t0, "send": sent - read, "get": got - sent, "write": wrote - got}
-    print(json.dumps({**phases, "n": len(results), "ok": ordered}))
-    return 0 if ordered else 1
 
 
 # -- checks ------------------------------------------------------------------------------------------------
@@ -206,6 +161,8 @@ class Results:
     floor: Child | None = None
     jobs: list[dict[str, Any]] = field(default_factory=list)
     baseline: list[dict[str, Any]] = field(default_factory=list)
+    rounds: list[dict[str, Any]] = field(default_factory=list)  # {"stock", "job", "local"} of one paired round
+    stock: list[str] = field(default_factory=list)  # how the stock group's workers were started
     local: dict[str, Any] = field(default_factory=dict)
     noop: dict[str, Any] = field(default_factory=dict)
     startup: dict[str, Child] = field(default_factory=dict)
@@ -220,19 +177,73 @@ def measure(session: Session, bench: BenchCluster) -> Results:
     for n in (sizes.large, sizes.small):
         jobs.records(n)
     log(f"records files written: {sizes.large:,} and {sizes.small:,} lines")
-    results.floor = jobs.untimed(1)  # the submitting client's RSS floor (interpreter and imports)
-    log(f"submit of 1 record: {results.floor.seconds:.3f} s, client peak rss {mb(results.floor.maxrss)}")
-    jobs.untimed(sizes.warm)  # the workers' first-chunk costs (imports, connections) are in no row
-    log(f"warm-up job of {sizes.warm:,} records done")
-    results.startup = jobs.startup()
-    log("start-up, 1 record: " + ", ".join(f"{name} {child.seconds:.3f} s" for name, child in results.startup.items()))
-    results.jobs += [jobs.job(sizes.large), jobs.job(sizes.small)]
+    with StockWorkers(bench) as stock:
+        results.stock = ["celery", *stock.argv[1:]]  # as a user types it (the venv's `celery`)
+        results.floor = jobs.untimed(1)  # the submitting client's RSS floor (interpreter and imports)
+        log(f"submit of 1 record: {results.floor.seconds:.3f} s, client peak rss {mb(results.floor.maxrss)}")
+        jobs.untimed(sizes.warm)  # the workers' first-chunk costs (imports, connections) are in no row
+        jobs.baseline(sizes.warm)  # the same for the stock workers
+        log(f"warm-up jobs of {sizes.warm:,} records done (chordflow and the stock group)")
+        results.startup = jobs.startup()
+        log("start-up, 1 record: " + ", ".join(f"{k} {child.seconds:.3f} s" for k, child in results.startup.items()))
+        for r in range(sizes.rounds):  # paired: the two sides back to back, taking turns at going first
+            log(f"round {r + 1} of {sizes.rounds}, {sizes.small:,} records")
+            one_round: dict[str, Any] = {}
+            sides = [("stock", lambda: jobs.baseline(sizes.small)), ("job", lambda: jobs.job(sizes.small))]
+            for name, body in sides if r % 2 == 0 else sides[::-1]:
+                one_round[name] = body()
+            one_round["local"] = jobs.local(sizes.small)
+            results.rounds.append(one_round)
+        if not session.args.small_only:
+            results.jobs.append(jobs.job(sizes.large, watch=True))
+            results.baseline.append(jobs.baseline(sizes.large))
     results.jobs += [jobs.job(sizes.small, size) for size in session.args.chunk_size]
-    results.baseline += [jobs.baseline(sizes.small), jobs.baseline(sizes.large)]
-    results.local = jobs.local(sizes.small)
     results.noop = noop_batch(sizes.small)
     results.resettable = bench.peaks.resettable
     return results
+
+
+class StockWorkers:
+    """The stock group's two workers, `celery -A bench.stock_group worker -P solo` as a user starts them, on the
+    bench's redis-server (its database 1, so that neither side's workers or control messages see the other's);
+    their pids join the bench's worker pids (CPU, peak RSS) while they run."""
+
+    def __init__(self, bench: BenchCluster):
+        self.bench = bench
+        self.url = bench.url.rsplit("/", 1)[0] + "/1"
+        self.env = {**os.environ, "STOCK_REDIS_URL": self.url, "PYTHONPATH": str(harness.HERE.parent)}
+        celery = str(Path(sys.executable).with_name("celery"))
+        self.argv = [celery, "-A", "bench.stock_group", "worker", "-P", "solo"]
+        self.procs: list[Any] = []
+
+    def __enter__(self) -> StockWorkers:
+        import subprocess
+
+        os.environ["STOCK_REDIS_URL"] = self.url  # this process pings them through the module's app
+        from bench.stock_group import app
+
+        app.conf.broker_url = app.conf.result_backend = self.url
+        names = [f"stock{i}@{socket.gethostname()}" for i in (1, 2)]
+        for name in names:
+            log_file = (self.bench.workdir / f"worker-{name.split('@')[0]}.log").open("w")
+            argv = [*self.argv, "-n", name]
+            self.procs.append(
+                subprocess.Popen(argv, stdout=log_file, stderr=subprocess.STDOUT, env=self.env, start_new_session=True)
+            )
+        self.bench.side_pids = [p.pid for p in self.procs]
+        deadline = time.monotonic() + 60
+        while {r for reply in app.control.ping(destination=names, timeout=1.0) for r in reply} != set(names):
+            if time.monotonic() > deadline or any(p.poll() is not None for p in self.procs):
+                self.__exit__()
+                raise RuntimeError(f"the stock group's workers did not start; see {self.bench.workdir}")
+        log(f"stock workers {', '.join(names)} ready (pids {', '.join(str(p.pid) for p in self.procs)})")
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for proc in self.procs:
+            proc.kill()
+            proc.wait()
+        self.bench.side_pids = []
 
 
 def precompile() -> bool:
@@ -296,9 +307,10 @@ class Jobs:
             timed("local: results --out", [*command, "results", check_job(local, 1)["run_id"], "--out", rows])
         return best
 
-    def job(self, n: int, chunk_size: int | None = None) -> dict[str, Any]:
+    def job(self, n: int, chunk_size: int | None = None, watch: bool = False) -> dict[str, Any]:
         """`chordflow submit WF --items FILE`, `chordflow wait RUN`, `chordflow results RUN --out FILE`, timed from
-        submit start to the rows in the file; then the one-command form (`one_command`)."""
+        submit start to the rows in the file; then the one-command form (`one_command`). `watch`: a thread polls
+        for the first readable result meanwhile (`FirstResult`, a process of its own on the same cores)."""
         from worker.cluster.state.runs import ClusterRuns
 
         bench, path = self.bench, self.records(n)
@@ -307,7 +319,8 @@ class Jobs:
         first = FirstResult(bench)
         try:
             with Phase(bench) as phase:
-                first.start(phase.t0)
+                if watch:
+                    first.start(phase.t0)
                 submit = bench.cli("submit", self.wf, "--items", path, *extra, limit=LIMIT)
                 run_id = submit.last_line()
                 log(f"submit {n:,} records: run {run_id}, {submit.seconds:.3f} s, client peak rss {mb(submit.maxrss)}")
@@ -338,6 +351,7 @@ class Jobs:
             "wait_end": wait_end,
             "record_final": record.updated - phase.wall if record else None,
             "first": first.seconds,
+            "watched": watch,
             "confirm": first.confirm,
             "results": streamed,
             "results_bytes": size,
@@ -374,24 +388,26 @@ class Jobs:
         return {"used": used, "usage": usage, "task_results": len(metas), "meta_usage": meta_usage, "ttl": ttl}
 
     def baseline(self, n: int) -> dict[str, Any]:
-        """The hand-written Celery client (`celery_client`) in its own process, over the same file."""
+        """The stock group's client (bench/stock_group.py) in its own process, over the same file."""
         rows_path = self.bench.workdir / "baseline.jsonl"
-        argv = [sys.executable, "-m", "bench.datasets", "--celery-client", self.records(n), str(rows_path)]
-        env = {**self.bench.env, "PYTHONPATH": str(harness.HERE.parent)}
+        argv = [sys.executable, "-m", "bench.stock_group", self.records(n), str(rows_path)]
+        env = {**os.environ, "PYTHONPATH": str(harness.HERE.parent)}  # STOCK_REDIS_URL: StockWorkers set it
         with Phase(self.bench) as phase:
             child = harness.run_child(argv, env, self.bench.workdir, LIMIT)
         phases: dict[str, Any] = {}
         with contextlib.suppress(ValueError, IndexError):
             phases = json.loads(child.stdout.strip().splitlines()[-1])
-        if phases.get("ok"):
-            phases["ok"] = check_rows(rows_path, n)
+        phases["ok"] = bool(phases) and check_rows(rows_path, n)
         rows_path.unlink(missing_ok=True)
         if child.code != 0 or not phases.get("ok"):
             log(f"baseline {n:,} records did not complete: exit {child.code}, peak rss {mb(child.maxrss)}")
-            self.bench.purge()
-        else:
-            log(f"baseline {n:,} records: {child.seconds:.3f} s, client peak rss {mb(child.maxrss)}")
-        self.bench.forget(None, task_results=True)
+            raise child.failure()
+        log(f"baseline {n:,} records: {child.seconds:.3f} s, client peak rss {mb(child.maxrss)}")
+        stock = redis.Redis.from_url(os.environ["STOCK_REDIS_URL"])  # its task results go, as chordflow's phases' do
+        keys = list(stock.scan_iter(match="celery-task-meta-*", count=1000))
+        for start in range(0, len(keys), 500):
+            stock.delete(*keys[start : start + 500])
+        stock.close()
         return {**phase.as_dict(), "n": n, "child": child, "phases": phases}
 
     def local(self, n: int) -> dict[str, Any]:

@@ -36,6 +36,7 @@ class ClusterDataset:
         self.started = run_key(run_id, "ds:started")  # chunks a task has begun (see `orphans`)
         self._step = script(self.redis, "dataset_step")
         self._size, self._read = 0, None  # chunk_length's, once the whole file is read
+        self._lease = 0  # the reader's lease, in seconds: read once per reader (`start`, `add`)
 
     def _run(self, mode: str, *args: Any) -> tuple[str, list[int]]:
         reply = connection.replicated(
@@ -50,13 +51,18 @@ class ClusterDataset:
         pipe = self.redis.pipeline()
         pipe.hset(self.keys[0], "size", chunk_size)
         pipe.expire(self.keys[0], self.ttl)
-        pipe.set(self.keys[10], 1, ex=reader_seconds())
+        pipe.set(self.keys[10], 1, ex=self._reader_lease())
         pipe.execute()
 
     def add(self, n: int, records: Sequence[Any], bad: dict[int, str], read: int) -> tuple[str, list[int]]:
         """Store chunk n and renew the reader's lease: a job whose reader dies mid-file ends (failed, saying
         so) once its lease has run out and the chunks it stored have run."""
-        return self._run("add", n, pack_records(records, bad), read, reader_seconds())
+        return self._run("add", n, pack_records(records, bad), read, self._reader_lease())
+
+    def _reader_lease(self) -> int:
+        """`reader_seconds()`, read once per reader: `add` renews the lease with it per chunk."""
+        self._lease = self._lease or reader_seconds()
+        return self._lease
 
     def finish(
         self, n: int, chunk: ChunkResult, length: int, dataset: Dataset, claim: str = ""
@@ -149,11 +155,16 @@ class ClusterDataset:
         raw = self.redis.hget(self.keys[9], n)
         return [int(m) for m in raw.decode().split(",") if m] if raw else []
 
-    def records(self, n: int) -> tuple[list[Any], dict[int, str]]:
-        blob = self.redis.hget(self.keys[6], n)
+    def chunk_inputs(self, n: int) -> tuple[int, list[Any], dict[int, str], ChunkResult | None]:
+        """What a chunk's task reads before its records run, in one round trip: the chunk size, chunk n's records
+        (with its bad ones) and the outcomes a previous delivery stored (None if none)."""
+        pipe = self.redis.pipeline(transaction=False)
+        pipe.hget(self.keys[0], "size").hget(self.keys[6], n).hget(self.keys[3], n)
+        size, blob, done = pipe.execute()
         if blob is None:
             raise LookupError(f"run {self.run_id}: the records of chunk {n} are missing from Redis")
-        return unpack_records(blob)
+        records, bad = unpack_records(blob)
+        return int(size or 1), records, bad, None if done is None else ChunkResult.from_wire(snapshot.decode(done))
 
     def outcomes(self, ns: Sequence[int]) -> list[ChunkResult | None]:
         blobs = self.redis.hmget(self.keys[3], list(ns)) if ns else []

@@ -36,11 +36,12 @@ def send(run_id: str, ns: Sequence[int]) -> None:
     if not ns:
         return
     app, priority = current_app(), ClusterRuns().priority(run_id)
-    for n in ns:
-        aging.send(
-            app, "chordflow.dataset_chunk", (run_id, n), run_id=run_id, priority=priority, kind=priorities.CHUNK,
-            argsrepr=f"records chunk={n} run={run_id}",
-        )  # fmt: skip
+    with app.backend.quiet():  # nobody waits on a chunk's Celery result: no subscription per message (a client's)
+        for n in ns:
+            aging.send(
+                app, "chordflow.dataset_chunk", (run_id, n), run_id=run_id, priority=priority, kind=priorities.CHUNK,
+                argsrepr=f"records chunk={n} run={run_id}",
+            )  # fmt: skip
 
 
 def finish_run(run_id: str, runs: ClusterRuns | None = None) -> str:
@@ -114,9 +115,7 @@ def dataset_chunk(self: Any, run_id: str, n: int) -> str:
         logs.transition(run_id, "queued", "running", node=RECORDS)
     dataset = Dataset.from_json(record.dataset)
     state = RunState(run_id)
-    size = ds.chunk_size()
-    records, bad = ds.records(n)
-    done = ds.outcomes([n])[0]
+    size, records, bad, done = ds.chunk_inputs(n)
     chunk = ChunkResult(n * size, [], [], {})
     began, ran, failed = time.monotonic(), 0, 0
     if not state.should_stop(RECORDS):

@@ -108,8 +108,9 @@ class RunState:
         self.redis.delete(*stale)
 
     def set_batch_total(self, batch: str, total: int) -> None:
-        self.redis.hset(self.key("totals"), batch, total)
-        self.redis.expire(self.key("totals"), self.ttl)
+        pipe = self.redis.pipeline(transaction=False)  # one round trip: a dataset's submit sets it per chunk
+        pipe.hset(self.key("totals"), batch, total).expire(self.key("totals"), self.ttl)
+        pipe.execute()
 
     def batch_total(self, batch: str) -> int:
         return int(self.redis.hget(self.key("totals"), batch) or 0)
