@@ -12,6 +12,7 @@ raises RunPurged for it, and the scripts that write progress (publish, permits, 
 from __future__ import annotations
 
 import hashlib
+import re
 import time
 from functools import cache
 from pathlib import Path
@@ -28,6 +29,8 @@ from worker.cluster.state import connection
 from worker.cluster.state.keys import purged_key, run_prefix
 
 _LUA = Path(__file__).with_name("lua")
+#: A batch window's own key, `cf:{<run>}:win:<batch>` (not one of its `:todo`, `:pending`... keys).
+WINDOW = re.compile(r"cf:\{[^}]*\}:win:[^:]+")
 
 
 @cache
@@ -67,6 +70,7 @@ class RunState:
         self.ttl = ttl or settings.load().run_ttl
         self.prefix = run_prefix(run_id)
         self.tombstone = purged_key(run_id)
+        self.plan: str | None = None  # the batch plan this process runs a chunk of: a resume stops earlier plans
         self.purged = False  # the tombstone was seen: the run was purged while this process held some of it
         self._acquire = self.redis.register_script(_script_source("acquire_permit"))
         self._keep = self.redis.register_script(_script_source("keep_permits"))
@@ -101,11 +105,21 @@ class RunState:
         return bool(self.redis.set(self.key(f"dispatched:{batch}"), 1, nx=True, ex=self.ttl))
 
     def clear_stops(self) -> None:
-        """Before a resume: no cancel flag, abort flag, dispatch mark, failure count or stored result stays."""
+        """Before a resume: no cancel flag, abort flag, dispatch mark, failure count or stored result stays; the
+        plans of the run's batch windows are stopped for good (`stopped:<plan>`), so a chunk of one still finishing
+        an item, which has not seen the flags cleared here, stops before its next item instead of running items the
+        resumed plan runs too (and paying for a model call twice)."""
         stale = [self.key("cancel")]
         for pattern in ("abort:*", "dispatched:*", "result:*", "failed:*", "win:*"):
             stale.extend(self.redis.scan_iter(match=self.key(pattern), count=1000))
-        self.redis.delete(*stale)
+        windows = [k for k in stale if WINDOW.fullmatch(k.decode() if isinstance(k, bytes) else k)]
+        plans = [p for p in (self.redis.hget(k, "id") for k in windows) if p is not None]  # each window's plan
+        pipe = self.redis.pipeline(transaction=False)
+        for plan in plans:
+            pipe.set(self.key(f"stopped:{plan.decode()}"), 1, ex=self.ttl)
+        if stale:
+            pipe.delete(*stale)
+        pipe.execute()
 
     def set_batch_total(self, batch: str, total: int) -> None:
         pipe = self.redis.pipeline(transaction=False)  # one round trip: a dataset's submit sets it per chunk
@@ -116,7 +130,8 @@ class RunState:
         return int(self.redis.hget(self.key("totals"), batch) or 0)
 
     def _stops(self, batch: str) -> list[str]:
-        return [self.key("cancel"), self.key(f"abort:{batch}"), self.tombstone]
+        stops = [self.key("cancel"), self.key(f"abort:{batch}"), self.tombstone]
+        return [*stops, self.key(f"stopped:{self.plan}")] if self.plan else stops
 
     def should_stop(self, batch: str) -> bool:
         """The run cancelled, the batch aborted, or the run purged (then `purged` is set too): one round trip."""
