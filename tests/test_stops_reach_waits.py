@@ -1,0 +1,236 @@
+"""Cancel, fail_fast and threshold aborts reach items that wait (worker/stopping.py): a rate-limit admission, a
+retry's pause, a response not yet come. On the cluster a cancelled run reads `cancelled` within 5 s whatever its
+items are doing, makes no call after the cancel and leaves its bucket to the next run; locally a fail_fast abort,
+a cancel or a SIGINT of `chordflow run` ends waiting items within a couple of seconds.
+
+The service is a real loopback HTTP server that records every request with its arrival time; a slow path holds
+its answer and records when the client closed the connection under it."""
+
+from __future__ import annotations
+
+import json
+import select
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from http.server import BaseHTTPRequestHandler
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import scheduler
+from ir.errors import BatchItemFailed
+from scheduler import api
+from scheduler.localcluster import Cluster
+from tests.support.http_server import refused_url, serving
+
+#: The bound the spec names: a cancelled cluster run reads `cancelled` this soon after the cancel.
+CANCELLED_WITHIN = 5.0
+#: Seconds a slow answer is held (far past every bound below).
+HELD = 60.0
+#: 6 requests a minute: one call per 10.5 s with the bucket's headroom (worker/engine/rate_limits.py HEADROOM).
+PER_MINUTE = 6
+INTERVAL = 60 / (PER_MINUTE * 0.95)
+
+
+class Service:
+    """`/ok/<tag>/<i>` answers at once; `/slow/...` holds its answer HELD seconds, or until the client closes the
+    connection (recorded in `closed`); `/fail/...` answers 500 once `fail_after` slow requests have arrived."""
+
+    def __init__(self, fail_after: int = 0) -> None:
+        self.calls: list[tuple[float, str]] = []  # (arrival, path)
+        self.closed: list[float] = []
+        self.fail_after = fail_after
+        self.changed = threading.Condition()
+        self.released = threading.Event()
+
+    def handler(self) -> type[BaseHTTPRequestHandler]:
+        service = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                with service.changed:
+                    service.calls.append((time.monotonic(), self.path))
+                    service.changed.notify_all()
+                if self.path.startswith("/slow/"):
+                    self.hold()
+                    return
+                if self.path.startswith("/fail/"):
+                    with service.changed:
+                        service.changed.wait_for(lambda: service.count("/slow/") >= service.fail_after, HELD)
+                self.answer(500 if self.path.startswith("/fail/") else 200)
+
+            def hold(self) -> None:
+                """Wait for the release, watching the socket: a read of nothing means the client hung up."""
+                deadline = time.monotonic() + HELD
+                while time.monotonic() < deadline and not service.released.is_set():
+                    readable, _, _ = select.select([self.connection], [], [], 0.05)
+                    if readable and not self.connection.recv(1, socket.MSG_PEEK):
+                        with service.changed:
+                            service.closed.append(time.monotonic())
+                            service.changed.notify_all()
+                        return
+                self.answer(200)
+
+            def answer(self, status: int) -> None:
+                body = b'{"ok": true}'
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        return Handler
+
+    def count(self, prefix: str) -> int:
+        return sum(1 for _, path in self.calls if path.startswith(prefix))
+
+    def times(self, prefix: str) -> list[float]:
+        with self.changed:
+            return [at for at, path in self.calls if path.startswith(prefix)]
+
+    def wait_for(self, condition: Callable[[], bool], timeout: float) -> None:
+        with self.changed:
+            assert self.changed.wait_for(condition, timeout), f"not within {timeout:g}s: {self.calls}"
+
+
+@pytest.fixture
+def service() -> Iterator[tuple[Service, str]]:
+    svc = Service(fail_after=3)
+    with serving(svc.handler()) as url:
+        try:
+            yield svc, url
+        finally:
+            svc.released.set()  # a held answer the test left behind goes out: the server's threads end
+
+
+def http_batch(url: str, *, rate_key: str | None = None, items: str = "${items}", **batch: Any) -> dict:
+    node: dict[str, Any] = {
+        "id": "call",
+        "type": "http",
+        "params": {"url": url + "${item}", "timeout": HELD * 2},
+        "batch": {"items": items, **batch},
+    }
+    if rate_key is not None:
+        node["rate_limit"] = {"key": rate_key, "requests_per_minute": PER_MINUTE}
+    return {"inputs": {"items": {"type": "array"}}, "nodes": [node]}
+
+
+def status_within(run_id: str, expected: str, seconds: float) -> float:
+    """Seconds until the run's status reads `expected` (polled), failing past `seconds`."""
+    began = time.monotonic()
+    while (status := api.status(run_id)["status"]) != expected:
+        assert time.monotonic() - began < seconds, f"run {run_id} still {status} after {seconds:g}s"
+        time.sleep(0.05)
+    return time.monotonic() - began
+
+
+# -- the cluster ---------------------------------------------------------------------------------------------------
+def test_a_cancel_during_a_rate_limit_wait_makes_no_call_after_it_and_frees_the_bucket(
+    celery_cluster: Cluster, service: tuple[Service, str]
+) -> None:
+    """6 calls a minute, 8 items waiting on the bucket in each running chunk: after the cancel no call goes, the
+    run reads cancelled within 5 s, and a new run on the same key calls at the bucket's next slot (not after the
+    cancelled run's waits: before, its waiting items took the next slots, 8 calls over 84 s)."""
+    svc, url = service
+    key = f"cancel-{uuid.uuid4().hex[:8]}"
+    wf = http_batch(f"{url}/ok/a/", rate_key=key, parallel=True, max_concurrent=8, error_handling="continue")
+    run_id = api.submit(wf, {"items": list(range(24))})
+    svc.wait_for(lambda: svc.count("/ok/a/") >= 2, 60)
+    cancelled_at = time.monotonic()
+    api.cancel(run_id)
+    status_within(run_id, "cancelled", CANCELLED_WITHIN)
+
+    submitted = time.monotonic()
+    after = api.submit(http_batch(f"{url}/ok/b/", rate_key=key), {"items": [0]})
+    result = api.wait(after, timeout=60)
+    assert result.shared["call"]["success_count"] == 1
+    first_b = svc.times("/ok/b/")[0]
+    last_a = svc.times("/ok/a/")[-1]
+    assert [at for at in svc.times("/ok/a/") if at > cancelled_at] == []  # not one call after the cancel
+    assert first_b - last_a <= INTERVAL + 2.0  # the bucket's next slot, give or take a worker's wake-up
+    assert first_b - submitted <= INTERVAL + 2.0
+
+
+def test_a_cancel_interrupts_an_item_waiting_for_a_long_response(
+    celery_cluster: Cluster, service: tuple[Service, str]
+) -> None:
+    """An item 60 s into nothing (the server holds its answer) is given up, its connection closed, and the run
+    reads cancelled within 5 s; the batch's next items never call."""
+    svc, url = service
+    run_id = api.submit(http_batch(f"{url}/slow/c/", error_handling="continue"), {"items": [0, 1, 2]})
+    svc.wait_for(lambda: svc.count("/slow/c/") >= 1, 60)
+    cancelled_at = time.monotonic()
+    api.cancel(run_id)
+    status_within(run_id, "cancelled", CANCELLED_WITHIN)
+    svc.wait_for(lambda: len(svc.closed) == 1, CANCELLED_WITHIN)
+    assert svc.closed[0] - cancelled_at < 2.0
+    assert svc.count("/slow/c/") == 1
+
+
+# -- this process ------------------------------------------------------------------------------------------------
+def test_a_fail_fast_abort_ends_the_items_waiting_for_their_responses(service: tuple[Service, str]) -> None:
+    """Items 1-3 are held by the server; item 0 fails once they are all waiting. The batch ends with item 0's
+    failure within a couple of seconds (not after the 60 s answers), every held connection closed."""
+    svc, url = service
+    wf = http_batch(url, items="${paths}", parallel=True, max_concurrent=4)
+    wf["inputs"] = {"paths": {"type": "array"}}
+    began = time.monotonic()
+    with pytest.raises(BatchItemFailed, match="item 0 failed: HTTP 500"):
+        scheduler.run(wf, {"paths": ["/fail/0", "/slow/1", "/slow/2", "/slow/3"]})
+    assert time.monotonic() - began < 5.0
+    svc.wait_for(lambda: len(svc.closed) == 3, 2.0)
+
+
+def test_a_local_cancel_ends_an_items_retry_wait(tmp_path: Path) -> None:
+    """An item that failed to connect waits 60 s before its next attempt (`retry_wait`): a cancel ends that wait."""
+    cancelled = threading.Event()
+    with refused_url() as url:
+        wf = http_batch(url + "?i=", max_retries=2, retry_wait=HELD)
+        timer = threading.Timer(1.0, cancelled.set)  # the first attempt is refused at once: the wait is on
+        timer.start()
+        began = time.monotonic()
+        try:
+            result = scheduler.run(wf, {"items": [0, 1]}, cancelled=cancelled)
+        finally:
+            timer.cancel()
+    assert result.status == "cancelled"
+    assert time.monotonic() - began < 4.0
+
+
+def test_sigint_of_chordflow_run_ends_a_rate_limit_wait(service: tuple[Service, str], tmp_path: Path) -> None:
+    """`chordflow run` of a 6/minute batch, Ctrl-C after two calls: the process ends cancelled within a couple of
+    seconds and makes no call after the signal (before, it waited out its items' admissions: 41.8 s)."""
+    svc, url = service
+    wf = tmp_path / "limited.json"
+    wf.write_text(
+        json.dumps(
+            http_batch(f"{url}/ok/l/", rate_key=f"sigint-{uuid.uuid4().hex[:8]}", parallel=True, max_concurrent=8)
+        )
+    )
+    items = "[" + ",".join(str(i) for i in range(16)) + "]"
+    argv = [sys.executable, "-m", "scheduler.cli", "run", str(wf), "--input", f"items={items}"]
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        svc.wait_for(lambda: svc.count("/ok/l/") >= 2, 60)
+        signalled = time.monotonic()
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=30)
+        ended = time.monotonic() - signalled
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130, err
+    assert "cancelled" in err
+    assert "Traceback" not in err
+    assert ended < 3.0
+    assert [at for at in svc.times("/ok/l/") if at > signalled] == []
