@@ -84,9 +84,11 @@ def current() -> StopSignal | None:
 
 
 @contextlib.contextmanager
-def installed(signal: StopSignal | None) -> Iterator[None]:
-    """Make `signal` the waits' stop while the block runs (threads started with a copy of this context too), and
-    watch its `poll` meanwhile. None: nothing changes."""
+def scope(signal: StopSignal | None) -> Iterator[None]:
+    """A loop's stop: `signal` is the waits' stop while the block runs (threads started with a copy of this context
+    too) and its `poll` is watched meanwhile. Stopped raised in the block ends the block (the item whose wait it
+    ended has no outcome); if the stop came from the loop this one runs inside (a sub-run's batch in an item), it
+    goes on to that loop. None: nothing changes."""
     if signal is None:
         yield
         return
@@ -97,9 +99,13 @@ def installed(signal: StopSignal | None) -> Iterator[None]:
         threading.Thread(target=signal._watch, args=(done,), name="stop-watch", daemon=True).start()
     try:
         yield
+    except Stopped:
+        pass
     finally:
         done.set()
         _current.reset(token)
+    if signal.outer is not None and signal.outer.is_set():
+        raise Stopped
 
 
 def check() -> None:

@@ -167,7 +167,7 @@ def run_items(
         after = [hook for hook in after if id(hook.__self__) not in following]
     check = before[0] if len(before) == 1 else None  # one stop hook (the usual): called as it is
     try:
-        with stopping.installed(stop_of(middleware)):
+        with stopping.scope(stop_of(middleware)):  # a wait the stop ended ends the loop: that item has no outcome
             for index, item in enumerate(items, start):
                 if check is not None:
                     if not check(index):
@@ -193,8 +193,6 @@ def run_items(
                 if outcome.error is not None:
                     for hook in after_failed:
                         hook(outcome)
-    except stopping.Stopped:
-        pass  # the item whose wait the stop ended has no outcome: the chunk ends before it
     finally:
         for m in middleware:
             m.close()
@@ -257,7 +255,7 @@ def run_parallel(
     Items a stop interrupted (Stopped) cut the chunk before the first of them: items after it that ended are
     dropped too (they run again if the batch is resumed), so the chunk stays a prefix.
     """
-    with stopping.installed(stop_of(middleware)):  # before the crew copies the context: its threads see it
+    with stopping.scope(stop_of(middleware)):  # before the crew copies the context: its threads see it
         return _parallel(executor, items, start, middleware, threads)
 
 

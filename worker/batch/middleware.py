@@ -83,7 +83,7 @@ class StopSignals(ItemMiddleware):
         self.lock = threading.Lock()
 
     def before_item(self, index: int) -> bool:
-        return not (self.stopped or self.cancelled.is_set())
+        return not (self.stopped or self.stop.is_set())  # the stop reads the cancel flag and any outer loop's stop
 
     def after_item(self, outcome: ItemOutcome) -> None:
         if outcome.error is None:

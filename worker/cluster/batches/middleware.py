@@ -82,14 +82,15 @@ class StopCheck(ItemMiddleware):
         self.lock = threading.Lock()
 
     def before_item(self, index: int) -> bool:
-        if self.stop.is_set():
+        if self.stop.event.is_set():  # the signal's own flag: nothing outside a worker's chunk sets it
             return False
         now = time.monotonic()
         if now >= self.next_check:
             self.next_check = now + self.interval
             if self.state.should_stop(self.batch):
                 self.stop.set()
-        return not self.stop.is_set()
+                return False
+        return True
 
     def after_item(self, outcome: ItemOutcome) -> None:
         with self.lock:  # threads of a parallel chunk fail at once: count each, set the flag once
