@@ -28,7 +28,7 @@ import scheduler
 from ir.errors import BatchItemFailed
 from scheduler import api
 from scheduler.localcluster import Cluster
-from tests.support.http_server import refused_url, serving
+from tests.support.http_server import serving
 
 #: The bound the spec names: a cancelled cluster run reads `cancelled` this soon after the cancel.
 CANCELLED_WITHIN = 5.0
@@ -41,7 +41,8 @@ INTERVAL = 60 / (PER_MINUTE * 0.95)
 
 class Service:
     """`/ok/<tag>/<i>` answers at once; `/slow/...` holds its answer HELD seconds, or until the client closes the
-    connection (recorded in `closed`); `/fail/...` answers 500 once `fail_after` slow requests have arrived."""
+    connection (recorded in `closed`); `/fail/...` answers 500 once `fail_after` slow requests have arrived;
+    `/busy/...` answers 429 asking for HELD seconds; `/drop/...` closes the connection without an answer."""
 
     def __init__(self, fail_after: int = 0) -> None:
         self.calls: list[tuple[float, str]] = []  # (arrival, path)
@@ -61,6 +62,12 @@ class Service:
                 if self.path.startswith("/slow/"):
                     self.hold()
                     return
+                if self.path.startswith("/drop/"):
+                    self.close_connection = True  # no response at all
+                    return
+                if self.path.startswith("/busy/"):
+                    self.answer(429, {"Retry-After": str(int(HELD))})
+                    return
                 if self.path.startswith("/fail/"):
                     with service.changed:
                         service.changed.wait_for(lambda: service.count("/slow/") >= service.fail_after, HELD)
@@ -78,9 +85,11 @@ class Service:
                         return
                 self.answer(200)
 
-            def answer(self, status: int) -> None:
+            def answer(self, status: int, headers: dict[str, str] | None = None) -> None:
                 body = b'{"ok": true}'
                 self.send_response(status)
+                for name, value in (headers or {}).items():
+                    self.send_header(name, value)
                 self.send_header("Content-Type", "application/json")
                 self.send_header("Content-Length", str(len(body)))
                 self.end_headers()
@@ -192,20 +201,35 @@ def test_a_fail_fast_abort_ends_the_items_waiting_for_their_responses(service: t
     svc.wait_for(lambda: len(svc.closed) == 3, 2.0)
 
 
-def test_a_local_cancel_ends_an_items_retry_wait(tmp_path: Path) -> None:
-    """An item that failed to connect waits 60 s before its next attempt (`retry_wait`): a cancel ends that wait."""
+@pytest.mark.parametrize(
+    ("path", "batch"),
+    [
+        ("/busy/", {}),  # 429 with Retry-After: 60: the backoff wait
+        ("/drop/", {"max_retries": 2, "retry_wait": HELD}),  # no response (raises): the batch's retry pause
+    ],
+)
+def test_a_local_cancel_ends_a_backoff_or_a_retry_wait(
+    service: tuple[Service, str], path: str, batch: dict[str, Any]
+) -> None:
+    """An item told to wait 60 s (a 429's Retry-After, or `retry_wait` after a call that got no response): a cancel
+    ends the wait at once, and no call goes after it."""
+    svc, url = service
     cancelled = threading.Event()
-    with refused_url() as url:
-        wf = http_batch(url + "?i=", max_retries=2, retry_wait=HELD)
-        timer = threading.Timer(1.0, cancelled.set)  # the first attempt is refused at once: the wait is on
-        timer.start()
-        began = time.monotonic()
-        try:
-            result = scheduler.run(wf, {"items": [0, 1]}, cancelled=cancelled)
-        finally:
-            timer.cancel()
+    at: list[float] = []
+
+    def cancel_once_called() -> None:
+        svc.wait_for(lambda: svc.count(path) >= 1, 30)
+        at.append(time.monotonic())
+        cancelled.set()
+
+    canceller = threading.Thread(target=cancel_once_called)
+    canceller.start()
+    result = scheduler.run(http_batch(url + path, **batch), {"items": [0, 1]}, cancelled=cancelled)
+    ended = time.monotonic()
+    canceller.join()
     assert result.status == "cancelled"
-    assert time.monotonic() - began < 4.0
+    assert ended - at[0] < 2.0
+    assert [t for t in svc.times(path) if t > at[0] + 0.5] == []  # a GET that got no response is sent once more
 
 
 def test_sigint_of_chordflow_run_ends_a_rate_limit_wait(service: tuple[Service, str], tmp_path: Path) -> None:
