@@ -9,6 +9,7 @@ its answer and records when the client closed the connection under it."""
 from __future__ import annotations
 
 import json
+import os
 import select
 import signal
 import socket
@@ -230,6 +231,36 @@ def test_a_local_cancel_ends_a_backoff_or_a_retry_wait(
     assert result.status == "cancelled"
     assert ended - at[0] < 2.0
     assert [t for t in svc.times(path) if t > at[0] + 0.5] == []  # a GET that got no response is sent once more
+
+
+def test_a_local_cancel_kills_a_long_shell_command(tmp_path: Path) -> None:
+    """A batch item running `sleep 60` (after writing its pid): a cancel kills the command at once."""
+    cancelled = threading.Event()
+    pid_file = tmp_path / "pid"
+    node = {
+        "id": "cmd",
+        "type": "shell",
+        "params": {"command": 'echo $$ > "$PID"; exec sleep 60', "vars": {"PID": str(pid_file)}},
+        "batch": {"items": "${items}"},
+    }
+
+    def cancel_once_running() -> None:
+        deadline = time.monotonic() + 30
+        while not pid_file.exists() or not pid_file.read_text().strip():
+            assert time.monotonic() < deadline, "the command never started"
+            time.sleep(0.02)
+        cancelled.set()
+
+    canceller = threading.Thread(target=cancel_once_running)
+    canceller.start()
+    began = time.monotonic()
+    result = scheduler.run({"inputs": {"items": {"type": "array"}}, "nodes": [node]}, {"items": [0, 1]},
+                           cancelled=cancelled)  # fmt: skip
+    canceller.join()
+    assert result.status == "cancelled"
+    assert time.monotonic() - began < 5.0
+    with pytest.raises(ProcessLookupError):
+        os.kill(int(pid_file.read_text()), 0)  # the command is gone, not left sleeping
 
 
 def test_sigint_of_chordflow_run_ends_a_rate_limit_wait(service: tuple[Service, str], tmp_path: Path) -> None:
