@@ -30,6 +30,7 @@ from ir.errors import BatchItemFailed
 from scheduler import api
 from scheduler.localcluster import Cluster
 from tests.support.http_server import serving
+from worker.cluster.state.runstate import RunState
 
 #: The bound the spec names: a cancelled cluster run reads `cancelled` this soon after the cancel.
 CANCELLED_WITHIN = 5.0
@@ -144,6 +145,12 @@ def status_within(run_id: str, expected: str, seconds: float) -> float:
     return time.monotonic() - began
 
 
+def permits_held(run_id: str) -> int:
+    """Permits (max_concurrent) the run's batches hold in Redis."""
+    state = RunState(run_id)
+    return sum(state.redis.zcard(key) for key in state.redis.scan_iter(match=state.key("permits:*")))
+
+
 # -- the cluster ---------------------------------------------------------------------------------------------------
 def test_a_cancel_during_a_rate_limit_wait_makes_no_call_after_it_and_frees_the_bucket(
     celery_cluster: Cluster, service: tuple[Service, str]
@@ -156,9 +163,11 @@ def test_a_cancel_during_a_rate_limit_wait_makes_no_call_after_it_and_frees_the_
     wf = http_batch(f"{url}/ok/a/", rate_key=key, parallel=True, max_concurrent=8, error_handling="continue")
     run_id = api.submit(wf, {"items": list(range(24))})
     svc.wait_for(lambda: svc.count("/ok/a/") >= 2, 60)
+    assert permits_held(run_id) > 0  # the items waiting on the bucket hold max_concurrent's permits
     cancelled_at = time.monotonic()
     api.cancel(run_id)
     status_within(run_id, "cancelled", CANCELLED_WITHIN)
+    assert permits_held(run_id) == 0  # the chunks gave them back as they ended
 
     submitted = time.monotonic()
     after = api.submit(http_batch(f"{url}/ok/b/", rate_key=key), {"items": [0]})
