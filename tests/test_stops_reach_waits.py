@@ -180,6 +180,25 @@ def test_a_cancel_during_a_rate_limit_wait_makes_no_call_after_it_and_frees_the_
     assert first_b - submitted <= INTERVAL + 2.0
 
 
+def test_items_a_cancel_interrupted_have_no_outcome_and_run_once_on_resume(
+    celery_cluster: Cluster, service: tuple[Service, str]
+) -> None:
+    """Items given up mid-wait are neither successes nor failures: the resume runs exactly the items that never
+    called, each once, and the batch ends with every item a success. (Sequential chunks: a parallel chunk is cut
+    before its first interrupted item, and items after it that had ended run again.)"""
+    svc, url = service
+    wf = http_batch(f"{url}/ok/r/", rate_key=f"resume-{uuid.uuid4().hex[:8]}", chunk_size=8)
+    wf["nodes"][0]["rate_limit"] = {"key": wf["nodes"][0]["rate_limit"]["key"], "requests_per_second": 2}
+    run_id = api.submit(wf, {"items": list(range(16))})
+    svc.wait_for(lambda: svc.count("/ok/r/") >= 4, 60)
+    api.cancel(run_id)
+    status_within(run_id, "cancelled", CANCELLED_WITHIN)
+    api.resume_cluster(run_id)
+    result = api.wait(run_id, timeout=120)
+    assert result.shared["call"]["success_count"] == 16
+    assert sorted(int(path.rsplit("/", 1)[1]) for _, path in svc.calls) == list(range(16))  # each item called once
+
+
 def test_a_cancel_interrupts_an_item_waiting_for_a_long_response(
     celery_cluster: Cluster, service: tuple[Service, str]
 ) -> None:
