@@ -216,6 +216,26 @@ def test_a_cancel_interrupts_an_item_waiting_for_a_long_response(
     assert sorted(path for _, path in svc.calls) == ["/slow/c/0", "/slow/c/2"]
 
 
+def test_a_fail_fast_abort_on_one_worker_ends_the_other_workers_waiting_item(celery_cluster: Cluster) -> None:
+    """Chunk A's item is held by the server; chunk B's first item fails once A's call is in: the batch's abort
+    reaches A's item within a second, its connection closed, and the run reads failed within 5 s."""
+    svc = Service(fail_after=1)
+    with serving(svc.handler()) as url:
+        try:
+            wf = http_batch(url, items="${paths}", chunk_size=2)
+            wf["inputs"] = {"paths": {"type": "array"}}
+            run_id = api.submit(wf, {"paths": ["/slow/0", "/slow/1", "/fail/2", "/slow/3"]})
+            svc.wait_for(lambda: svc.count("/fail/") == 1, 60)
+            failed_at = time.monotonic()
+            status_within(run_id, "failed", CANCELLED_WITHIN)
+            svc.wait_for(lambda: len(svc.closed) == 1, CANCELLED_WITHIN)
+            assert svc.closed[0] - failed_at < 2.0
+            assert sorted(path for _, path in svc.calls) == ["/fail/2", "/slow/0"]
+            assert "item 2 failed: HTTP 500" in (api.status(run_id).get("error") or "")
+        finally:
+            svc.released.set()
+
+
 # -- this process ------------------------------------------------------------------------------------------------
 def test_a_fail_fast_abort_ends_the_items_waiting_for_their_responses(service: tuple[Service, str]) -> None:
     """Items 1-3 are held by the server; item 0 fails once they are all waiting. The batch ends with item 0's
