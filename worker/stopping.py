@@ -32,6 +32,8 @@ class Stopped(BaseException):
 
 
 class Flag(Protocol):
+    """A flag set elsewhere (threading.Event, a branch's StopFlag)."""
+
     def is_set(self) -> bool: ...
 
 
