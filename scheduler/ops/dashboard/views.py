@@ -42,6 +42,7 @@ class Views:
         self._cache: dict[Any, tuple[float, Any]] = {}
         self._lock = threading.Lock()
         self._usage: OrderedDict[str, tuple[float, dict[str, Any] | None]] = OrderedDict()
+        self._cluster: RunStore | None = None  # the cluster's store, opened once a listed run needs it
 
     def _cached(self, key: Any, build: Callable[[], Any]) -> Any:
         """One build per moment, however many pages follow the same stream."""
@@ -89,9 +90,10 @@ class Views:
             hit = self._usage.get(record.run_id)
         if hit is not None and hit[0] == record.updated:
             return hit[1]
-        if runs is None:
-            local = lookup.local_runs()
-            runs = local if local.get(record.run_id) is not None else lookup.cluster_runs()
+        if runs is None:  # a row of the list: the run is in the local store, else it was listed from Redis
+            runs = lookup.local_runs()
+            if runs.get(record.run_id) is None:
+                runs = self._cluster = self._cluster or lookup.cluster_runs()
         totals = usage.totals(runs.load_key(record.run_id, usage.CALLS))
         with self._lock:
             self._usage[record.run_id] = (record.updated, totals)
