@@ -116,10 +116,11 @@ def scrape_client(url: str) -> redis.Redis:
 class ClusterView:
     """Snapshots of the cluster (see the module docstring); one instance keeps the progress it has read.
 
-    Parameters: the settings (its result backend holds the run state, its broker the queues) and the queues to
-    measure (default: CHORDFLOW_QUEUE)."""
+    Parameters: the settings (its result backend holds the run state, its broker the queues), the queues to
+    measure (default: CHORDFLOW_QUEUE), and whether to count every run's model calls (the metrics' counters) or
+    only the active runs' (what `top` shows)."""
 
-    def __init__(self, s: settings.Settings | None = None, queues: Iterable[str] = ()):
+    def __init__(self, s: settings.Settings | None = None, queues: Iterable[str] = (), every_run: bool = True):
         self.settings = s or settings.load()
         self.redis = scrape_client(self.settings.result_backend)
         self.broker = broker_for(self.settings)
@@ -128,6 +129,7 @@ class ClusterView:
         self._progress: dict[str, StreamProgress] = {}
         self._usage: dict[str, tuple[str, dict[str, Any] | None]] = {}  # run id -> (its `updated`, its llm totals)
         self._llm = usage.ModelCounters()
+        self._every_run = every_run
         self._lock = threading.Lock()
 
     def snapshot(self) -> ClusterSnapshot:
@@ -150,7 +152,7 @@ class ClusterView:
             if values[0] is not None:  # expired since it was indexed
                 records[run_id] = dict(zip(fields, (v.decode() if v is not None else "" for v in values), strict=True))
         self._name_runs([run_id for run_id in records if run_id not in self._names], records)
-        self._read_usage(records)
+        self._read_usage(records if self._every_run else {k: v for k, v in records.items() if v["status"] in ACTIVE})
         counts: Counter[tuple[str, str]] = Counter()
         active = []
         for run_id, record in records.items():

@@ -210,7 +210,7 @@ def keys(stream: object) -> Iterator[Callable[[float], str]]:
 
 def run(interval: float = 1.0, queues: Iterable[str] = ()) -> None:
     """Show the view until `q` (or Ctrl-C); once, when stdout is not a terminal."""
-    view = ClusterView(queues=queues)
+    view = ClusterView(queues=queues, every_run=False)  # model calls of the runs shown only
     source = redact.mask_url(view.settings.result_backend)
     console = Console()
     rates = Rates()
