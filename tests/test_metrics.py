@@ -23,8 +23,9 @@ import redis
 from prometheus_client.parser import text_string_to_metric_families
 
 import scheduler
-from scheduler import durable
+from scheduler import api, durable
 from scheduler.localcluster import Cluster, ManagedProcess, free_port
+from scheduler.ops import usage
 from tests.support import llm_server
 from tests.support.cluster import PLUGINS
 from tests.test_cli import ROOT, run_cli
@@ -252,6 +253,10 @@ def test_a_cluster_runs_model_calls_in_status_results_and_metrics_equal_the_prov
             samples = scrape_until(
                 port, lambda s: value(s, "chordflow_llm_calls_total", model="gpt-test") == 8, "the run's 8 calls"
             )
+            api.purge(run_id)  # gone from Redis, as when its TTL ends: what it cost stays counted
+            gone = scrape_until(
+                port, lambda s: not value(s, "chordflow_runs", status="succeeded", workflow="llm-cost"), "the purge"
+            )
         finally:
             cluster.restore_env(previous)
             cluster.stop()
@@ -271,6 +276,26 @@ def test_a_cluster_runs_model_calls_in_status_results_and_metrics_equal_the_prov
     assert value(samples, "chordflow_llm_tokens_total", model="gpt-test", direction="input") == tokens_in
     assert value(samples, "chordflow_llm_tokens_total", model="gpt-test", direction="output") == tokens_out
     assert value(samples, "chordflow_llm_cost_usd_total", model="gpt-test") == pytest.approx(cost)
+    counters = {k: v for k, v in samples.items() if k[0].startswith("chordflow_llm_")}
+    assert counters and counters == {k: v for k, v in gone.items() if k[0].startswith("chordflow_llm_")}
+
+
+def test_model_call_counters_never_go_down() -> None:
+    """A run rewound (repair, redrive) adds again only past its mark; a run gone keeps what it added."""
+    counters = usage.ModelCounters()
+
+    def seen(run_id: str, calls: int, tokens: int, **more: float) -> dict[str, float]:
+        counts = {"calls": calls, "cached_calls": 0, "input_tokens": tokens, "output_tokens": tokens // 2, **more}
+        counters.see(run_id, {"gpt-test": counts})
+        return counters.totals["gpt-test"]
+
+    assert seen("r1", 3, 30) == {"calls": 3, "cached_calls": 0, "input_tokens": 30, "output_tokens": 15}
+    assert seen("r1", 1, 10)["calls"] == 3  # rewound: nothing taken back
+    assert seen("r1", 4, 40)["input_tokens"] == 40  # past its mark: the difference
+    counters.forget("r1")
+    assert seen("r2", 2, 20, cost_usd=0.5) == {
+        "calls": 6, "cached_calls": 0, "input_tokens": 60, "output_tokens": 30, "cost_usd": 0.5
+    }  # fmt: skip
 
 
 def ops_env() -> dict[str, str]:
