@@ -10,8 +10,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from worker.nodes.llm import usage_totals
-
 #: The store key every model call appends its usage record to.
 CALLS = "__llm_calls__"
 #: The totals a counter is kept of (`cost_usd` only for models with a priced call).
@@ -20,6 +18,10 @@ FIELDS = ("calls", "cached_calls", "input_tokens", "output_tokens", "cost_usd")
 
 def totals(calls: Any) -> dict[str, Any] | None:
     """`usage_totals` of a `__llm_calls__` value (None when the run has no such list)."""
+    if not isinstance(calls, list):
+        return None
+    from worker.nodes.llm import usage_totals  # the engine's nodes (0.2 s): only once a run has model calls
+
     return usage_totals({CALLS: calls})
 
 
@@ -29,7 +31,7 @@ def by_model(calls: Any) -> dict[str, dict[str, Any]]:
     for entry in calls if isinstance(calls, list) else ():
         model = entry.get("model") if isinstance(entry, dict) else None
         groups.setdefault(str(model or "unknown"), []).append(entry)
-    return {model: usage_totals({CALLS: entries}) or {} for model, entries in groups.items()}
+    return {model: totals(entries) or {} for model, entries in groups.items()}
 
 
 class ModelCounters:
