@@ -28,6 +28,10 @@ import pytest
 import scheduler
 from scheduler.localcluster import Cluster, ManagedProcess, free_port
 from scheduler.ops.dashboard import USERS_VARIABLE
+from tests.support import llm_server
+from tests.test_cli import run_cli
+from tests.test_metrics import PRICE, llm_workflow
+from worker.llm import fake
 
 CHROMIUM, CHROMEDRIVER = "/usr/bin/chromium", "/usr/bin/chromedriver"
 USER, PASSWORD = "ops", "s3cret-dashboard"
@@ -255,6 +259,62 @@ def test_page_shows_live_progress_failed_items_and_cancels_a_run(
         assert _done(browser, "slow") < 4000
         assert browser.find_element(By.ID, "cancel").get_attribute("disabled") == "true"
         assert browser.execute_script("return window.loadedOnce === true;")
+
+
+def _usage(driver: Any, selector: str) -> dict[str, float]:
+    """The model-call numbers an element shows (its data-calls, data-input-tokens, ... attributes)."""
+    names = ("calls", "cached-calls", "input-tokens", "output-tokens", "cost-usd")
+    found = {name: _read(driver, selector, f"data-{name}") for name in names}
+    return {name: float(text) for name, text in found.items() if text is not None}
+
+
+def test_the_page_shows_what_a_local_and_a_cluster_runs_model_calls_cost(
+    celery_cluster: Cluster, browser: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    # A local run against the loopback provider, priced: the provider counts what it billed.
+    items = [f"translate item number {i}" for i in range(5)]
+    with llm_server.serving() as provider:
+        for name, setting in llm_server.environment(provider).items():
+            monkeypatch.setenv(name, setting)
+        monkeypatch.setenv("CHORDFLOW_LLM_PRICES", json.dumps({"openai/gpt-test": PRICE}))
+        local = scheduler.run(llm_workflow(), {"items": items}, shared={"__llm_calls__": []}).run_id
+    tokens_in, tokens_out = provider.tokens()
+    cost = (tokens_in * PRICE["input"] + tokens_out * PRICE["output"]) / 1_000_000
+    # A cluster run of the offline model (the suite's workers have no provider keys, nor prices): tokens only.
+    prompts = ["one two three", "four five", "six"]
+    node = {"id": "each", "type": "llm", "params": {"prompt": "${item}", "model": "fake"}, "batch": {"items": "${p}"}}
+    cluster = scheduler.submit({"nodes": [node]}, {"p": prompts, "__llm_calls__": []})
+    assert scheduler.wait(cluster, timeout=120).status == "success"
+    fake_counts = [fake.answer("fake", None, prompt, 1.0)[1:] for prompt in prompts]
+
+    wait = WebDriverWait(browser, 60)
+    with dashboard(tmp_path, {**celery_cluster.env, USERS_VARIABLE: f"{USER}:{PASSWORD}"}) as base:
+        browser.get(base + "/")
+        local_row, cluster_row = (f'#runs tr[data-run="{run_id}"] td.llm' for run_id in (local, cluster))
+        wait.until(lambda d: _usage(d, local_row) and _usage(d, cluster_row))
+        billed = {"calls": 7, "cached-calls": 1, "input-tokens": tokens_in, "output-tokens": tokens_out,
+                  "cost-usd": pytest.approx(cost)}  # fmt: skip
+        assert _usage(browser, local_row) == billed
+        assert _usage(browser, cluster_row) == {
+            "calls": 3, "cached-calls": 0, "input-tokens": sum(i for i, _ in fake_counts),
+            "output-tokens": sum(o for _, o in fake_counts),
+        }  # fmt: skip
+        browser.get(f"{base}/#/run/{local}")
+        wait.until(lambda d: _usage(d, "#run-llm"))
+        assert _usage(browser, "#run-llm") == billed
+        assert f"{tokens_out} output tokens, ${cost:.6f}" in (_read(browser, "#run-llm") or "")
+    assert len(provider.billed()) == 6  # the `again` call was answered from the run's kept answer
+    # What `status` and `results` say of the local run: the same numbers.
+    assert scheduler.status(local)["llm"] == {
+        "calls": 7, "cached_calls": 1, "input_tokens": tokens_in, "output_tokens": tokens_out,
+        "cost_usd": pytest.approx(cost),
+    }  # fmt: skip
+    results = run_cli("results", local)
+    assert results.returncode == 0, results.stderr
+    line = f"llm: 7 calls (1 answered from kept answers), {tokens_in} input tokens, {tokens_out} output tokens"
+    assert f"{line}, ${cost:.4f}" in results.stderr
 
 
 def test_failed_items_are_paged_in_index_order(celery_cluster: Cluster, tmp_path: Path) -> None:

@@ -23,8 +23,10 @@ import redis
 from prometheus_client.parser import text_string_to_metric_families
 
 import scheduler
-from scheduler import durable
+from scheduler import api, durable
 from scheduler.localcluster import Cluster, ManagedProcess, free_port
+from scheduler.ops import usage
+from tests.support import llm_server
 from tests.support.cluster import PLUGINS
 from tests.test_cli import ROOT, run_cli
 
@@ -209,6 +211,91 @@ def test_a_dataset_job_reports_its_records(ops: Ops, tmp_path: Path) -> None:
         "the worker to count the 4 records",
     )
     assert value(worker, "chordflow_chunk_duration_seconds_count", node="records") == 4
+
+
+#: USD per million tokens of the loopback provider's model (CHORDFLOW_LLM_PRICES on the workers).
+PRICE = {"input": 2.0, "output": 10.0}
+
+
+def llm_workflow() -> dict[str, Any]:
+    """A call, a batch of calls over `items` (three chunks), and the first call again (answered from the run's
+    kept answer: a cached call, nothing billed)."""
+    ask = {"id": "intro", "type": "llm", "params": {"prompt": "say hello in French", "model": "openai/gpt-test"}}
+    params = {"prompt": "${item}", "system": "be brief", "model": "openai/gpt-test"}
+    each = {"id": "each", "type": "llm", "params": params, "batch": {"items": "${items}", "chunk_size": 2}}
+    edges = [{"from": "intro", "to": "each"}, {"from": "each", "to": "again"}]
+    return {"name": "llm-cost", "nodes": [ask, each, {**ask, "id": "again"}], "edges": edges}
+
+
+def test_a_cluster_runs_model_calls_in_status_results_and_metrics_equal_the_providers_count(tmp_path: Path) -> None:
+    items = [f"translate item number {i}" for i in range(6)]
+    with llm_server.serving() as provider:
+        provider_env = {
+            **llm_server.environment(provider),
+            "CHORDFLOW_LLM_PRICES": json.dumps({"openai/gpt-test": PRICE}),
+        }
+        cluster = Cluster(tmp_path, plugins=PLUGINS, base_env={**os.environ, **provider_env})
+        previous = cluster.apply_env()
+        try:
+            cluster.start_worker("u1", via="chordflow", pool="prefork", concurrency=2)
+            port = free_port()
+            argv = [sys.executable, "-m", "scheduler.cli", "metrics", "--port", str(port)]
+            cluster.workers["metrics"] = ManagedProcess(
+                argv, tmp_path / "metrics.log", "serving metrics on", env=cluster.env
+            )
+            with pytest.MonkeyPatch.context() as patch:
+                for name, setting in provider_env.items():
+                    patch.setenv(name, setting)  # the client's key: submit checks the model has one
+                run_id = scheduler.submit(llm_workflow(), {"items": items, "__llm_calls__": []})
+                assert scheduler.wait(run_id, timeout=120).status == "success"
+            status = run_cli("status", run_id, "--json", env=cluster.env)
+            results = run_cli("results", run_id, env=cluster.env)
+            samples = scrape_until(
+                port, lambda s: value(s, "chordflow_llm_calls_total", model="gpt-test") == 8, "the run's 8 calls"
+            )
+            api.purge(run_id)  # gone from Redis, as when its TTL ends: what it cost stays counted
+            gone = scrape_until(
+                port, lambda s: not value(s, "chordflow_runs", status="succeeded", workflow="llm-cost"), "the purge"
+            )
+        finally:
+            cluster.restore_env(previous)
+            cluster.stop()
+    tokens_in, tokens_out = provider.tokens()
+    assert len(provider.billed()) == 7  # `again` was not sent
+    cost = (tokens_in * PRICE["input"] + tokens_out * PRICE["output"]) / 1_000_000
+    assert status.returncode == 0, status.stderr
+    llm = json.loads(status.stdout)["llm"]
+    assert llm == {"calls": 8, "cached_calls": 1, "input_tokens": tokens_in, "output_tokens": tokens_out,
+                   "cost_usd": pytest.approx(cost)}  # fmt: skip
+    assert results.returncode == 0, results.stderr
+    assert (
+        f"llm: 8 calls (1 answered from kept answers), {tokens_in} input tokens, {tokens_out} output tokens, "
+        f"${cost:.4f}"
+    ) in results.stderr
+    assert value(samples, "chordflow_llm_cached_calls_total", model="gpt-test") == 1
+    assert value(samples, "chordflow_llm_tokens_total", model="gpt-test", direction="input") == tokens_in
+    assert value(samples, "chordflow_llm_tokens_total", model="gpt-test", direction="output") == tokens_out
+    assert value(samples, "chordflow_llm_cost_usd_total", model="gpt-test") == pytest.approx(cost)
+    counters = {k: v for k, v in samples.items() if k[0].startswith("chordflow_llm_")}
+    assert counters and counters == {k: v for k, v in gone.items() if k[0].startswith("chordflow_llm_")}
+
+
+def test_model_call_counters_never_go_down() -> None:
+    """A run rewound (repair, redrive) adds again only past its mark; a run gone keeps what it added."""
+    counters = usage.ModelCounters()
+
+    def seen(run_id: str, calls: int, tokens: int, **more: float) -> dict[str, float]:
+        counts = {"calls": calls, "cached_calls": 0, "input_tokens": tokens, "output_tokens": tokens // 2, **more}
+        counters.see(run_id, {"gpt-test": counts})
+        return counters.totals["gpt-test"]
+
+    assert seen("r1", 3, 30) == {"calls": 3, "cached_calls": 0, "input_tokens": 30, "output_tokens": 15}
+    assert seen("r1", 1, 10)["calls"] == 3  # rewound: nothing taken back
+    assert seen("r1", 4, 40)["input_tokens"] == 40  # past its mark: the difference
+    counters.forget("r1")
+    assert seen("r2", 2, 20, cost_usd=0.5) == {
+        "calls": 6, "cached_calls": 0, "input_tokens": 60, "output_tokens": 30, "cost_usd": 0.5
+    }  # fmt: skip
 
 
 def ops_env() -> dict[str, str]:

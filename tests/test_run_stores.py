@@ -57,6 +57,14 @@ def test_a_created_run_is_found_with_its_store(runs: RunStore) -> None:
     assert runs.get("nope") is None
 
 
+def test_one_key_of_the_store_is_read_alone(runs: RunStore) -> None:
+    runs.create(record(), {"__llm_calls__": [{"model": "fake", "input_tokens": 3}], "x": 1})
+    runs.checkpoint("r1", 0, step("a", "b", {"x": 2}))
+    assert runs.load_key("r1", "__llm_calls__") == [{"model": "fake", "input_tokens": 3}]
+    assert runs.load_key("r1", "x") == 2  # as checkpointed
+    assert runs.load_key("r1", "nothing") is None and runs.load_key("nope", "x") is None
+
+
 def test_encoded_values_join_the_store_as_given(runs: RunStore) -> None:
     from ir import snapshot
 

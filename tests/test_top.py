@@ -22,6 +22,7 @@ from tests.support.cluster import TEST_BROKER
 from tests.test_cli import ROOT, run_cli
 from tests.test_cli_terminal import ANSI
 from tests.test_metrics import gated_batch
+from worker.llm import fake
 
 
 def read_until(master: int, pattern: re.Pattern[str], timeout: float = 60) -> str:
@@ -100,6 +101,24 @@ def test_top_without_a_terminal_prints_one_view(celery_cluster: Cluster, tmp_pat
         gate.write_text("open")
     assert shown.returncode == 0, shown.stderr
     assert run_id in shown.stdout and "top-once" in shown.stdout
+    assert scheduler.wait(run_id, timeout=60).status == "success"
+
+
+def test_top_shows_what_a_running_runs_model_calls_cost(celery_cluster: Cluster, tmp_path: Path) -> None:
+    """A model call, then the gated batch: while the run waits, its llm column has the call's tokens."""
+    wf, inputs, gate = gated_batch(tmp_path, "top-llm")
+    ask = {"id": "ask", "type": "llm", "params": {"prompt": "one two three", "model": "fake"}}
+    wf = {**wf, "nodes": [ask, *wf["nodes"]], "edges": [{"from": "ask", "to": "b"}]}
+    _, tokens_in, tokens_out = fake.answer("fake", None, "one two three", 1.0)
+    run_id = scheduler.submit(wf, inputs)
+    cell = re.compile(rf"{run_id} .* 1 calls {tokens_in + tokens_out} tok")
+    deadline = time.monotonic() + 60
+    try:
+        while not cell.search((shown := run_cli("top", env={**celery_cluster.env, "COLUMNS": "200"})).stdout):
+            assert shown.returncode == 0, shown.stderr
+            assert time.monotonic() < deadline, f"no {cell.pattern!r} in:\n{shown.stdout}"
+    finally:
+        gate.write_text("open")
     assert scheduler.wait(run_id, timeout=60).status == "success"
 
 

@@ -7,6 +7,9 @@ in-process metrics of a worker (`chordflow worker --metrics-port`).
 - progress of a running run: its progress stream (worker/cluster/state/runstate.py), read from where the last snapshot
   stopped (at most STREAM_ENTRIES entries per run per snapshot), each item outcome counted once per index
   (a redelivered chunk repeats some); a dataset job's record counts (worker/cluster/datasets/);
+- model calls: a run's `__llm_calls__` (one pipelined HGET of that store key per run whose record changed since the
+  last snapshot: a finished run's is read once), summed by model into counters that never go down
+  (scheduler/ops/usage.py);
 - workers: the worker registry (worker/cluster/state/heartbeat.py);
 - the broker: each queue's waiting messages and the age of the next one a worker takes (from the time it was
   sent, `chordflow_sent_at`, stamped by worker/cluster/broker/pool.py), and on Redis the messages delivered and
@@ -35,6 +38,8 @@ from typing import Any
 
 import redis
 
+from ir import snapshot
+from scheduler.ops import usage
 from worker import settings
 from worker.cluster.broker.base import QueueView
 from worker.cluster.broker.pool import SENT_AT_HEADER
@@ -70,6 +75,7 @@ class RunView:
     dataset: bool
     batches: list[BatchProgress] = field(default_factory=list)
     total_known: bool = True  # False while a dataset job's file is still being read
+    llm: dict[str, Any] | None = None  # `usage_totals` of the run's model calls (None: it keeps no `__llm_calls__`)
 
     @property
     def done(self) -> int:
@@ -98,6 +104,7 @@ class ClusterSnapshot:
     queues: list[QueueView]
     unacked: int | None  # None: the broker keeps no such count (not Redis, or no ack emulation)
     workers: dict[str, int]  # hostname -> pool processes
+    llm: dict[str, dict[str, float]] = field(default_factory=dict)  # model -> counters (usage.FIELDS) of every run
 
 
 def scrape_client(url: str) -> redis.Redis:
@@ -109,16 +116,20 @@ def scrape_client(url: str) -> redis.Redis:
 class ClusterView:
     """Snapshots of the cluster (see the module docstring); one instance keeps the progress it has read.
 
-    Parameters: the settings (its result backend holds the run state, its broker the queues) and the queues to
-    measure (default: CHORDFLOW_QUEUE)."""
+    Parameters: the settings (its result backend holds the run state, its broker the queues), the queues to
+    measure (default: CHORDFLOW_QUEUE), and whether to count every run's model calls (the metrics' counters) or
+    only the active runs' (what `top` shows)."""
 
-    def __init__(self, s: settings.Settings | None = None, queues: Iterable[str] = ()):
+    def __init__(self, s: settings.Settings | None = None, queues: Iterable[str] = (), every_run: bool = True):
         self.settings = s or settings.load()
         self.redis = scrape_client(self.settings.result_backend)
         self.broker = broker_for(self.settings)
         self.queues = list(queues) or [self.settings.queue]
         self._names: dict[str, str] = {}  # run id -> workflow name (a run's workflow never changes)
         self._progress: dict[str, StreamProgress] = {}
+        self._usage: dict[str, tuple[str, dict[str, Any] | None]] = {}  # run id -> (its `updated`, its llm totals)
+        self._llm = usage.ModelCounters()
+        self._every_run = every_run
         self._lock = threading.Lock()
 
     def snapshot(self) -> ClusterSnapshot:
@@ -126,7 +137,9 @@ class ClusterView:
             now = time.time()
             runs, active = self._runs()
             broker = self.broker.read_queues(self.queues, now)
-            return ClusterSnapshot(now, runs, active, broker.queues, broker.unacked, heartbeat.pool_sizes(self.redis))
+            llm = {model: dict(counts) for model, counts in self._llm.totals.items()}
+            workers = heartbeat.pool_sizes(self.redis)
+            return ClusterSnapshot(now, runs, active, broker.queues, broker.unacked, workers, llm)
 
     def _runs(self) -> tuple[Counter[tuple[str, str]], list[RunView]]:
         ids = [raw.decode() for raw in self.redis.zrange(RUNS, 0, -1)]
@@ -139,6 +152,7 @@ class ClusterView:
             if values[0] is not None:  # expired since it was indexed
                 records[run_id] = dict(zip(fields, (v.decode() if v is not None else "" for v in values), strict=True))
         self._name_runs([run_id for run_id in records if run_id not in self._names], records)
+        self._read_usage(records if self._every_run else {k: v for k, v in records.items() if v["status"] in ACTIVE})
         counts: Counter[tuple[str, str]] = Counter()
         active = []
         for run_id, record in records.items():
@@ -147,7 +161,7 @@ class ClusterView:
             if record["status"] in ACTIVE:
                 view = RunView(
                     run_id, name, record["status"], record["node"] or None, float(record["created"] or 0),
-                    float(record["updated"] or 0), bool(record["dataset"]),
+                    float(record["updated"] or 0), bool(record["dataset"]), llm=self._usage[run_id][1],
                 )  # fmt: skip
                 active.append(view)
         self._read_progress([v for v in active if v.status == "running"])
@@ -167,6 +181,22 @@ class ClusterView:
             except ValueError:
                 workflow = {}
             self._names[run_id] = str(workflow.get("name") or records[run_id]["source"] or "workflow")
+
+    def _read_usage(self, records: dict[str, dict[str, str]]) -> None:
+        """The model calls of each run whose record changed since the last snapshot (every checkpoint sets its
+        `updated`), into the run's totals and the counters; a run gone from Redis is forgotten (its counts stay)."""
+        seen = {run_id: updated for run_id, (updated, _) in self._usage.items()}
+        changed = [run_id for run_id, record in records.items() if seen.get(run_id) != record["updated"]]
+        pipe = self.redis.pipeline(transaction=False)
+        for run_id in changed:
+            pipe.hget(run_key(run_id, "store"), usage.CALLS)
+        for run_id, blob in zip(changed, pipe.execute() if changed else [], strict=True):
+            calls = snapshot.decode(blob) if blob is not None else None
+            self._usage[run_id] = (records[run_id]["updated"], usage.totals(calls))
+            self._llm.see(run_id, usage.by_model(calls))
+        for gone in set(self._usage) - set(records):
+            del self._usage[gone]
+            self._llm.forget(gone)
 
     def _read_progress(self, running: list[RunView]) -> None:
         batch_runs = [v for v in running if not v.dataset]
@@ -272,11 +302,42 @@ class ClusterCollector:
             )
             in_flight.add_metric([], snap.unacked)
             yield in_flight
+        yield from _llm_metrics(snap.llm)
         workers = GaugeMetricFamily("chordflow_workers", "Workers in the registry (alive: heartbeat within its TTL).")
         workers.add_metric([], len(snap.workers))
         processes = GaugeMetricFamily("chordflow_worker_processes", "Pool processes of the registered workers.")
         processes.add_metric([], sum(snap.workers.values()))
         yield from (workers, processes)
+
+
+def _llm_metrics(counters: dict[str, dict[str, float]]) -> Iterator[Any]:
+    """The model calls of cluster runs by model (`__llm_calls__`, what `status` sums per run), as counters."""
+    from prometheus_client.core import CounterMetricFamily
+
+    calls = CounterMetricFamily(
+        "chordflow_llm_calls", "Model calls (llm nodes' requests, answered or reused) of cluster runs, by model.",
+        labels=["model"],
+    )  # fmt: skip
+    cached = CounterMetricFamily(
+        "chordflow_llm_cached_calls", "Model calls answered by an answer already paid for (nothing billed), by model.",
+        labels=["model"],
+    )  # fmt: skip
+    tokens = CounterMetricFamily(
+        "chordflow_llm_tokens", "Tokens the providers billed for cluster runs' model calls, by model and direction.",
+        labels=["model", "direction"],
+    )  # fmt: skip
+    cost = CounterMetricFamily(
+        "chordflow_llm_cost_usd", "USD of cluster runs' model calls, by model: only models priced in "
+        "CHORDFLOW_LLM_PRICES.", labels=["model"],
+    )  # fmt: skip
+    for model, counts in sorted(counters.items()):
+        calls.add_metric([model], counts["calls"])
+        cached.add_metric([model], counts["cached_calls"])
+        tokens.add_metric([model, "input"], counts["input_tokens"])
+        tokens.add_metric([model, "output"], counts["output_tokens"])
+        if "cost_usd" in counts:
+            cost.add_metric([model], counts["cost_usd"])
+    yield from (calls, cached, tokens, cost)
 
 
 def serve_cluster_metrics(port: int, address: str, queues: Iterable[str] = ()) -> Any:

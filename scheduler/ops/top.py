@@ -1,9 +1,11 @@
 """`chordflow top`: a live terminal view of the cluster, refreshed every second until `q`.
 
 Active runs (queued and running) with their batch going on — a progress bar, items with an outcome of the
-batch's items, items/s over the last RATE_WINDOW seconds, ETA, failed items — then the workers in the registry
-(pool processes) and the queues (waiting messages, the age of the next one, chunks in flight). Everything comes
-from one `ClusterView` snapshot per refresh (scheduler/ops/metrics.py), the same numbers `chordflow metrics` serves.
+batch's items, items/s over the last RATE_WINDOW seconds, ETA, failed items, and what its model calls cost so far
+(calls, tokens in+out, USD when priced: scheduler/ops/usage.py, where the terminal has room) — then the workers
+in the registry (pool processes) and the queues (waiting messages, the age of the next one, chunks in flight).
+Everything comes from one `ClusterView` snapshot per refresh (scheduler/ops/metrics.py), the same numbers
+`chordflow metrics` serves.
 
 Keys are read from the terminal in cbreak mode (one key at a time, no echo; Ctrl-C still works), and the
 terminal's mode is restored however top ends. Not on a terminal, top prints one view and exits (1 when Redis
@@ -21,6 +23,7 @@ import time
 import tty
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
+from typing import Any
 
 from rich.console import Console, Group
 from rich.live import Live
@@ -74,8 +77,8 @@ def duration(seconds: float | None) -> str:
 
 
 #: The runs table's columns; a narrow terminal drops them in DROPPED_FIRST's order, never the run's whole id.
-RUN_COLUMNS = ("run", "workflow", "status", "node", "progress", "items", "items/s", "ETA", "failed")
-DROPPED_FIRST = ("workflow", "node", "items/s", "ETA")
+RUN_COLUMNS = ("run", "workflow", "status", "node", "progress", "items", "items/s", "ETA", "failed", "llm")
+DROPPED_FIRST = ("llm", "workflow", "node", "items/s", "ETA")
 #: The progress bar's width: at most WIDEST, narrowed down to NARROWEST to leave room for the other columns.
 WIDEST_BAR, NARROWEST_BAR = 24, 8
 #: Screen lines the runs table may not take (the header, the table's frame, the workers' table, the cluster line).
@@ -131,7 +134,16 @@ def _run_row(view: RunView, rate: float | None) -> list[str | Text | ProgressBar
     node = batch.node if batch is not None else view.node or "-"
     failed = Text(str(view.failed), style="bold red" if view.failed else "")
     speed = f"{rate:.1f}" if rate is not None else "-"
-    return [view.run_id, Text(view.workflow), view.status, Text(node), bar, items, speed, duration(eta), failed]
+    return [view.run_id, Text(view.workflow), view.status, Text(node), bar, items, speed, duration(eta), failed,
+            llm_cell(view.llm)]  # fmt: skip
+
+
+def llm_cell(totals: dict[str, Any] | None) -> str:
+    """A run's model calls in a few characters: `12 calls 3400 tok $0.0021` (`-` when it keeps none)."""
+    if totals is None:
+        return "-"
+    cost = f" ${totals['cost_usd']:.4f}" if "cost_usd" in totals else ""
+    return f"{totals['calls']} calls {totals['input_tokens'] + totals['output_tokens']} tok{cost}"
 
 
 def _workers_table(snap: ClusterSnapshot) -> Table:
@@ -198,7 +210,7 @@ def keys(stream: object) -> Iterator[Callable[[float], str]]:
 
 def run(interval: float = 1.0, queues: Iterable[str] = ()) -> None:
     """Show the view until `q` (or Ctrl-C); once, when stdout is not a terminal."""
-    view = ClusterView(queues=queues)
+    view = ClusterView(queues=queues, every_run=False)  # model calls of the runs shown only
     source = redact.mask_url(view.settings.result_backend)
     console = Console()
     rates = Rates()

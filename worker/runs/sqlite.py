@@ -281,6 +281,11 @@ class LocalRuns:
             store[key] = snapshot.decode(value)
         return store
 
+    def load_key(self, run_id: str, key: str) -> Any:
+        with self.lock:
+            row = self.db.execute("SELECT value FROM store WHERE run_id = ? AND key = ?", (run_id, key)).fetchone()
+        return None if row is None or row[0] is None else snapshot.decode(row[0])
+
     def trail(self, run_id: str) -> list[str]:
         """The nodes completed so far, in step order."""
         with self.lock:

@@ -83,6 +83,11 @@ class RunStore(Protocol):
 
     def load_store(self, run_id: str) -> dict[str, Any]: ...
 
+    def load_key(self, run_id: str, key: str) -> Any:
+        """One top-level key of the run's store (None when it has none), read without the rest: the dashboard's
+        `__llm_calls__` of each run it lists."""
+        ...
+
     def trail(self, run_id: str) -> list[str]:
         """The nodes completed so far, in step order."""
         ...

@@ -38,13 +38,14 @@ HTML = """<!doctype html>
 <main id="runs-view">
   <table id="runs">
     <thead><tr><th>run</th><th>workflow</th><th>priority</th><th>status</th><th>progress</th><th>rate</th><th>ETA</th>
-      <th>started</th><th>duration</th></tr></thead>
+      <th>started</th><th>duration</th><th>llm</th></tr></thead>
     <tbody></tbody>
   </table>
 </main>
 <main id="run-view" hidden>
   <h2>run <span id="run-id"></span> <span id="run-status" class="status"></span></h2>
   <div class="meta" id="run-meta"></div>
+  <div class="meta" id="run-llm"></div>
   <div class="error" id="run-error"></div>
   <div class="actions">
     <button id="cancel">Cancel</button><button id="resume">Resume</button><button id="redrive">Redrive</button>
@@ -99,6 +100,19 @@ function progressCell(r) {
   if (r.failed) cell.append(el("span", {class: "failed"}, ` (${r.failed} failed)`));
   return cell;
 }
+function llmText(u) {  // a run's model calls: what `chordflow status` prints on its llm line
+  if (!u) return "-";
+  const cost = u.cost_usd === undefined ? "" : `, $${u.cost_usd.toFixed(6)}`;
+  return `${u.calls} calls (${u.cached_calls} cached), ${u.input_tokens} input tokens, `
+    + `${u.output_tokens} output tokens${cost}`;
+}
+function withUsage(node, u) {  // the numbers as data-calls, data-input-tokens, ... too
+  for (const k of ["calls", "cached_calls", "input_tokens", "output_tokens", "cost_usd"]) {
+    if (u && u[k] !== undefined) node.setAttribute("data-" + k.replaceAll("_", "-"), u[k]);
+    else node.removeAttribute("data-" + k.replaceAll("_", "-"));
+  }
+  return node;
+}
 function listen(path, onData) {
   if (source) source.close();
   source = new EventSource(url(path));
@@ -123,7 +137,8 @@ function showRuns() {
         el("td", {}, r.workflow), el("td", {class: "priority"}, r.priority),
         el("td", {class: "status " + r.status}, r.status), progressCell(r),
         el("td", {}, r.rate ? r.rate.toFixed(1) + "/s" : "-"), el("td", {}, seconds(r.eta_s)),
-        el("td", {}, new Date(r.created * 1000).toLocaleString()), el("td", {}, seconds(r.duration)));
+        el("td", {}, new Date(r.created * 1000).toLocaleString()), el("td", {}, seconds(r.duration)),
+        withUsage(el("td", {class: "llm"}, llmText(r.llm)), r.llm));
       row.onclick = () => { location.hash = "#/run/" + encodeURIComponent(r.run_id); };
       return row;
     }));
@@ -147,6 +162,7 @@ function renderRun(data) {
     + `${r.done}/${total} items · ${r.failed} failed · `
     + `${r.rate ? r.rate.toFixed(1) + "/s" : "-"} · ETA ${seconds(r.eta_s)} · started `
     + `${new Date(r.created * 1000).toLocaleString()} · ${seconds(r.duration)}`;
+  withUsage($("run-llm"), r.llm).textContent = r.llm ? "llm: " + llmText(r.llm) : "";
   $("run-error").textContent = r.error || "";
   const final = ["succeeded", "failed", "cancelled"].includes(r.status);
   $("cancel").disabled = final || r.backend !== "celery";

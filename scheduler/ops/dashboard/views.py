@@ -2,7 +2,9 @@
 
 Built from the same reads as the CLI: `lookup.recent` lists runs from both stores, `lookup.find_run`
 opens one. A run record's `batches` hold a batch's counts once it ended; a running cluster batch's come
-from its progress stream (live.py); a dataset job's `records` counts come from its chunk store.
+from its progress stream (live.py); a dataset job's `records` counts come from its chunk store. A run's `llm` (its
+model calls: calls, cached calls, tokens, USD when priced) is `usage_totals` of its `__llm_calls__`, as `status`
+shows it, read again only when the run changed (its record's `updated`).
 """
 
 from __future__ import annotations
@@ -11,17 +13,22 @@ import contextlib
 import itertools
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
 
 from scheduler import lookup
+from scheduler.ops import usage
 from scheduler.ops.dashboard.live import LiveProgress
 from worker.runs.record import FINAL, RunRecord
+from worker.runs.store import RunStore
 
 #: Seconds between two messages of an event stream.
 REFRESH_SECONDS = 1.0
 #: Runs in the list, and failed items per page (at most MAX_PAGE).
 RUNS_LIMIT, FAILED_PAGE, MAX_FAILED_PAGE = 50, 50, 500
+#: Runs whose model-call totals are remembered (a few pages of lists).
+USAGE_KEPT = 1024
 #: Longest error text sent for one failed item.
 ERROR_CHARS = 2000
 
@@ -34,6 +41,8 @@ class Views:
         self.cache_seconds = cache_seconds
         self._cache: dict[Any, tuple[float, Any]] = {}
         self._lock = threading.Lock()
+        self._usage: OrderedDict[str, tuple[float, dict[str, Any] | None]] = OrderedDict()
+        self._cluster: RunStore | None = None  # the cluster's store, opened once a listed run needs it
 
     def _cached(self, key: Any, build: Callable[[], Any]) -> Any:
         """One build per moment, however many pages follow the same stream."""
@@ -60,7 +69,7 @@ class Views:
 
     def _run(self, run_id: str) -> dict[str, Any]:
         record, runs = lookup.find_run(run_id)
-        summary, batches = self._summary(record, follow=True)
+        summary, batches = self._summary(record, follow=True, runs=runs)
         trail = set(runs.trail(run_id))
         nodes = []
         for spec in record.workflow.get("nodes", []):
@@ -75,8 +84,28 @@ class Views:
             )  # fmt: skip
         return {"run": summary, "nodes": nodes, "at": time.time()}
 
-    def _summary(self, record: RunRecord, follow: bool = False) -> tuple[dict[str, Any], dict[str, Any]]:
-        """(the run's row: status, progress, rate, ETA, ...; its batches by node)."""
+    def _llm(self, record: RunRecord, runs: RunStore | None) -> dict[str, Any] | None:
+        """The run's model-call totals: its `__llm_calls__` read once per change of the run (not per refresh)."""
+        with self._lock:
+            hit = self._usage.get(record.run_id)
+        if hit is not None and hit[0] == record.updated:
+            return hit[1]
+        if runs is None:  # a row of the list: the run is in the local store, else it was listed from Redis
+            runs = lookup.local_runs()
+            if runs.get(record.run_id) is None:
+                runs = self._cluster = self._cluster or lookup.cluster_runs()
+        totals = usage.totals(runs.load_key(record.run_id, usage.CALLS))
+        with self._lock:
+            self._usage[record.run_id] = (record.updated, totals)
+            self._usage.move_to_end(record.run_id)
+            while len(self._usage) > USAGE_KEPT:
+                self._usage.popitem(last=False)
+        return totals
+
+    def _summary(
+        self, record: RunRecord, follow: bool = False, runs: RunStore | None = None
+    ) -> tuple[dict[str, Any], dict[str, Any]]:
+        """(the run's row: status, progress, rate, ETA, model calls, ...; its batches by node)."""
         from scheduler.datasets import reading
 
         running = record.status not in FINAL
@@ -86,6 +115,7 @@ class Views:
             "node": record.node, "steps": record.step, "error": record.error, "created": record.created,
             "duration": max(0.0, ended - record.created), "dataset": record.dataset is not None,
             "rate": None, "eta_s": None, "priority": record.priority,
+            "llm": None if record.dataset is not None else self._llm(record, runs),
         }  # fmt: skip
         batches: dict[str, Any] = dict(record.batches)
         if record.dataset is not None:

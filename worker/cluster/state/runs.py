@@ -242,6 +242,10 @@ class ClusterRuns:
     def load_store(self, run_id: str) -> dict[str, Any]:
         return {k.decode(): snapshot.decode(v) for k, v in self.redis.hgetall(run_key(run_id, "store")).items()}
 
+    def load_key(self, run_id: str, key: str) -> Any:
+        blob = self.redis.hget(run_key(run_id, "store"), key)
+        return None if blob is None else snapshot.decode(blob)
+
     def trail(self, run_id: str) -> list[str]:
         return [n.decode() for n in self.redis.lrange(run_key(run_id, "trail"), 0, -1)]
 
