@@ -26,6 +26,7 @@ from worker.engine.loader import load, source_of
 from worker.engine.sections import StoredBranches
 from worker.engine.stepper import ThreadedSections, batch_nodes, drive, ending
 from worker.engine.steps import Cursor
+from worker.llm import usage
 from worker.llm.budget import local_budget
 from worker.nodes.llm import usage_totals
 from worker.runs.record import RECORD_STATUS, RunRecord, RunResult, StepJournal, new_run_id, resume_refusal
@@ -55,6 +56,7 @@ def run(
     store = shared if shared is not None else {}
     wf = load(workflow, [*(inputs or {}), *store])  # what the run is given is a known input
     apply_inputs(wf, store, inputs)
+    usage.start_list(wf, store)
     flow = compile(wf)
     if options:
         warnings.warn(f"scheduler.run: ignoring unknown options {sorted(options)}", stacklevel=2)

@@ -31,6 +31,7 @@ from worker.cluster.state import idempotency
 from worker.cluster.state.runstate import RunState
 from worker.engine.flow import build_flow
 from worker.engine.loader import load, source_of
+from worker.llm import usage
 from worker.runs.record import FINAL, RunRecord, new_run_id, resume_refusal
 from worker.runs.redrive import redrive_batch
 from worker.runs.resume_point import go_on_under
@@ -75,6 +76,7 @@ def submit(
     wf = load(workflow, [*(inputs or {}), *from_file])  # what the run is given is a known input
     store: dict[str, Any] = {}
     apply_inputs(wf, store, inputs, encoded=from_file)
+    usage.start_list(wf, store)
     # A client without the key fails before it records anything; with it, the run's workflow is recorded signed.
     runs = cluster_runs(signing.publishing_signer(current_app()))
     run_id = run_id or new_run_id()

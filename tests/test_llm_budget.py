@@ -73,10 +73,11 @@ def test_the_cli_flags_set_the_budget(provider: Provider, tmp_path: Path) -> Non
 
 
 def test_a_cluster_run_stops_at_its_budget_on_every_worker_and_resumes_after_an_update(tmp_path: Path) -> None:
-    # 60 items in chunks of 10 on two workers, a budget of 100 tokens: at most 100 + the reservations of the two
-    # calls in flight are billed before the run fails. `update --budget-tokens` and `resume` finish it, every
-    # prompt billed once.
-    with llm_server.serving() as provider:
+    # 60 items in chunks of 10 on two workers, answers of 100 ms (a fast model), a budget of 100 tokens: at most
+    # 100 + the reservations of the two calls in flight are billed before the run fails. `update --budget-tokens`
+    # and `resume` at once finish it, every prompt billed once but for the item the other worker's chunk had in
+    # flight (a chunk of the plan a resume replaces stops before its next item).
+    with llm_server.serving(Provider(delay=0.1)) as provider:
         env = {**os.environ, **llm_server.environment(provider)}
         env.pop("CHORDFLOW_LLM_MODEL", None)
         cluster = Cluster(tmp_path, plugins=PLUGINS, base_env=env)
@@ -103,5 +104,5 @@ def test_a_cluster_run_stops_at_its_budget_on_every_worker_and_resumes_after_an_
     assert [r["response"] for r in done.shared["ask"]["results"]] == [f"echo: {p}" for p in prompts(60)]
     counts = asked(provider)
     assert set(counts) == set(prompts(60)) and max(counts.values()) <= 2, counts
-    assert counts.total() <= 61, counts  # at most the one item a stopped chunk had in flight when the run resumed
+    assert counts.total() <= 62, counts  # at most one item per worker in flight when the run resumed
     print(f"budget 100: {billed} tokens billed before the run failed; {sum(provider.tokens())} in all after resume")

@@ -377,3 +377,11 @@ def test_status_and_results_show_the_token_totals() -> None:
     shown = cli("results", result.run_id)
     assert json.loads(shown.stdout) == {"answer": result.shared["two"]["response"]}  # stdout: the outputs only
     assert shown.stderr.strip() == line
+
+
+def test_a_run_with_llm_nodes_starts_its_calls_list_so_batches_record_every_call(backend: str) -> None:
+    workflow = {"nodes": [{"id": "each", "type": "llm", "params": {"prompt": "${item}", "model": "fake"},
+                           "batch": {"items": "${prompts}"}}]}  # fmt: skip
+    result = scheduler.run(workflow, {"prompts": ["a", "bb", "ccc"]}, backend=backend)  # no __llm_calls__ given
+    assert [c["prompt_chars"] for c in result.shared["__llm_calls__"]] == [1, 2, 3]
+    assert usage_totals(result.shared)["calls"] == 3

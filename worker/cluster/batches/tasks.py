@@ -91,7 +91,6 @@ def run_chunk(self: Any, job: dict[str, Any]) -> str:
     claimed: the window never loses a chunk to a SIGKILL between its two steps."""
     began = time.monotonic()
     state = RunState(job["run"])
-    state.plan = job["plan"]  # its stop checks see a resume that planned the batch again
     window = BatchWindow(state, job["batch"], job["plan"])
     if not window.begin(job["start"], self.request.id or "called directly"):
         return "duplicate"  # another message of this chunk began first (a copy), or the batch was planned again

@@ -12,7 +12,6 @@ raises RunPurged for it, and the scripts that write progress (publish, permits, 
 from __future__ import annotations
 
 import hashlib
-import re
 import time
 from functools import cache
 from pathlib import Path
@@ -29,8 +28,6 @@ from worker.cluster.state import connection
 from worker.cluster.state.keys import purged_key, run_prefix
 
 _LUA = Path(__file__).with_name("lua")
-#: A batch window's own key, `cf:{<run>}:win:<batch>` (not one of its `:todo`, `:pending`... keys).
-WINDOW = re.compile(r"cf:\{[^}]*\}:win:[^:]+")
 
 
 @cache
@@ -70,7 +67,7 @@ class RunState:
         self.ttl = ttl or settings.load().run_ttl
         self.prefix = run_prefix(run_id)
         self.tombstone = purged_key(run_id)
-        self.plan: str | None = None  # the batch plan this process runs a chunk of: a resume stops earlier plans
+        self.began: float | None = None  # when this process's chunk began, by Redis's clock: a later resume stops it
         self.purged = False  # the tombstone was seen: the run was purged while this process held some of it
         self._acquire = self.redis.register_script(_script_source("acquire_permit"))
         self._keep = self.redis.register_script(_script_source("keep_permits"))
@@ -105,20 +102,17 @@ class RunState:
         return bool(self.redis.set(self.key(f"dispatched:{batch}"), 1, nx=True, ex=self.ttl))
 
     def clear_stops(self) -> None:
-        """Before a resume: no cancel flag, abort flag, dispatch mark, failure count or stored result stays; the
-        plans of the run's batch windows are stopped for good (`stopped:<plan>`), so a chunk of one still finishing
-        an item, which has not seen the flags cleared here, stops before its next item instead of running items the
-        resumed plan runs too (and paying for a model call twice)."""
+        """Before a resume: no cancel flag, abort flag, dispatch mark, failure count or stored result stays; and
+        `resumed` says when, by Redis's clock: a chunk that began before it (still finishing an item, it has not seen
+        the flags it stopped for, cleared here) stops before its next item instead of running items the resumed
+        plan runs too (and paying for a model call twice)."""
         stale = [self.key("cancel")]
         for pattern in ("abort:*", "dispatched:*", "result:*", "failed:*", "win:*"):
             stale.extend(self.redis.scan_iter(match=self.key(pattern), count=1000))
-        windows = [k for k in stale if WINDOW.fullmatch(k.decode() if isinstance(k, bytes) else k)]
-        plans = [p for p in (self.redis.hget(k, "id") for k in windows) if p is not None]  # each window's plan
+        seconds, micros = self.redis.time()
         pipe = self.redis.pipeline(transaction=False)
-        for plan in plans:
-            pipe.set(self.key(f"stopped:{plan.decode()}"), 1, ex=self.ttl)
-        if stale:
-            pipe.delete(*stale)
+        pipe.set(self.key("resumed"), f"{seconds}.{micros:06d}", ex=self.ttl)
+        pipe.delete(*stale)
         pipe.execute()
 
     def set_batch_total(self, batch: str, total: int) -> None:
@@ -131,7 +125,7 @@ class RunState:
 
     def _stops(self, batch: str) -> list[str]:
         stops = [self.key("cancel"), self.key(f"abort:{batch}"), self.tombstone]
-        return [*stops, self.key(f"stopped:{self.plan}")] if self.plan else stops
+        return [*stops, self.key("resumed")] if self.began is not None else stops
 
     def should_stop(self, batch: str) -> bool:
         """The run cancelled, the batch aborted, or the run purged (then `purged` is set too): one round trip."""
@@ -139,7 +133,10 @@ class RunState:
 
     def _stopped(self, flags: list[bytes | None]) -> bool:
         self.purged = self.purged or flags[2] is not None
-        return self.purged or any(flag is not None for flag in flags)
+        if self.purged or any(flag is not None for flag in flags[:3]):
+            return True
+        resumed = flags[3] if len(flags) > 3 else None  # a resume after this chunk began: it planned the batch again
+        return resumed is not None and self.began is not None and float(resumed) > self.began
 
     def overrides(self) -> dict[str, Any]:
         """The limits `chordflow update` changed (worker/batch/overrides.py), typed; empty when none."""
@@ -147,11 +144,14 @@ class RunState:
 
     def chunk_start(self, batch: str) -> tuple[bool, dict[str, Any]]:
         """What a chunk reads as it starts, in one round trip: whether to stop at once (`should_stop`) and the
-        run's overrides (its limits as `chordflow update` left them)."""
+        run's overrides (its limits as `chordflow update` left them); and when it began, by Redis's clock (`began`:
+        a resume after that stops it)."""
         pipe = self.redis.pipeline(transaction=False)
         pipe.mget(self._stops(batch))
         pipe.hgetall(self.key("overrides"))
-        flags, raw = pipe.execute()
+        pipe.time()
+        flags, raw, (seconds, micros) = pipe.execute()
+        self.began = seconds + micros / 1_000_000
         return self._stopped(flags), overrides.parse(raw)
 
     # -- progress ---------------------------------------------------------------------------
