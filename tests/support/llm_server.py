@@ -13,14 +13,21 @@ a tool whose `input_schema` is the schema, forced by `tool_choice`), is answered
 valid for the schema (worker/llm/fake.py `data`, from the chat's first message: its string fields carry it), except
 for the first `invalid(first message)` answers of a chat (counted by the assistant turns already in it): their
 first typed property has a value of another type — or, with `prose` (OpenAI only), they are not JSON at all.
+
+For the LLM bench (bench/llm.py): `answer_words(last message)` sets how many words a chat's answer has (the echo
+padded), so output lengths vary per prompt and no client knows them before the answer; `tokens_per_minute` is a
+quota over a sliding minute of billed tokens: a request whose tokens (input and output) would take the last 60 s
+past it is answered 429 with Retry-After, the seconds until enough of that minute's tokens have aged out.
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
+import math
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler
@@ -50,6 +57,9 @@ class Provider:
     prose: bool = False  # OpenAI: those invalid answers are prose, not JSON
     requests: list[tuple[str, str, int]] = field(default_factory=list)
     bodies: list[dict[str, Any]] = field(default_factory=list)
+    answer_words: Callable[[str], int] | None = None  # the answer's length in words, by the chat's last message
+    tokens_per_minute: int = 0  # a quota over a sliding minute (0: none)
+    billed_at: deque[tuple[float, int]] = field(default_factory=deque)  # (monotonic time, tokens) within the minute
     input_tokens: int = 0
     output_tokens: int = 0
     lock: threading.Lock = field(default_factory=threading.Lock)
@@ -59,6 +69,25 @@ class Provider:
         """The requests answered 200: what a provider bills."""
         with self.lock:
             return [r for r in self.requests if r[2] == 200]
+
+    def over_quota(self, tokens: int) -> float | None:
+        """Seconds until `tokens` more fit the quota's sliding minute, or None when they fit now (then they are
+        counted in it). Call with `lock` held."""
+        if not self.tokens_per_minute:
+            return None
+        now = time.monotonic()
+        while self.billed_at and self.billed_at[0][0] <= now - 60.0:
+            self.billed_at.popleft()
+        total = sum(spent for _, spent in self.billed_at)
+        if total + tokens <= self.tokens_per_minute or not self.billed_at:  # one request above the quota: alone
+            self.billed_at.append((now, tokens))
+            return None
+        excess, wait = total + tokens - self.tokens_per_minute, 0.0
+        for at, spent in self.billed_at:  # the oldest tokens age out first
+            excess, wait = excess - spent, at + 60.0 - now
+            if excess <= 0:
+                break
+        return max(wait, 0.001)
 
     def tokens(self) -> tuple[int, int]:
         """(input, output) tokens billed in all."""
@@ -95,6 +124,7 @@ def handler(provider: Provider) -> type[BaseHTTPRequestHandler]:
                     provider.throttle -= 1
                 elif throttled:
                     provider.throttle_again -= 1
+            wait = 0.0  # seconds a 429 over the quota asks to wait (else `retry_after`)
             if not authorized:
                 status, payload = 401, error(protocol, "authentication_error", "invalid api key")
             elif model not in provider.models:
@@ -102,46 +132,55 @@ def handler(provider: Provider) -> type[BaseHTTPRequestHandler]:
             elif throttled:
                 status, payload = 429, error(protocol, "rate_limit_error", "rate limited: slow down")
             else:
-                status, payload = 200, self.chat(protocol, model, body)
+                status, payload, wait = self.chat(protocol, model, body)
             with provider.lock:
                 provider.requests.append((protocol, model, status))
-            headers = {"retry-after": str(provider.retry_after)} if status == 429 else {}
+            headers = {"retry-after": f"{wait or provider.retry_after:g}"} if status == 429 else {}
             self.send_json(status, payload, headers)
 
-        def chat(self, protocol: str, model: str, body: dict[str, Any]) -> dict[str, Any]:
-            if provider.delay:
-                time.sleep(provider.delay)  # the model's answer time
+        def chat(self, protocol: str, model: str, body: dict[str, Any]) -> tuple[int, dict[str, Any], float]:
+            """(status, payload, seconds to ask again after a 429 over the quota, else 0)."""
             messages = body.get("messages") or []
-            if messages and messages[-1].get("content") in provider.held:
-                provider.release.wait(60)
             schema, tool = requested_schema(protocol, body)
             value = None if schema is None else structured(provider, schema, messages)
             if schema is None or isinstance(value, str):
                 text = value or "echo: " + str(messages[-1]["content"] if messages else "")
+                if provider.answer_words is not None and schema is None:
+                    words = provider.answer_words(str(messages[-1]["content"] if messages else ""))
+                    text = " ".join([text, *["lorem"] * (words - _words(text))])
             else:
                 text = json.dumps(value)
             system = body.get("system") if protocol == "anthropic" else None
             tokens_in = sum(_words(m.get("content")) for m in messages) + _words(system)
             tokens_out = _words(text)
             with provider.lock:
+                wait = provider.over_quota(tokens_in + tokens_out)
+            if wait is not None:
+                over = error(protocol, "rate_limit_error", "tokens per minute exceeded")
+                return 429, over, math.ceil(wait * 1000) / 1000
+            if provider.delay:
+                time.sleep(provider.delay)  # the model's answer time
+            if messages and messages[-1].get("content") in provider.held:
+                provider.release.wait(60)
+            with provider.lock:
                 provider.input_tokens += tokens_in
                 provider.output_tokens += tokens_out
             if protocol == "openai":
-                return {
+                return 200, {
                     "id": "chatcmpl-loopback", "object": "chat.completion", "created": int(time.time()), "model": model,
                     "choices": [{"index": 0, "finish_reason": "stop",
                                  "message": {"role": "assistant", "content": text}}],
                     "usage": {"prompt_tokens": tokens_in, "completion_tokens": tokens_out,
                               "total_tokens": tokens_in + tokens_out},
-                }  # fmt: skip
-            return {
+                }, 0.0  # fmt: skip
+            return 200, {
                 "id": "msg_loopback", "type": "message", "role": "assistant", "model": model,
                 "content": [{"type": "text", "text": text}], "stop_reason": "end_turn", "stop_sequence": None,
                 "usage": {"input_tokens": tokens_in, "output_tokens": tokens_out},
             } | ({} if tool is None else {
                 "content": [{"type": "tool_use", "id": "toolu_loopback", "name": tool, "input": value}],
                 "stop_reason": "tool_use",
-            })  # fmt: skip
+            }), 0.0  # fmt: skip
 
         def send_json(self, status: int, payload: dict[str, Any], headers: dict[str, str] | None = None) -> None:
             data = json.dumps(payload).encode()
