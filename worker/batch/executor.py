@@ -7,13 +7,15 @@ runs a contiguous slice through it and collects the outcomes into a columnar Chu
 (progress, stops, permits) hangs on the loop as ItemMiddleware (worker/batch/middleware.py). With `batch.parallel`,
 `run_parallel` runs the slice on threads instead, with the same outcome. The local backend and the Celery chunk task
 both call `run_slice`, which picks one of the two.
+
+A stop middleware's StopSignal (worker/stopping.py) is installed while a loop runs, so the waits of its items end
+with the stop: an item a wait gave up on (Stopped) has no outcome, as an item the stop kept from starting.
 """
 
 from __future__ import annotations
 
 import contextvars
 import threading
-import time
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -22,7 +24,7 @@ from pocketflow import BaseNode
 
 from ir.errors import Outage, SameForEveryItem
 from ir.models import BatchSpec, NodeSpec
-from worker import redact
+from worker import redact, stopping
 from worker.batch.aggregate import ChunkResult
 from worker.batch.cloning import clone_node, runner
 from worker.batch.outcome import ItemOutcome, failure_of
@@ -44,6 +46,8 @@ class ItemMiddleware:
     waits = False
     #: False: `after_item` only cares about failed items (a stop on failures), and the loop calls it for those only.
     every_item = True
+    #: The stop this middleware sets (cancel, abort): installed while the loop runs, so items' waits end with it.
+    stop: stopping.StopSignal | None = None
 
     def before_item(self, index: int) -> bool:
         """Return False to stop the loop before this item (abort, cancel)."""
@@ -125,7 +129,7 @@ class ItemExecutor:
                     return None, outcome
                 attempt += 1
                 if self.wait > 0:
-                    time.sleep(self.wait)
+                    stopping.sleep(self.wait)
         namespace = item_shared.get(node_id, {})
         error = failure_of(action, namespace) if namespace or action == "error" else None
         if error is None:
@@ -140,13 +144,19 @@ def _collected(appended: dict[str, list] | None) -> dict[str, list] | None:
     return {k: v for k, v in appended.items() if v} or None if appended else None
 
 
+def stop_of(middleware: Sequence[ItemMiddleware]) -> stopping.StopSignal | None:
+    """The stop signal the loop's middleware sets, if any."""
+    return next((m.stop for m in middleware if m.stop is not None), None)
+
+
 def run_items(
     executor: ItemExecutor, items: Sequence[Any], start: int, middleware: Sequence[ItemMiddleware]
 ) -> ChunkResult:
     """Run `items` (item i has index start+i) through the executor, hooks around each.
 
     Outcomes go straight into a columnar ChunkResult (results list + failures), so nothing per item is
-    kept beyond its result. A hook that stops the loop leaves a shorter, still contiguous, chunk.
+    kept beyond its result. A hook that stops the loop, or a stop that ends an item's wait, leaves a shorter,
+    still contiguous, chunk.
     """
     results: list[Any] = []
     failures: list[ItemOutcome] = []
@@ -159,31 +169,32 @@ def run_items(
         after = [hook for hook in after if id(hook.__self__) not in following]
     check = before[0] if len(before) == 1 else None  # one stop hook (the usual): called as it is
     try:
-        for index, item in enumerate(items, start):
-            if check is not None:
-                if not check(index):
+        with stopping.scope(stop_of(middleware)):  # a wait the stop ended ends the loop: that item has no outcome
+            for index, item in enumerate(items, start):
+                if check is not None:
+                    if not check(index):
+                        break
+                elif before and not _may_start(before, index):
                     break
-            elif before and not _may_start(before, index):
-                break
-            result, outcome = settle(index, item)
-            if outcome is None:  # succeeded, nothing appended: an ItemOutcome only for hooks that see every item
+                result, outcome = settle(index, item)
+                if outcome is None:  # succeeded, nothing appended: an ItemOutcome only for hooks that see every item
+                    keep(result)
+                    if after:
+                        outcome = ItemOutcome(index, result)
+                        for hook in after:
+                            hook(outcome)
+                    continue
+                if outcome.error is not None:
+                    failures.append(outcome)  # before its result: what a follower reads (`ItemMiddleware.follow`)
                 keep(result)
-                if after:
-                    outcome = ItemOutcome(index, result)
-                    for hook in after:
-                        hook(outcome)
-                continue
-            if outcome.error is not None:
-                failures.append(outcome)  # before its result: what a follower reads (`ItemMiddleware.follow`)
-            keep(result)
-            if outcome.appended:
-                for key, entries in outcome.appended.items():
-                    appended.setdefault(key, []).extend(entries)
-            for hook in after:
-                hook(outcome)
-            if outcome.error is not None:
-                for hook in after_failed:
+                if outcome.appended:
+                    for key, entries in outcome.appended.items():
+                        appended.setdefault(key, []).extend(entries)
+                for hook in after:
                     hook(outcome)
+                if outcome.error is not None:
+                    for hook in after_failed:
+                        hook(outcome)
     finally:
         for m in middleware:
             m.close()
@@ -243,12 +254,22 @@ def run_parallel(
     that ran are always a prefix of `items`, as in a sequential loop: one contiguous ChunkResult, which is what a
     worker's chunk must return. Results land in their slot; failures and accumulator entries are put back in
     index order at the end. Threads start one at a time, each once the one before it was admitted (`_Crew`).
+    Items a stop interrupted (Stopped) cut the chunk before the first of them: items after it that ended are
+    dropped too (they run again if the batch is resumed), so the chunk stays a prefix.
     """
+    with stopping.scope(stop_of(middleware)):  # before the crew copies the context: its threads see it
+        return _parallel(executor, items, start, middleware, threads)
+
+
+def _parallel(
+    executor: ItemExecutor, items: Sequence[Any], start: int, middleware: Sequence[ItemMiddleware], threads: int
+) -> ChunkResult:
     checks = hooks(middleware, "before_item")
     claims = _Claims(start, len(items), [c for c in checks if not c.__self__.waits])
     waits = [c for c in checks if c.__self__.waits]
     after, after_failed = _after_hooks(middleware)
     results: list[Any] = [None] * len(items)
+    interrupted: list[int] = []  # offsets of items a stop ended mid-wait
     crew = _Crew(threads, contextvars.copy_context(), f"batch-{executor.node_id}")
 
     def work(clone: ItemExecutor) -> tuple[list[ItemOutcome], list[tuple[int, dict[str, list]]]]:
@@ -271,7 +292,12 @@ def run_parallel(
                 offset = claims.claim()
                 if offset is None:
                     break
-                outcome = clone.run(start + offset, items[offset])
+                try:
+                    outcome = clone.run(start + offset, items[offset])
+                except stopping.Stopped:
+                    interrupted.append(offset)
+                    claims.stop()
+                    break
                 results[offset] = outcome.result
                 if outcome.appended:
                     appended.append((offset, outcome.appended))
@@ -295,10 +321,11 @@ def run_parallel(
     finally:
         for m in middleware:
             m.close()
-    del results[claims.taken :]
-    failures = sorted((f for part, _ in parts for f in part), key=lambda f: f.index)
+    taken = min([claims.taken, *interrupted])
+    del results[taken:]
+    failures = sorted((f for part, _ in parts for f in part if f.index < start + taken), key=lambda f: f.index)
     appended: dict[str, list] = {}
-    for _, entries in sorted((e for _, part in parts for e in part), key=lambda e: e[0]):
+    for _, entries in sorted((e for _, part in parts for e in part if e[0] < taken), key=lambda e: e[0]):
         for key, values in entries.items():
             appended.setdefault(key, []).extend(values)
     return ChunkResult(start, results, failures, appended)

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ir.models import BatchSpec
-from worker import events
+from worker import events, stopping
 from worker.batch.aggregate import ChunkResult
 from worker.batch.executor import ItemMiddleware
 from worker.batch.outcome import ItemOutcome
@@ -66,7 +66,8 @@ class StopSignals(ItemMiddleware):
     or the batch's failed items exceed its failure threshold (of `total` items).
 
     One hook for all keeps the per-item cost of the default (fail_fast) batch to one cheap call, and `after_item`
-    only for the items that failed.
+    only for the items that failed. Its StopSignal (`stop`) reads the cancel flag too, so the items' waits end on
+    either (worker/stopping.py).
     """
 
     every_item = False
@@ -76,12 +77,13 @@ class StopSignals(ItemMiddleware):
     ):
         self.cancelled, self.fail_fast, self.total = cancelled, fail_fast, total
         self.tolerance = tolerance if tolerance.set else None
+        self.stop = stopping.StopSignal(also=cancelled)
         self.stopped = False  # a plain flag: set once, read by every thread of the batch
         self.failed = 0  # with a threshold: failed items so far (threads count under the lock)
         self.lock = threading.Lock()
 
     def before_item(self, index: int) -> bool:
-        return not (self.stopped or self.cancelled.is_set())
+        return not (self.stopped or self.stop.is_set())  # the stop reads the cancel flag and any outer loop's stop
 
     def after_item(self, outcome: ItemOutcome) -> None:
         if outcome.error is None:
@@ -93,6 +95,8 @@ class StopSignals(ItemMiddleware):
                 self.failed += 1
                 if self.tolerance.exceeded(self.failed, self.total):
                     self.stopped = True
+        if self.stopped:
+            self.stop.set()
 
 
 class ProgressEvents(ItemMiddleware):

@@ -18,6 +18,8 @@ service asked (else an exponential backoff with jitter), tells the bucket to hol
 caller slows down, not only this one — and calls again without counting an attempt against `max_retries`.
 Past the call's bounded wait (`Throttled.max_wait`, default DEFAULT_MAX_WAIT) the item fails with
 ThrottledTooLong: a throttled call never counts as a success.
+
+Every wait here (admission, backoff, the pause between retries) ends when the batch stops (worker/stopping.py).
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from pocketflow import BaseNode, Node
 
 from ir.errors import SameForEveryItem, Throttled, ThrottledTooLong
 from ir.models import RateLimitSpec
+from worker import stopping
 from worker.engine import context
 
 #: Seconds a throttled call may wait in all (across its 429s) before its item fails.
@@ -149,10 +152,20 @@ def admit(limit: RateLimitSpec, limiter: Limiter) -> None:
 
     The threads of a process that wait on one bucket queue at a turnstile, so only the first asks the bucket:
     64 item threads polling Redis together would cost 64 round trips per admitted call (and the CPU to make
-    them), where one does."""
-    with _turnstile(limiter, limit.key):
-        while (wait := limiter.admit(limit)) > 0:
-            time.sleep(min(wait, 1.0))  # asked again at least every second: a hold may move, a rate may rise
+    them), where one does.
+
+    The batch's stop (worker/stopping.py) ends the wait, in the queue or at the bucket: a wait reserves nothing
+    (a bucket moves only for a call it admits), so a wait given up leaves the bucket as the calls made left it."""
+    turnstile = _turnstile(limiter, limit.key)
+    stopping.acquire(turnstile)
+    try:
+        while True:
+            stopping.check()  # never admitted once stopped: an admission is a call's slot taken
+            if (wait := limiter.admit(limit)) <= 0:
+                return
+            stopping.sleep(min(wait, 1.0))  # asked again at least every second: a hold may move, a rate may rise
+    finally:
+        turnstile.release()
 
 
 def backoff(attempt: int) -> float:
@@ -234,7 +247,7 @@ def _attempts(
             throttles, waited = throttles + 1, waited + delay
             if limiter is not None:
                 limiter.hold(limit, delay)  # type: ignore[arg-type]
-            time.sleep(delay)
+            stopping.sleep(delay)
             continue
         except SameForEveryItem:
             raise  # no attempt would answer otherwise (a refused key, an unknown model): none is made
@@ -244,7 +257,7 @@ def _attempts(
                     return node.exec_fallback(prep_res, exc)
                 raise
             if (pause := getattr(node, "wait", 0)) > 0:
-                time.sleep(pause)
+                stopping.sleep(pause)
             attempt += 1
             continue
         if limiter is not None and limit.tokens_per_minute:  # type: ignore[union-attr]

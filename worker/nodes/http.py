@@ -4,6 +4,8 @@ A response is data: any status is written to the store, and a non-2xx one also s
 returns the `error` action. Not getting a response (refused, reset, timed out) raises, so the node's
 retries apply; the URL in that message has its credentials and secret query values masked
 (worker/redact.py). Only http:// and https:// URLs are allowed: a templated URL must not read local files.
+A batch's stop (cancel, fail_fast, a threshold) ends a call in flight within a second, its connection closed,
+and keeps one not yet sent from going (worker/nodes/stoppable.py): the item has no outcome.
 
 Backpressure: a 429, or a 503 with Retry-After, raises `Throttled` (never a response the node writes): the
 engine waits what the server asked and calls again without counting an attempt (worker/engine/rate_limits.py).
@@ -75,7 +77,11 @@ def client() -> httpx.Client:
                     max_keepalive_connections=connections,
                     keepalive_expiry=KEEPALIVE_SECONDS,
                 )
-                _client, _client_pid = httpx.Client(limits=limits, follow_redirects=True), pid
+                from worker.nodes.stoppable import transport
+
+                # the batch's stop ends a response waited for (worker/nodes/stoppable.py)
+                made = httpx.Client(transport=transport(limits), limits=limits, follow_redirects=True)
+                _client, _client_pid = made, pid
     return _client
 
 

@@ -10,6 +10,9 @@ shell still reads its options; in `stdin` when a shell runs its stdin as its scr
 variables shells run or expand at start (`BASH_ENV`, `PS4`, ...). A script file's arguments
 (`["sh", "run.sh", "${item}"]`) and a program's argv stay allowed: nothing interprets them. Not
 checked: a template that picks the program itself, and other interpreters' code (`python -c`).
+
+A batch's stop (cancel, fail_fast, a threshold: worker/stopping.py) kills a command still running within
+STOP_SLICE, its process group with it, as a timeout does; the item has no outcome.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ import os
 import re
 import signal
 import subprocess
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -27,6 +31,7 @@ from typing import Any
 from pocketflow import Node
 
 from ir.templates import references
+from worker import stopping
 from worker.nodes.params import Param
 from worker.nodes.registry import register
 
@@ -255,6 +260,9 @@ def _is_command(command: str | list[Any]) -> bool:
     return bool(command) and all(isinstance(a, str | int | float) for a in command)
 
 
+#: Seconds a command in a batch runs before the batch's stop is looked at again.
+STOP_SLICE = 0.25
+
 #: The shell node's params (worker/nodes/params.py): shown by `chordflow nodes`, checked by validation and in prep.
 PARAMS = {
     "command": Param(
@@ -282,6 +290,22 @@ PARAMS = {
 def _argv(params: dict[str, Any]) -> list[str]:
     command = PARAMS["command"].get("shell", params, "command")
     return ["/bin/sh", "-c", command] if isinstance(command, str) else [str(a) for a in command]
+
+
+def _communicate(proc: subprocess.Popen, stdin: str | None, timeout: float) -> tuple[str, str]:
+    """`proc.communicate` within `timeout`, looking at the batch's stop every STOP_SLICE seconds (worker/stopping.py):
+    Stopped, and the caller kills the command, as for a timeout."""
+    if stopping.current() is None:
+        return proc.communicate(stdin, timeout=timeout)
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            return proc.communicate(stdin, timeout=max(0.0, min(STOP_SLICE, deadline - time.monotonic())))
+        except subprocess.TimeoutExpired:
+            if time.monotonic() >= deadline:
+                raise
+            stopping.check()
+            stdin = None  # given once: a retried communicate goes on writing it
 
 
 @register("shell")
@@ -312,11 +336,13 @@ class ShellNode(Node):
             start_new_session=True,  # its own process group, so a timeout kills the children too
         ) as proc:
             try:
-                stdout, stderr = proc.communicate(prep_res["stdin"], timeout=timeout)
-            except subprocess.TimeoutExpired:
+                stdout, stderr = _communicate(proc, prep_res["stdin"], timeout)
+            except (subprocess.TimeoutExpired, stopping.Stopped) as exc:
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait()
+                if isinstance(exc, stopping.Stopped):
+                    raise
                 shown = argv[2] if argv[:2] == ["/bin/sh", "-c"] else " ".join(argv)
                 raise TimeoutError(f"shell: command {shown!r} timed out after {timeout}s") from None
         return {"stdout": stdout, "stderr": stderr, "exit_code": proc.returncode}

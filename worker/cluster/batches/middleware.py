@@ -14,6 +14,7 @@ thread the Celery task the chunk runs in.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import logging
 import threading
@@ -23,6 +24,7 @@ from typing import Any
 
 from celery._state import _task_stack  # Celery's current-task stack: no public way to push onto it
 
+from worker import stopping
 from worker.batch.executor import ItemMiddleware
 from worker.batch.middleware import tolerated_failures
 from worker.batch.outcome import ItemOutcome
@@ -60,35 +62,49 @@ def chunk_middleware(
 class StopCheck(ItemMiddleware):
     """Stops a chunk when the run is cancelled or its batch aborted: by a failed item under fail_fast, or
     by failures past the threshold (`tolerated` failed items at most; the flag is set in Redis by
-    ProgressPublisher's script, or here when this chunk's own failures pass it)."""
+    ProgressPublisher's script, or here when this chunk's own failures pass it).
+
+    Between items it reads the flags at most every `interval`; items that are waiting (a rate limit, a backoff,
+    a response) are told by the chunk's StopSignal (`stop`, worker/stopping.py), whose watcher reads the same
+    flags every `watch` seconds while the chunk runs: one Redis read per chunk per poll, never per item."""
 
     every_item = False  # failed items only: they are what stops a batch
 
     def __init__(
-        self, state: RunState, batch: str, fail_fast: bool, tolerated: int | None = None, interval: float = 0.1
+        self,
+        state: RunState,
+        batch: str,
+        fail_fast: bool,
+        tolerated: int | None = None,
+        interval: float = 0.1,
+        watch: float = 0.5,
     ):
         self.state, self.batch, self.fail_fast, self.interval = state, batch, fail_fast, interval
         self.tolerated = tolerated
         self.failed = 0
-        self.stopped = False  # a plain flag: set once, read by every thread of the chunk
+        self.stop = stopping.StopSignal(poll=functools.partial(state.should_stop, batch), every=watch)
         self.next_check = 0.0
         self.lock = threading.Lock()
 
     def before_item(self, index: int) -> bool:
-        if self.stopped:
+        if self.stop.event.is_set():  # the signal's own flag: nothing outside a worker's chunk sets it
             return False
         now = time.monotonic()
         if now >= self.next_check:
             self.next_check = now + self.interval
-            self.stopped = self.state.should_stop(self.batch)
-        return not self.stopped
+            if self.state.should_stop(self.batch):
+                self.stop.set()
+                return False
+        return True
 
     def after_item(self, outcome: ItemOutcome) -> None:
         with self.lock:  # threads of a parallel chunk fail at once: count each, set the flag once
             self.failed += 1
-            if self.stopped or not (self.fail_fast or (self.tolerated is not None and self.failed > self.tolerated)):
+            if self.stop.is_set() or not (
+                self.fail_fast or (self.tolerated is not None and self.failed > self.tolerated)
+            ):
                 return
-            self.stopped = True
+            self.stop.set()
         self.state.abort(self.batch)
 
 
