@@ -7,6 +7,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationInfo, field_validator, model_validator
 
+from ir import durations
 from ir.errors import shown
 from ir.names import is_identifier, name_problem
 from ir.templates import is_single_template
@@ -252,6 +253,11 @@ class Workflow(_Model):
         None, description="on a cluster: high runs' chunks go before normal ones, normal before low; omitted: normal"
     )
     budget: Budget | None = Field(None, description="caps on the tokens and USD the run's model calls may bill")
+    cache: str | None = Field(
+        None,
+        description=f"`cache` of every node that takes one and sets none (llm): reuse an identical request's answer "
+        f"from any run within this long ({durations.EXAMPLES})",
+    )
 
     #: What `ir.load` found suspicious but valid (e.g. a loop left only by a non-default action).
     _warnings: list[str] = PrivateAttr(default_factory=list)
@@ -264,6 +270,13 @@ class Workflow(_Model):
             raise ValueError(f"must be a version string like '{IR_VERSIONS[0]}', got {type(value).__name__}")
         if value not in IR_VERSIONS:
             raise ValueError(f"unknown version {shown(value, 40)} (this chordflow reads {known})")
+        return value
+
+    @field_validator("cache")
+    @classmethod
+    def _cache(cls, value: str | None) -> str | None:
+        if value is not None and durations.seconds(value) is None:
+            raise ValueError(f"must be a duration {durations.EXAMPLES}, got {shown(value, 40)}")
         return value
 
     @field_validator("inputs", mode="before")

@@ -46,6 +46,25 @@ def test_a_cached_answer_is_reused_by_a_later_run_and_billed_nothing(provider: P
     assert len(provider.billed()) == 2
 
 
+def test_a_workflow_cache_reaches_every_cluster_item_that_sets_none(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The workflow's `cache` is the default of each llm node's: a second cluster run of 20 items pays for nothing,
+    # and a node with its own `cache` keeps it.
+    with llm_server.serving(Provider()) as provider:
+        for name, value in llm_server.environment(provider).items():
+            monkeypatch.setenv(name, value)
+        with destroyable_cluster(tmp_path, 5):
+            items = [f"p{i}" for i in range(20)]
+            workflow = {**ask_each(chunk_size=5), "cache": "1h"}
+            first = scheduler.wait(scheduler.submit(workflow, {"items": items}), timeout=60)
+            second = scheduler.wait(scheduler.submit(workflow, {"items": items}), timeout=60)
+    assert first.status == second.status == "success"
+    assert [r["response"] for r in second.shared["ask"]["results"]] == [f"echo: {p}" for p in items]
+    assert len(provider.billed()) == len(items)
+    assert [c["cached"] for c in second.shared["__llm_calls__"]] == [True] * len(items)
+
+
 def test_a_bad_cache_duration_is_one_validation_line(provider: Provider, tmp_path: Path) -> None:
     wf = tmp_path / "wf.json"
     node = {"id": "ask", "type": "llm", "params": {"prompt": "p", "model": "openai/gpt-test", "cache": "a week"}}
@@ -53,6 +72,10 @@ def test_a_bad_cache_duration_is_one_validation_line(provider: Provider, tmp_pat
     proc = run_cli("validate", wf)
     assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1
     assert "params.cache: must be a duration like 7d, 12h, 30m or 90s, got 'a week'" in proc.stderr
+    wf.write_text(json.dumps({"nodes": [{**node, "params": {"prompt": "p", "model": "fake"}}], "cache": "soon"}))
+    proc = run_cli("validate", wf)
+    assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1
+    assert "cache: must be a duration like 7d, 12h, 30m or 90s, got 'soon'" in proc.stderr, proc.stderr
 
 
 def run_named(name: str) -> str | None:

@@ -42,7 +42,7 @@ def load(workflow: Any, inputs: Collection[str] = ()) -> ir.Workflow:
     if isinstance(workflow, ir.Workflow) and (workflow.declares_inputs or set(inputs) <= set(workflow.inputs or {})):
         return workflow
     if inputs:  # a run being started: once per run, not worth a cache entry
-        return ir.load(workflow, node_types=registry.names(), node_checks=node_problems, inputs=inputs)
+        return _with_defaults(ir.load(workflow, node_types=registry.names(), node_checks=node_problems, inputs=inputs))
     key = _key(workflow) if isinstance(workflow, dict) else None
     if key is not None:
         with _lock:
@@ -50,13 +50,23 @@ def load(workflow: Any, inputs: Collection[str] = ()) -> ir.Workflow:
             if loaded is not None:
                 _loaded.move_to_end(key)
                 return loaded
-    loaded = ir.load(workflow, node_types=registry.names(), node_checks=node_problems)
+    loaded = _with_defaults(ir.load(workflow, node_types=registry.names(), node_checks=node_problems))
     if key is not None:
         with _lock:
             _loaded[key] = loaded
             while len(_loaded) > CACHE_SIZE:
                 _loaded.popitem(last=False)
     return loaded
+
+
+def _with_defaults(workflow: ir.Workflow) -> ir.Workflow:
+    """The workflow's `cache` as the param of each node whose type takes one and that sets none itself."""
+    if workflow.cache is not None:
+        known = registry.all_types()
+        for spec in workflow.nodes:
+            if "cache" in getattr(known.get(spec.type), "PARAMS", {}):
+                spec.params.setdefault("cache", workflow.cache)
+    return workflow
 
 
 def source_of(workflow: Any) -> str | None:
