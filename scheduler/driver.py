@@ -28,7 +28,7 @@ from worker.engine.stepper import ThreadedSections, batch_nodes, drive, ending
 from worker.engine.steps import Cursor
 from worker.llm import usage
 from worker.llm.budget import local_budget
-from worker.nodes.llm import usage_totals
+from worker.llm.usage import usage_totals
 from worker.runs.record import RECORD_STATUS, RunRecord, RunResult, StepJournal, new_run_id, resume_refusal
 from worker.runs.redrive import redrive_batch
 from worker.runs.resume_point import go_on_under

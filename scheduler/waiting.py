@@ -22,6 +22,7 @@ from worker.batch.remote import rebuild
 from worker.cluster.state import heartbeat
 from worker.cluster.state.progress import batches_of
 from worker.cluster.state.runstate import RunState, client
+from worker.llm.usage import CALLS, usage_totals
 from worker.runs.record import FINAL, RESULT_STATUS, RunRecord, RunResult
 from worker.runs.store import RunStore, Unrecoverable
 
@@ -45,6 +46,8 @@ def status(run_id: str) -> dict[str, Any]:
         info["workers"] = heartbeat.pool_sizes(client())
     if record.dataset is not None:
         info["records"] = reading.progress(record)
+        if calls := reading.model_calls(record):
+            info["llm"] = usage_totals({CALLS: calls})
     else:
         # a batch still running on the cluster (a submitted run, or one a client drives): its progress stream
         if record.backend == "celery" and record.status == "running":
@@ -52,8 +55,6 @@ def status(run_id: str) -> dict[str, Any]:
                 for batch in batches_of(RunState(run_id).redis, run_id):
                     if not batch.finished or batch.node not in info["batches"]:
                         info["batches"][batch.node] = {"total": batch.total, "done": batch.done, "failed": batch.failed}
-        from worker.nodes.llm import usage_totals  # the engine's nodes: not for a dataset job's status
-
         with contextlib.suppress(Unrecoverable):  # a store that cannot be read back still has a status
             if (totals := usage_totals(runs.load_store(run_id))) is not None:
                 info["llm"] = totals

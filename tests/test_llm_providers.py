@@ -22,7 +22,7 @@ from tests.support import llm_server
 from tests.support.cluster import PLUGINS
 from tests.support.llm_server import Provider
 from worker.llm import providers
-from worker.nodes.llm import usage_totals
+from worker.llm.usage import usage_totals
 
 ROOT = Path(__file__).parents[1]
 PROVIDER_VARIABLES = ("OPENAI_API_KEY", "OPENAI_BASE_URL", "ANTHROPIC_API_KEY", "ANTHROPIC_BASE_URL")
@@ -139,8 +139,8 @@ def test_a_refused_key_or_unknown_model_stops_a_local_batch_at_the_first_item(
 
 
 def test_a_refused_key_stops_a_cluster_batch_after_one_request_per_worker(tmp_path: Path) -> None:
-    # Two solo workers whose OPENAI_API_KEY the provider refuses; a `continue` batch of 200 items in chunks of 10:
-    # each worker pays at most one refusal, and the run fails with it.
+    # Two solo workers whose OPENAI_API_KEY the provider refuses; a `continue` batch of 5,000 items in chunks of
+    # 10: each worker pays at most one refusal, and the run fails with it.
     with llm_server.serving() as provider:
         env = {**os.environ, **llm_server.environment(provider, key="sk-wrong")}
         cluster = Cluster(tmp_path, plugins=PLUGINS, base_env=env)
@@ -148,10 +148,10 @@ def test_a_refused_key_stops_a_cluster_batch_after_one_request_per_worker(tmp_pa
         try:
             cluster.start_worker("l1")
             cluster.start_worker("l2")
-            wf = batch("openai/gpt-test", 200, chunk_size=10)
+            wf = batch("openai/gpt-test", 5000, chunk_size=10)
             with pytest.MonkeyPatch.context() as patch:
                 patch.setenv("OPENAI_API_KEY", "sk-the-clients-own")  # the client has a key: submit goes on
-                run_id = scheduler.submit(wf, {"items": [f"p{i}" for i in range(200)]})
+                run_id = scheduler.submit(wf, {"items": [f"p{i}" for i in range(5000)]})
             result = scheduler.wait(run_id, timeout=120)
         finally:
             cluster.restore_env(previous)

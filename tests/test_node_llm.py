@@ -18,7 +18,8 @@ import scheduler
 from ir.errors import SameForEveryItem, Throttled, ThrottledTooLong
 from worker.engine import rate_limits
 from worker.llm.fake import response as fake_response
-from worker.nodes.llm import LlmNode, usage_totals
+from worker.llm.usage import usage_totals
+from worker.nodes.llm import LlmNode
 from worker.store import NamespacedStore
 
 ROOT = Path(__file__).parents[1]

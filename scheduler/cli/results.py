@@ -17,6 +17,7 @@ from scheduler.cli.errors import CliUsageError
 from scheduler.cli.options import run_id_argument
 from scheduler.cli.output import jsonl_rows, llm_line, to_json
 from worker.datasets.job import follow_chunks
+from worker.llm.usage import CALLS, usage_totals
 from worker.runs.record import FINAL
 
 
@@ -50,9 +51,11 @@ def results(
             with rowsfile.sink(out) as sink:
                 for chunk in chunks:
                     sink.write(rowsfile.chunk_lines(*chunk))
-            return
-        rows = reading.rows(record, done_only=done_only, is_final=is_final)
-        _write_rows(rows, fmt, errors_only, out, list(record.workflow.get("outputs") or {}))
+        else:
+            rows = reading.rows(record, done_only=done_only, is_final=is_final)
+            _write_rows(rows, fmt, errors_only, out, list(record.workflow.get("outputs") or {}))
+        if calls := reading.model_calls(record):  # stderr, as a run's: stdout stays the rows
+            click.echo(llm_line(usage_totals({CALLS: calls})), err=True)
         return
     if node is None:
         if fmt == "csv":
@@ -68,8 +71,6 @@ def results(
             value = api.outputs(run_id)
         with rowsfile.sink(out) as sink:
             sink.write(to_json(value) + "\n")
-        from worker.nodes.llm import usage_totals
-
         if (totals := usage_totals(store)) is not None:  # stderr: stdout stays the JSON a script reads
             click.echo(llm_line(totals), err=True)
         return

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from worker.datasets import job as datasets
 from worker.datasets.sqlite import LocalDataset
+from worker.llm import usage
 from worker.runs.record import FINAL, RESULT_STATUS, RunRecord, RunResult
 
 if TYPE_CHECKING:
@@ -44,6 +45,11 @@ def progress(record: RunRecord) -> dict[str, Any]:
     if counts["eta_s"] is not None and record.status not in FINAL and record.backend != "local" and ds.stalled():
         counts["eta_s"] = None
     return counts
+
+
+def model_calls(record: RunRecord) -> list[dict[str, Any]]:
+    """The job's model calls, one `__llm_calls__` entry per model standing for all its calls (worker/llm/usage.py)."""
+    return usage.entries(store_of(record).model_calls())
 
 
 def result_of(record: RunRecord) -> RunResult:

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from ir.errors import ValidationError
 from ir.limits import check_value
+from ir.models import Budget
 from ir.names import is_identifier
 from scheduler.datasets import reading
 from scheduler.inputs import unknown_input
@@ -30,8 +31,12 @@ from worker.datasets import job as datasets
 from worker.datasets.chunks import run_chunk
 from worker.datasets.job import RECORD, RECORDS, Dataset, verdict
 from worker.datasets.sqlite import LocalDataset
+from worker.engine import context
 from worker.engine.build import item_chain
+from worker.engine.context import RunContext
 from worker.engine.loader import load, source_of
+from worker.llm import usage
+from worker.llm.budget import local_budget
 from worker.runs.record import FINAL, RunRecord, RunResult, new_run_id
 
 if TYPE_CHECKING:
@@ -109,10 +114,17 @@ def prepare(
         raise ValidationError(problems)
     source = str(items) if isinstance(items, str | Path) else None
     dataset = Dataset(as_, size, tolerated_failure_percent, tolerated_failure_count, source, list(common))
+    usage.start_list(wf, common)  # the records' model calls are counted chunk by chunk (worker/datasets/job.py)
     status = "running" if backend == "local" else "queued"
     record = RunRecord(run_id or new_run_id(), wf.wire(), backend, status, None, source=source_of(workflow))
     record.dataset = dataset.to_json()
     return record, dataset, common, record_windows(records, size)
+
+
+def wf_budget(record: RunRecord) -> Budget | None:
+    """The caps on the job's model calls (its workflow's `budget`, the flags' laid over it)."""
+    caps = record.workflow.get("budget")
+    return None if caps is None else Budget.model_validate(caps)
 
 
 def record_windows(records: Iterable[Any], size: int) -> Iterator[tuple[list, dict[int, str]]]:
@@ -145,6 +157,7 @@ def submit(
     from worker.cluster.app import current_app
     from worker.cluster.datasets.store import ClusterDataset
     from worker.cluster.datasets.tasks import go_on, send
+    from worker.cluster.state import budget as budgets
     from worker.cluster.state.runstate import RunState
 
     record, dataset, common, chunks = prepare(workflow, inputs, items, backend="celery", run_id=run_id, **options)
@@ -156,6 +169,7 @@ def submit(
         read = 0
         try:
             runs.create(record, common)
+            budgets.record_caps(state, wf_budget(record))
             ds.start(dataset.chunk_size)
             for n, (records, bad) in enumerate(chunks):
                 read += len(records)
@@ -280,6 +294,9 @@ class _LocalJob:
         self.cancelled = cancelled or threading.Event()
         spec = dataset.record_spec(record.workflow)
         self.executor = ItemExecutor(spec, item_chain(spec), common)
+        spent = usage.usage_totals({usage.CALLS: usage.entries(ds.model_calls())})  # a redrive counts past calls
+        budget = local_budget(load(record.workflow), spent)
+        self.context = RunContext(answers=ds.runs.answers(record.run_id), budget=budget)
 
     def stopped(self) -> bool:
         if self.cancelled.is_set():
@@ -299,7 +316,8 @@ class _LocalJob:
                 RECORDS, read, False, cancelled=self.cancelled, emit=self.on_event, done_before=before, per_chunk=True
             )
 
-        chunk = run_chunk(self.executor, records, bad, n * size, done, hooks)
+        with context.using(self.context):  # the records' model calls: answers kept in the run, its budget
+            chunk = run_chunk(self.executor, records, bad, n * size, done, hooks)
         self.ds.finish(n, chunk, len(records))
         if self.on_chunk is not None:
             self.on_chunk(chunk, n * size, len(records))

@@ -44,10 +44,12 @@ from worker import settings
 from worker.cluster.broker.base import QueueView
 from worker.cluster.broker.pool import SENT_AT_HEADER
 from worker.cluster.broker.registry import for_settings as broker_for
+from worker.cluster.datasets.store import ClusterDataset
 from worker.cluster.state import connection, heartbeat
 from worker.cluster.state.keys import RUNS, run_key
 from worker.cluster.state.progress import BatchProgress, StreamProgress
 from worker.datasets.job import RECORDS
+from worker.llm import usage as llm_usage
 from worker.runs.record import STATUSES
 
 log = logging.getLogger(__name__)
@@ -192,6 +194,8 @@ class ClusterView:
             pipe.hget(run_key(run_id, "store"), usage.CALLS)
         for run_id, blob in zip(changed, pipe.execute() if changed else [], strict=True):
             calls = snapshot.decode(blob) if blob is not None else None
+            if records[run_id]["dataset"]:  # a dataset job's calls are summed by model as its chunks finish
+                calls = llm_usage.entries(ClusterDataset(run_id).model_calls()) or None
             self._usage[run_id] = (records[run_id]["updated"], usage.totals(calls))
             self._llm.see(run_id, usage.by_model(calls))
         for gone in set(self._usage) - set(records):

@@ -1,6 +1,6 @@
 """What runs' model calls cost, as the dashboard, `top` and the metrics show it: `usage_totals`
-(worker/nodes/llm.py, what `status` and `results` print) over a run's `__llm_calls__`, split by model for
-Prometheus, and counters by model that never go down.
+(worker/llm/usage.py, what `status` and `results` print) over a run's `__llm_calls__` (a dataset job's: the sums its
+chunks kept, `calls_of`), split by model for Prometheus, and counters by model that never go down.
 
 A run's list is read again only when its record's `updated` changed (every checkpoint sets it), never once per
 refresh or per scrape: a finished run's is read once.
@@ -10,8 +10,10 @@ from __future__ import annotations
 
 from typing import Any
 
-#: The store key every model call appends its usage record to.
-CALLS = "__llm_calls__"
+from worker.llm.usage import CALLS, usage_totals
+from worker.runs.record import RunRecord
+from worker.runs.store import RunStore
+
 #: The totals a counter is kept of (`cost_usd` only for models with a priced call).
 FIELDS = ("calls", "cached_calls", "input_tokens", "output_tokens", "cost_usd")
 
@@ -20,9 +22,17 @@ def totals(calls: Any) -> dict[str, Any] | None:
     """`usage_totals` of a `__llm_calls__` value (None when the run has no such list)."""
     if not isinstance(calls, list):
         return None
-    from worker.nodes.llm import usage_totals  # the engine's nodes (0.2 s): only once a run has model calls
-
     return usage_totals({CALLS: calls})
+
+
+def calls_of(record: RunRecord, runs: RunStore) -> list[dict[str, Any]] | None:
+    """A run's `__llm_calls__`; a dataset job's, one entry per model for the calls its records made (None without
+    any)."""
+    if record.dataset is None:
+        return runs.load_key(record.run_id, CALLS)
+    from scheduler.datasets import reading
+
+    return reading.model_calls(record) or None
 
 
 def by_model(calls: Any) -> dict[str, dict[str, Any]]:

@@ -26,9 +26,11 @@ def run_chunk(
 
     Records run in ascending runs of consecutive offsets, each through `run_items` with fresh `hooks(n)`;
     a hook that stops one (cancel, threshold) ends the chunk there: its outcomes stay a contiguous prefix.
+    Its `appended` holds what the records run now appended to the store's accumulators (their model calls).
     """
     results = list(done.results) if done else []
     failures = {f.index: f for f in done.failures} if done else {}
+    appended: dict[str, list] = {}
     todo = sorted({f.index - start for f in failures.values()} | set(range(len(results), len(records))))
     for first, last in _runs(todo):
         ran = _run_span(executor, records, bad, start, first, last, hooks)
@@ -39,9 +41,10 @@ def run_chunk(
                 results.append(result)
             failures.pop(start + offset, None)
         failures.update((f.index, f) for f in ran.failures)
+        _extend(appended, ran.appended)
         if len(ran.results) < last - first:
             break
-    return ChunkResult(start, results, [failures[i] for i in sorted(failures)], {})
+    return ChunkResult(start, results, [failures[i] for i in sorted(failures)], appended)
 
 
 def _run_span(
@@ -56,6 +59,7 @@ def _run_span(
     """Records [first, last) of the chunk; a bad record (unreadable in the file) fails without running."""
     results: list[Any] = []
     failures: list[ItemOutcome] = []
+    appended: dict[str, list] = {}
     offset = first
     while offset < last:
         if offset in bad:
@@ -67,10 +71,16 @@ def _run_span(
         part = run_items(executor, records[offset:end], start + offset, hooks(end - offset))
         results.extend(part.results)
         failures.extend(part.failures)
+        _extend(appended, part.appended)
         if len(part.results) < end - offset:
             break
         offset = end
-    return ChunkResult(start + first, results, failures, {})
+    return ChunkResult(start + first, results, failures, appended)
+
+
+def _extend(appended: dict[str, list], more: dict[str, list]) -> None:
+    for key, entries in more.items():
+        appended.setdefault(key, []).extend(entries)
 
 
 def _runs(offsets: list[int]) -> Iterator[tuple[int, int]]:

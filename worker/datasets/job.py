@@ -23,6 +23,7 @@ from ir import snapshot
 from worker.batch.aggregate import ChunkResult
 from worker.batch.rows import Row, rows_of_chunks
 from worker.batch.thresholds import Tolerance
+from worker.llm import usage
 
 if TYPE_CHECKING:
     from ir.models import NodeSpec
@@ -80,6 +81,13 @@ class Dataset:
 
 
 # -- a chunk's records ---------------------------------------------------------------------------------
+def outcome_and_calls(chunk: ChunkResult) -> tuple[ChunkResult, dict[str, dict[str, int]]]:
+    """What a store keeps of a finished chunk: its outcomes, without the entries its records appended to the store's
+    lists, and the counts of their model calls (worker/llm/usage.py `summed`), which the store adds to the job's."""
+    calls = usage.summed(chunk.appended.get(usage.CALLS))
+    return ChunkResult(chunk.start, chunk.results, chunk.failures, {}), calls
+
+
 def pack_records(records: Sequence[Any], bad: dict[int, str]) -> bytes:
     """A window of records as stored: the records (None where one was bad) and {offset: error} of the bad."""
     return snapshot.encode([list(records), bad], label="records")
@@ -103,6 +111,8 @@ class DatasetStore(Protocol):
     def outcomes(self, ns: Sequence[int]) -> list[ChunkResult | None]: ...
 
     def counts(self) -> dict[str, Any]: ...
+
+    def model_calls(self) -> dict[str, dict[str, int]]: ...
 
 
 def follow_chunks(

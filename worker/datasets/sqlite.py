@@ -12,7 +12,7 @@ from typing import Any
 
 from ir import snapshot
 from worker.batch.aggregate import ChunkResult
-from worker.datasets.job import pack_records, unpack_records
+from worker.datasets.job import outcome_and_calls, pack_records, unpack_records
 from worker.runs.sqlite import LocalRuns
 
 SCHEMA = """
@@ -21,6 +21,8 @@ CREATE TABLE IF NOT EXISTS dataset_chunks (run_id TEXT, n INTEGER, records BLOB,
   PRIMARY KEY (run_id, n));
 CREATE TABLE IF NOT EXISTS datasets (run_id TEXT PRIMARY KEY, size INTEGER NOT NULL, total INTEGER,
   read INTEGER NOT NULL DEFAULT 0, stopped TEXT);
+CREATE TABLE IF NOT EXISTS dataset_calls (run_id TEXT, model TEXT, name TEXT, value INTEGER NOT NULL,
+  PRIMARY KEY (run_id, model, name));
 """
 
 
@@ -51,13 +53,23 @@ class LocalDataset:
             self.db.execute("COMMIT")
 
     def finish(self, n: int, chunk: ChunkResult, length: int) -> None:
+        """Store chunk n's outcomes, and add its records' model calls to the job's, in one transaction."""
         complete = len(chunk.results) == length and not chunk.failures
+        chunk, calls = outcome_and_calls(chunk)
+        sums = [(self.run_id, model, name, value) for model, counts in calls.items() for name, value in counts.items()]
         with self.runs.writing():
+            self.db.execute("BEGIN")
             self.db.execute(
                 "UPDATE dataset_chunks SET outcome = ?, covered = ?, failed = ?,"
                 " records = CASE WHEN ? THEN NULL ELSE records END WHERE run_id = ? AND n = ?",
                 (snapshot.encode(chunk.to_wire()), len(chunk.results), len(chunk.failures), complete, self.run_id, n),
             )
+            self.db.executemany(
+                "INSERT INTO dataset_calls VALUES (?, ?, ?, ?)"
+                " ON CONFLICT (run_id, model, name) DO UPDATE SET value = value + excluded.value",
+                sums,
+            )
+            self.db.execute("COMMIT")
 
     def read_done(self, total: int) -> None:
         with self.runs.writing():
@@ -99,6 +111,15 @@ class LocalDataset:
             "SELECT COALESCE(SUM(covered), 0), COALESCE(SUM(failed), 0), COUNT(*) FROM dataset_chunks WHERE run_id = ?"
         )
         return {"total": total, "read": read, "done": done, "failed": failed, "chunks": chunks, "stopped": stopped}
+
+    def model_calls(self) -> dict[str, dict[str, int]]:
+        """The counts of the job's model calls, by model (worker/llm/usage.py `summed`)."""
+        calls: dict[str, dict[str, int]] = {}
+        with self.lock:
+            found = self.db.execute("SELECT model, name, value FROM dataset_calls WHERE run_id = ?", (self.run_id,))
+            for model, name, value in found.fetchall():
+                calls.setdefault(model, {})[name] = value
+        return calls
 
     def chunk_count(self) -> int:
         return int(self._one("SELECT COUNT(*) FROM dataset_chunks WHERE run_id = ?")[0])

@@ -71,28 +71,6 @@ def retry_after_of(exc: BaseException) -> float | None:
     return parse_retry_after(value)
 
 
-def _count(value: Any) -> int | None:
-    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
-
-
-def usage_totals(store: Mapping[str, Any]) -> dict[str, Any] | None:
-    """{"calls", "cached_calls", "input_tokens", "output_tokens"}, and "cost_usd" when any call was priced, over the
-    store's `__llm_calls__` (None without that list): what `chordflow status` and `results` report. Entries without
-    counts add a call and no tokens; a reused answer (`cached`) is a call that billed nothing."""
-    calls = store.get("__llm_calls__")
-    if not isinstance(calls, list):
-        return None
-    totals: dict[str, Any] = {"calls": len(calls), "cached_calls": 0, "input_tokens": 0, "output_tokens": 0}
-    for entry in calls:
-        if isinstance(entry, dict):
-            totals["cached_calls"] += entry.get("cached") is True
-            for key in ("input_tokens", "output_tokens"):
-                totals[key] += _count(entry.get(key)) or 0
-            if isinstance(cost := entry.get("cost_usd"), int | float) and not isinstance(cost, bool):
-                totals["cost_usd"] = totals.get("cost_usd", 0.0) + cost
-    return totals
-
-
 def _positive(value: Any) -> bool:
     return value > 0
 

@@ -43,7 +43,7 @@ class Call:
     workflow: Any  # the sub-workflow's IR (a path only when the spec did not come through `ir.load`)
     inputs: dict[str, Any]
     source: str | None  # the sub-workflow's file (None: inline), for messages
-    accumulators: tuple[str, ...]  # the parent's root dunder lists: the sub-run's appends reach them
+    accumulators: dict[str, list]  # the parent's root dunder lists: the sub-run's appends reach them
 
     @property
     def what(self) -> str:
@@ -90,11 +90,13 @@ class WorkflowNode(Node):
             )
         source = self.params.get(subworkflows.SOURCE)
         root = getattr(shared, "root", shared)
-        accumulators = tuple(key for key, value in root.items() if isinstance(value, list) and is_dunder(key))
+        accumulators = {key: value for key, value in root.items() if isinstance(value, list) and is_dunder(key)}
         workflow = self.params.get(subworkflows.WORKFLOW)
         return Call(node_id, workflow, dict(inputs), source if isinstance(source, str) else None, accumulators)
 
-    def exec(self, call: Call) -> tuple[dict[str, Any], dict[str, list]]:
+    def exec(self, call: Call) -> dict[str, Any]:
+        """The sub-run's outputs. What it appended to the parent's lists (its model calls) reaches them whether it
+        succeeded or not: a failed sub-run's calls were billed too."""
         sub = _flow(call.workflow)
         flow = sub.flow
         store: dict[str, Any] = {key: [] for key in call.accumulators}
@@ -102,7 +104,11 @@ class WorkflowNode(Node):
             apply_inputs(flow.workflow, store, call.inputs, how=f"give it in params.inputs of node '{call.node_id}'")
         except ValidationError as exc:
             raise ValueError(f"{call.what}: {exc}") from None
-        status, error, outputs = _run(sub, store, call)
+        try:
+            status, error, outputs = _run(sub, store, call)
+        finally:
+            for key, entries in call.accumulators.items():
+                entries.extend(store.get(key) or ())
         if status != "success":
             raise SubworkflowFailed(f"{call.what} failed: {error}")
         if flow.workflow.outputs is None:
@@ -111,15 +117,11 @@ class WorkflowNode(Node):
                 for key, value in store.items()
                 if key in flow.nodes and not is_dunder(key) and isinstance(value, dict)
             }
-        return outputs, {key: store[key] for key in call.accumulators if store.get(key)}
+        return outputs
 
-    def post(self, shared: Any, prep_res: Call, exec_res: tuple[dict[str, Any], dict[str, list]]) -> str:
-        outputs, appended = exec_res
-        for key, value in outputs.items():
+    def post(self, shared: Any, prep_res: Call, exec_res: dict[str, Any]) -> str:
+        for key, value in exec_res.items():
             shared[key] = value
-        root = getattr(shared, "root", shared)
-        for key, entries in appended.items():
-            root[key].extend(entries)
         return "default"
 
 

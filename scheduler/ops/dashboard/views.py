@@ -94,7 +94,7 @@ class Views:
             runs = lookup.local_runs()
             if runs.get(record.run_id) is None:
                 runs = self._cluster = self._cluster or lookup.cluster_runs()
-        totals = usage.totals(runs.load_key(record.run_id, usage.CALLS))
+        totals = usage.totals(usage.calls_of(record, runs))
         with self._lock:
             self._usage[record.run_id] = (record.updated, totals)
             self._usage.move_to_end(record.run_id)

@@ -16,7 +16,7 @@ from worker.cluster.batches import chunking
 from worker.cluster.state import connection
 from worker.cluster.state.keys import purged_key, run_key
 from worker.cluster.state.runstate import client, script
-from worker.datasets.job import RECORDS, Dataset, pack_records, unpack_records
+from worker.datasets.job import RECORDS, Dataset, outcome_and_calls, pack_records, unpack_records
 
 #: Chunks in flight per worker process registered (at least MIN_WINDOW): enough to keep every process busy.
 CHUNKS_PER_PROCESS = 2
@@ -67,13 +67,24 @@ class ClusterDataset:
     def finish(
         self, n: int, chunk: ChunkResult, length: int, dataset: Dataset, claim: str = ""
     ) -> tuple[str, list[int]]:
-        """Store chunk n's outcomes and count them, once. `claim` (from `mark_started`): refused (`stale`) unless
-        it is still the chunk's claim — another delivery of the chunk started after this one."""
+        """Store chunk n's outcomes and count them, and its records' model calls, once. `claim` (from
+        `mark_started`): refused (`stale`) unless it is still the chunk's claim — another delivery of the chunk started
+        after this one."""
         complete = len(chunk.results) == length and not chunk.failures
+        chunk, calls = outcome_and_calls(chunk)
         blob = snapshot.encode(chunk.to_wire(), label=f"records chunk {n} results")
         percent, count = dataset.tolerated_failure_percent, dataset.tolerated_failure_count
         args = [n, blob, len(chunk.results), len(chunk.failures), int(complete)]
-        return self._run("finish", *args, "" if percent is None else percent, "" if count is None else count, claim)
+        sums = [
+            x
+            for model, counts in calls.items()
+            for name, value in counts.items()
+            if value
+            for x in (f"llm\t{model}\t{name}", value)
+        ]
+        return self._run(
+            "finish", *args, "" if percent is None else percent, "" if count is None else count, claim, *sums
+        )
 
     def read_done(self, total: int) -> tuple[str, list[int]]:
         return self._run("read_done", total)
@@ -181,6 +192,15 @@ class ClusterDataset:
             "chunks": int(raw.get("written", 0)),
             "stopped": raw.get("stopped"),
         }
+
+    def model_calls(self) -> dict[str, dict[str, int]]:
+        """The counts of the job's model calls, by model (worker/llm/usage.py `summed`)."""
+        calls: dict[str, dict[str, int]] = {}
+        for field, value in self.redis.hgetall(self.keys[0]).items():
+            if field.startswith(b"llm\t"):
+                _, model, name = field.decode().split("\t")
+                calls.setdefault(model, {})[name] = int(value)
+        return calls
 
     def chunk_count(self) -> int:
         return int(self.redis.hget(self.keys[0], "written") or 0)

@@ -10,7 +10,7 @@ from typing import Any
 
 from celery.exceptions import Ignore
 
-from ir.errors import RunPurged
+from ir.errors import RunPurged, SameForEveryItem
 from worker.batch.aggregate import ChunkResult
 from worker.cluster import aging, logs, priorities, signing
 from worker.cluster.app import current_app, task
@@ -80,13 +80,14 @@ def settle(run_id: str) -> None:
         send(run_id, claimed)
 
 
-def refuse(runs: ClusterRuns, run_id: str, status: str, exc: signing.WorkflowAltered) -> str:
-    """A job whose record was altered stops (chunks in flight run no more records) and ends failed: one WARNING
-    line, the transition's, from the first chunk that saw it (the others find the job ended)."""
+def refuse(runs: ClusterRuns, run_id: str, status: str, exc: Exception, error: str | None = None) -> str:
+    """A job whose record was altered, or whose records all meet the same error (a model's key refused), stops
+    (chunks in flight run no more records) and ends failed: one WARNING line, the transition's, from the first
+    chunk that saw it (the others find the job ended)."""
     RunState(run_id).abort(RECORDS)
     if status not in FINAL:
         runs.set_exception(run_id, exc)
-        error = f"{type(exc).__name__}: {exc}"
+        error = error or f"{type(exc).__name__}: {exc}"
         runs.set_status(run_id, "failed", error)
         logs.transition(run_id, status, "failed", node=RECORDS, error=error)
     return "refused"
@@ -120,11 +121,15 @@ def dataset_chunk(self: Any, run_id: str, n: int) -> str:
     began, ran, failed = time.monotonic(), 0, 0
     if not state.should_stop(RECORDS):
         executor = chunk_executor(dataset.record_spec(record.workflow).wire(), runs.load_store(run_id))
-        with context.using(RunContext(answers=RedisAnswers(state), budget=budgets.in_redis(state))):  # model calls
-            chunk = run_chunk(
-                executor, records, bad, n * size, done,
-                lambda count: chunk_middleware(state, RECORDS, False),
-            )  # fmt: skip
+        try:
+            with context.using(RunContext(answers=RedisAnswers(state), budget=budgets.in_redis(state))):  # model calls
+                chunk = run_chunk(
+                    executor, records, bad, n * size, done,
+                    lambda count: chunk_middleware(state, RECORDS, False),
+                )  # fmt: skip
+        except SameForEveryItem as exc:  # every record would meet it: the job stops at the first
+            current = runs.get(run_id)
+            return refuse(runs, run_id, current.status if current else "running", exc, str(exc))
         kept = len(done.results) - len(done.failures) if done is not None else 0  # a redrive's successes: not run
         ran, failed = len(chunk.results) - kept, len(chunk.failures)
     elif done is not None:

@@ -12,7 +12,8 @@
 -- ARGV: 1 mode, 2 window, 3 ttl, then per mode:
 --   add       4 n, 5 records bytes, 6 records read so far, 7 seconds the reader lives without another add
 --   finish    4 n, 5 outcome bytes, 6 covered, 7 failed, 8 drop the records (1: all ran and succeeded),
---             9 tolerated percent or '', 10 tolerated count or '', 11 the finishing task's claim or ''
+--             9 tolerated percent or '', 10 tolerated count or '', 11 the finishing task's claim or '',
+--             12... pairs of a field of KEYS[1] and what to add to it (the chunk's model calls: 'llm\t<model>\t<count>')
 --   read_done 4 total records
 -- Returns {state, claimed chunk numbers...}; state: 'end', 'go', 'dup' (a finish already counted), or 'stale'
 -- (a finish whose claim is no longer the chunk's: a later delivery of the chunk began, and only its finish counts),
@@ -45,6 +46,7 @@ elseif mode == 'finish' then
   redis.call('HSET', KEYS[5], ARGV[4], ARGV[6])
   redis.call('HSET', KEYS[6], ARGV[4], ARGV[7])
   redis.call('HINCRBY', KEYS[1], 'done', tonumber(ARGV[6]) - old_cov)
+  for i = 12, #ARGV - 1, 2 do redis.call('HINCRBY', KEYS[1], ARGV[i], ARGV[i + 1]) end
   local failed = redis.call('HINCRBY', KEYS[1], 'failed', tonumber(ARGV[7]) - old_failed)
   if ARGV[8] == '1' then redis.call('HDEL', KEYS[7], ARGV[4]) end
   local total = redis.call('HGET', KEYS[1], 'total')
