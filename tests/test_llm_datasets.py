@@ -91,3 +91,17 @@ def test_a_refused_key_stops_a_job_at_its_first_refusal(job_backend: tuple[str, 
     assert "refused the key" in report["error"], report["error"]
     assert len(provider.requests) <= 2 * 4, len(provider.requests)  # a request per pool process at most (2 x 2)
     print(f"{backend}: a refused key on 5,000 records: {len(provider.requests)} requests, then the job failed")
+
+
+def test_a_jobs_budget_stops_its_model_calls(job_backend: tuple[str, Provider], tmp_path: Path) -> None:
+    # 200 records of 1-word prompts answered in 2 words: 3 tokens billed each, at most 1 + 64 reserved (max_tokens).
+    backend, provider = job_backend
+    wf, items = write_job(tmp_path, 200)
+    spec = json.loads(wf.read_text())
+    spec["nodes"][0]["params"]["max_tokens"] = 64
+    wf.write_text(json.dumps(spec))
+    done = cli("run", wf, "--items", items, "--chunk-size", 10, "--backend", backend, "--budget-tokens", 150)
+    assert done.returncode == 1 and "budget exhausted" in done.stderr, done.stderr
+    billed = sum(provider.tokens())
+    assert 0 < billed <= 150, billed  # in flight at most: the reservations of one worker's calls
+    print(f"{backend}: a budget of 150 tokens on 200 records: {billed} billed, {len(provider.billed())} requests")
