@@ -35,6 +35,7 @@ from worker.llm import usage
 from worker.runs.record import FINAL, RunRecord, new_run_id, resume_refusal
 from worker.runs.redrive import redrive_batch
 from worker.runs.resume_point import go_on_under
+from worker.runs.store import RunStore
 
 __all__ = [
     "cancel_run",
@@ -191,6 +192,18 @@ def redrive_cluster(run_id: str, node: str) -> int:
     return plan.failed
 
 
+def _rebudget_local(record: RunRecord, runs: RunStore, changes: dict[str, Any]) -> dict[str, Any]:
+    """A local run that stopped takes a new budget into its recorded workflow, which `resume` (`redrive`) reads; one
+    still running holds its budget in its own process."""
+    owner = runs.owner(record.run_id) if record.status not in FINAL else None
+    if owner is not None and not owner.gone():
+        raise ValidationError(f"run {record.run_id} is running in another process: change its budget once it stopped")
+    budget = dict(record.workflow.get("budget") or {})
+    budget.update({name.removeprefix("budget_"): value for name, value in changes.items()})
+    runs.set_workflow(record.run_id, {**record.workflow, "budget": budget}, None, record.node)
+    return changes
+
+
 def update_run(run_id: str, changes: dict[str, Any]) -> dict[str, Any]:
     """Change a queued or running cluster run's batch limits and priority (worker/batch/overrides.py); returns
     the changes as recorded. Bad values, an unknown run, a run that ended, a local or client-driven run and a
@@ -199,13 +212,16 @@ def update_run(run_id: str, changes: dict[str, Any]) -> dict[str, Any]:
     if found := overrides.problems(changes):
         raise ValidationError(found)
     record, runs = find_run(run_id)
+    if not runs.durable and overrides.budget_only(changes):
+        return _rebudget_local(record, runs, changes)
     if not runs.durable:
         raise ValidationError(
             f"run {run_id} is driven by the process that started it (a local run, or `scheduler.run` with the celery "
-            "backend): only a submitted run's limits can be changed; stop it and run it again"
+            "backend): only a submitted run's limits can be changed (a local run's budget once it stopped); stop it "
+            "and run it again"
         )
-    if record.dataset is not None:
-        raise ValidationError(f"run {run_id} is a dataset job: `update` changes a workflow run's batches")
+    if record.dataset is not None and not overrides.budget_only(changes):
+        raise ValidationError(f"run {run_id} is a dataset job: `update` changes a workflow run's batches and budget")
     with broker_errors(settings.load().result_backend):
         outcome = runs.update(run_id, changes)  # type: ignore[attr-defined]
     if outcome == "unknown":

@@ -48,9 +48,8 @@ def test_a_local_run_stops_at_its_budget_and_a_larger_one_finishes_it(provider: 
         scheduler.run(budgeted(40, 20))
     assert sum(provider.tokens()) == 30 <= 40  # 10 calls: the 11th could have taken 30 + 11 past 40
     run_id = next(r.run_id for r in scheduler_runs() if r.status == "failed")
-    wf = tmp_path / "wf.json"
-    wf.write_text(json.dumps(budgeted(1000, 20)))
-    resumed = scheduler.resume(run_id, workflow=str(wf))
+    scheduler.update(run_id, budget_tokens=1000)  # a local run that stopped takes a new budget for its resume
+    resumed = scheduler.resume(run_id)
     assert resumed.status == "success" and resumed.shared["ask"]["success_count"] == 20
     assert asked(provider) == Counter(prompts(20))  # every prompt once: the first 10 answers were kept
 

@@ -100,8 +100,17 @@ def test_a_jobs_budget_stops_its_model_calls(job_backend: tuple[str, Provider], 
     spec = json.loads(wf.read_text())
     spec["nodes"][0]["params"]["max_tokens"] = 64
     wf.write_text(json.dumps(spec))
-    done = cli("run", wf, "--items", items, "--chunk-size", 10, "--backend", backend, "--budget-tokens", 150)
+    done = cli(
+        "run", wf, "--items", items, "--chunk-size", 10, "--backend", backend, "--budget-tokens", 150,
+        "--output", "json",
+    )  # fmt: skip
     assert done.returncode == 1 and "budget exhausted" in done.stderr, done.stderr
     billed = sum(provider.tokens())
     assert 0 < billed <= 150, billed  # in flight at most: the reservations of one worker's calls
     print(f"{backend}: a budget of 150 tokens on 200 records: {billed} billed, {len(provider.billed())} requests")
+    run_id = json.loads(done.stdout)["run_id"]
+    assert cli("update", run_id, "--budget-tokens", 100_000).returncode == 0
+    again = cli("redrive", run_id)
+    assert again.returncode == 1 and "failed 1 of 200 records" in again.stderr, again.stderr  # FAILING's check
+    asked = [body["messages"][-1]["content"] for body in provider.bodies]
+    assert sorted(asked) == sorted(f"t{i}" for i in range(200))  # every record's answer paid for once

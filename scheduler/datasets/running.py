@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ir.errors import ValidationError
+from ir.errors import SameForEveryItem, ValidationError
 from ir.limits import check_value
 from ir.models import Budget
 from ir.names import is_identifier
@@ -296,10 +296,11 @@ class _LocalJob:
         self.executor = ItemExecutor(spec, item_chain(spec), common)
         spent = usage.usage_totals({usage.CALLS: usage.entries(ds.model_calls())})  # a redrive counts past calls
         budget = local_budget(load(record.workflow), spent)
+        self.refused: SameForEveryItem | None = None  # what stopped every record (a refused key, the budget)
         self.context = RunContext(answers=ds.runs.answers(record.run_id), budget=budget)
 
     def stopped(self) -> bool:
-        if self.cancelled.is_set():
+        if self.cancelled.is_set() or self.refused is not None:
             return True
         counts = self.ds.counts()
         if self.dataset.tolerance.set and self.dataset.tolerance.exceeded(counts["failed"], counts["total"]):
@@ -316,8 +317,12 @@ class _LocalJob:
                 RECORDS, read, False, cancelled=self.cancelled, emit=self.on_event, done_before=before, per_chunk=True
             )
 
-        with context.using(self.context):  # the records' model calls: answers kept in the run, its budget
-            chunk = run_chunk(self.executor, records, bad, n * size, done, hooks)
+        try:
+            with context.using(self.context):  # the records' model calls: answers kept in the run, its budget
+                chunk = run_chunk(self.executor, records, bad, n * size, done, hooks)
+        except SameForEveryItem as exc:  # every record would meet it: no more run; the file is still read (redrive)
+            self.refused = exc
+            return
         self.ds.finish(n, chunk, len(records))
         if self.on_chunk is not None:
             self.on_chunk(chunk, n * size, len(records))
@@ -325,5 +330,7 @@ class _LocalJob:
     def end(self, started: float) -> RunResult:
         counts = self.ds.counts()
         status, error = verdict(self.dataset, counts, self.cancelled.is_set(), self.ds)
+        if self.refused is not None and not self.cancelled.is_set():
+            status, error = "failed", str(self.refused)
         local_runs().set_status(self.record.run_id, status, error)
         return reading.result(self.record.run_id, status, error, counts, time.perf_counter() - started)
