@@ -1,4 +1,4 @@
-"""Parallel sections (seed 004): a node's parallel edges start branches that meet at one fan-in node.
+"""Parallel sections: a node's parallel edges start branches that meet at one fan-in node.
 
 `{"from": "start", "to": "a", "parallel": true, "fan_in": "merge"}`, one edge per branch: after `start`
 returns the edges' action, every branch runs — the chain of nodes from its first node, following ordinary

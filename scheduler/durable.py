@@ -135,7 +135,7 @@ def cancel_run(run_id: str) -> int:
     the flag and has its queued chunks revoked; a local run's process (on this host) is sent SIGTERM, which
     `chordflow run` takes as Ctrl-C.
 
-    A cluster run's chunks are never revoked: a revoked chord member fails the chord, so its body (which
+    A cluster run's chunks are never revoked: a revoked chunk would leave its batch unmerged, so the merge task (which
     keeps the outcomes so far and records "cancelled") would never run and the run would stay "running".
     Its queued chunks see the flag as they start and return at once, without running an item.
     """

@@ -1,4 +1,4 @@
-"""Plans (seed 001): many independent states, one list of tool calls, compiled to ONE IR workflow.
+"""Plans: many independent states, one list of tool calls, compiled to ONE IR workflow.
 
 A plan is `{"context": [{"_uid", "type": "state", "state": {...}}...], "calls": [{"_tool", "_uid",
 "_outputPath", <params>}...]}`. `_tool` is a node type, the other keys not starting with `_` are its params;
@@ -8,7 +8,7 @@ is a template: it applies to every state.
 
 Per state, a call depends on the calls that write what it reads (or overwrite what it reads, or write the
 same path earlier); the calls are levelled (a call runs one level after the last call it depends on) and
-the calls of one level and one tool, across all states, become ONE batch node (one chord on the cluster)
+the calls of one level and one tool, across all states, become ONE batch node (one batch of chunk tasks on the cluster)
 between a `plan-gather` and a `plan-scatter` node (worker/nodes/plan.py). The states travel in the store
 under `__states__`; the workflow's output `states` is the final states by `_uid`.
 """

@@ -1,4 +1,4 @@
-"""NodeError: "error as state" (seed 003) on top of pocketflow 0.0.3, which lacks it.
+"""NodeError: "error as state" on top of pocketflow 0.0.3, which lacks it.
 
 A dict subclass so it travels through msgpack as a plain map and reads naturally in templates
 (`${_error.message}`), while Python code can use attributes (`err.exception_type`). The original

@@ -1,6 +1,7 @@
 """Batch backends, looked up by name: `scheduler/backends/<name>.py` defines `create(run_id, ctx) -> Backend`.
 
-`local` runs items in this process (worker.batch.backend.LocalBackend); `celery` fans them out as chords.
+`local` runs items in this process (worker.batch.backend.LocalBackend); `celery` fans them out as chunk tasks,
+merged by a merge task.
 May import `worker` and `ir`; only `celery.py` imports the cluster half.
 """
 

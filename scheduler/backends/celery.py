@@ -1,8 +1,8 @@
-"""The Celery backend: one batch node = ONE chord of `run_chunk` tasks with an `aggregate` body.
+"""The Celery backend: one batch node = `run_chunk` tasks merged by ONE `aggregate` task.
 
 The snapshot is encoded once per batch (inline under a size threshold, else stored once in Redis
 by content hash); items travel per chunk. The scheduler then follows the run's progress stream
-(one XREAD per wake-up, never a subscription per item) until the chord body is ready.
+(one XREAD per wake-up, never a subscription per item) until the merge task is done.
 """
 
 from __future__ import annotations

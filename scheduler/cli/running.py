@@ -1,4 +1,4 @@
-"""Starting workflows: `run`, `submit`; and plans (seed 001): `run-plan` runs one, `plan-to-ir` prints the workflow
+"""Starting workflows: `run`, `submit`; and plans: `run-plan` runs one, `plan-to-ir` prints the workflow
 it compiles to (exit 2 for an invalid plan)."""
 
 from __future__ import annotations
@@ -219,7 +219,7 @@ def run_plan(ctx: click.Context, plan: str, backend: str, debug: bool) -> None:
     """Run a plan (states by _uid, tool calls) and print the final states by _uid as one JSON object.
 
     Calls of the same tool that are ready at the same time, across all states, run as ONE batch (one
-    chord with --backend celery). Exit 2 when the plan is invalid, 1 when a tool call fails.
+    batch of chunk tasks with --backend celery). Exit 2 when the plan is invalid, 1 when a tool call fails.
     """
     from scheduler import plans
 

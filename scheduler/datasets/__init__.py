@@ -1,4 +1,4 @@
-"""Dataset jobs from the client's side (issue 9; worker/datasets/job.py): running.py runs or submits a job as its
+"""Dataset jobs from the client's side (worker/datasets/job.py): running.py runs or submits a job as its
 records file is read, and redrives it; reading.py reads it back (rows, progress, result) without the engine.
 
 Locally the windows run in this process as they are read; on the cluster each window is stored in Redis

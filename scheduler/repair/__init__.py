@@ -1,4 +1,4 @@
-"""The repair flow (seed 002): a failed run is diagnosed, its workflow repaired, validated and resumed
+"""The repair flow: a failed run is diagnosed, its workflow repaired, validated and resumed
 from its checkpoint. `repair(workflow, failure, runner=...)` runs it; generators are pluggable.
 
 May import `scheduler`'s api and top-level modules, `worker` and `ir`; never `scheduler.cli` or `scheduler.ops`.

@@ -1,4 +1,4 @@
-"""The repair flow (seed 002): a supervisor flow of PocketFlow nodes, and `repair`, which runs it.
+"""The repair flow: a supervisor flow of PocketFlow nodes, and `repair`, which runs it.
 
     ErrorAnalyzer -> RepairGenerator -generated-> StaticValidator -valid-> RuntimeExecutor -success-> ResultPreparation
                      |  ^  unrepairable               |  invalid                 |  failed (-> ErrorAnalyzer)

@@ -1,4 +1,4 @@
-"""The repair flow's nodes (seed 002): each does one thing; their actions route the flow (flow.py).
+"""The repair flow's nodes: each does one thing; their actions route the flow (flow.py).
 
 The flow's shared store: `original` (the IR that failed), `workflow` (the IR the last run used),
 `failure` / `first_failure`, `attempts` (proposals made), `seen` (the errors already given to the

@@ -1,4 +1,4 @@
-"""The one merge of item outcomes into a batch result, used by the local loop and the chord callback.
+"""The one merge of item outcomes into a batch result, used by the local loop and the cluster's merge task.
 
 Outcomes travel per chunk in columnar form (ChunkResult): the results of a contiguous run of items as
 one list, plus the few failed items in full. Merging chunks is then list concatenation in index

@@ -27,7 +27,7 @@ def rebuild_exception(outcome: ItemOutcome) -> BaseException:
 
 
 def stored_batch_result(blob: bytes) -> BatchResult:
-    """A batch result as the chord body stored it, with a fail_fast failure's exception rebuilt."""
+    """A batch result as the merge task stored it, with a fail_fast failure's exception rebuilt."""
     result = BatchResult.from_wire(snapshot.decode(blob))
     if result.failure is not None and result.failure.exception_type:
         result.failure.exception = rebuild_exception(result.failure)

@@ -1,7 +1,7 @@
 """A finished batch's items as rows `{"index", "result", "error"}` in input order, read piece by piece.
 
 `chordflow results RUN --node N` streams a batch of any size: a cluster run's rows come from the chunk
-outcomes the chord body stored per chunk (one chunk decoded at a time), a local run's from the stored
+outcomes the merge task stored per chunk (one chunk decoded at a time), a local run's from the stored
 aggregate, decoded incrementally. Neither builds the item list in memory.
 """
 

@@ -1,6 +1,6 @@
 """The cluster: the ONLY package that imports celery, kombu or redis. The Celery app (app.py), advances
 (advance.py), dataset chunks (datasets.py), signing, rate limits, priorities and their aging, outages and
-logs; `batches/` runs a batch as chunks and a chord, `broker/` holds what crosses the broker, `state/`
+logs; `batches/` runs a batch as chunk tasks and a merge task, `broker/` holds what crosses the broker, `state/`
 everything kept in Redis.
 
 May import everything in `worker` and `ir`; nothing in `worker` outside this package imports it,

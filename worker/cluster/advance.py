@@ -1,7 +1,7 @@
 """`chordflow.advance`: the cluster's stepper. A submitted run lives in Redis and advances through it.
 
 Each advance loads the run's checkpoint and runs nodes until the flow ends or a batch node dispatches
-its chord; the chord body merges the chunks and enqueues the next advance. No task waits on another.
+its chunks; the merge task merges them and enqueues the next advance. No task waits on another.
 Fencing: one lease per run (renewed while the task runs, so it outlives no dead worker) keeps two advances
 from running at once, and an advance goes on from the run's checkpoint, never from its own step: an advance
 behind the run (a duplicate, or one redelivered after its worker was SIGKILLed between two nodes it had
@@ -49,7 +49,7 @@ LEASE_SECONDS = 15
 
 
 class Suspended(BaseException):  # a control-flow signal, not an error: nodes must not catch it
-    """A batch was dispatched; this advance ends and the chord body enqueues the next one."""
+    """A batch was dispatched; this advance ends and the merge task enqueues the next one."""
 
 
 class Lease:
@@ -82,8 +82,8 @@ class Lease:
 
 
 class ClusterBatches:
-    """The backend inside an advance: a batch's stored result when its chord has finished, else dispatch
-    the chord for the items without an outcome and suspend."""
+    """The backend inside an advance: a batch's stored result when its chunks have been merged, else dispatch
+    chunks for the items without an outcome and suspend."""
 
     name = "celery"
 
@@ -221,7 +221,7 @@ def _encoded(state: BranchState) -> bytes:
 @task(name="chordflow.advance_branch", bind=True, max_retries=None, acks_late=True, ignore_result=True)
 def advance_branch(self: Any, run_id: str, key: str, branch: str, step: int) -> str:
     """Advance one branch of a parallel section from `step` until it reaches the fan-in (then join), fails,
-    or dispatches a batch (whose chord body enqueues this task again). Like `advance`, it goes on from the
+    or dispatches a batch (whose merge task enqueues this task again). Like `advance`, it goes on from the
     branch's checkpoint: a redelivered task picks the branch up where it stands."""
     runs = ClusterRuns()
     record = runs.get(run_id)

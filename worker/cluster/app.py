@@ -3,7 +3,7 @@
 Configured from the environment (worker.settings). Reliability choices: late acks and
 reject-on-worker-lost so a killed worker's chunk is delivered again; a short visibility timeout (a dead
 worker's deliveries come back within it) that live workers' renewals keep off their own (broker/deliveries.py);
-prefetch 1 (chunks are long); msgpack/json only, never pickle; ordered chords; task events on for Flower.
+prefetch 1 (chunks are long); msgpack/json only, never pickle; task events on for Flower.
 
 One app per settings value (`create_app`, `current_app`): the module's `app` is built from the
 environment at import; a process whose environment changes later gets a new app, never a reconfigured
@@ -84,7 +84,7 @@ def config(s: settings.Settings) -> dict:
         "broker_pool_acquire_timeout": s.pool_timeout,
         "broker_connection_retry_on_startup": True,
         # Redis outages: a worker reconnects to the broker forever (with backoff), never exits; a publish
-        # (a chord, the next advance) retries for about a minute; result writes retry across the outage.
+        # (a chunk, the next advance) retries for about a minute; result writes retry across the outage.
         "broker_connection_max_retries": None,
         "task_publish_retry_policy": {"max_retries": 40, "interval_start": 0, "interval_step": 0.5, "interval_max": 2},
         "result_backend_always_retry": True,
@@ -96,7 +96,7 @@ def config(s: settings.Settings) -> dict:
 class QuietResults:
     """A Redis result backend minus pub/sub subscriptions for chordflow's own chords.
 
-    Celery subscribes to the result channel of every task it sends and of every chord member. The
+    Celery subscribes to the result channel of every task it sends. The
     scheduler never waits that way (it reads the run's progress stream), so inside `quiet()` those
     subscriptions are skipped: they would cost a round trip per chunk and linger until exit. Outside
     it — any other task sent with this app — `AsyncResult.get()` works as usual.
@@ -105,7 +105,7 @@ class QuietResults:
     def __init__(self, *args: Any, **kwargs: Any):
         super().__init__(*args, **kwargs)  # type: ignore[call-arg]
         self._quiet = threading.local()
-        # Every command (a chord's counter included, which Celery does not retry itself) rides out a restart.
+        # Every command (a window's counter included) rides out a restart.
         self.connparams.update(outage.redis_options())
 
     @contextlib.contextmanager

@@ -4,7 +4,7 @@ Workers write, at INFO:
 
 - per chunk (`chordflow.run_chunk`, `chordflow.dataset_chunk`): `chunk run=<id> node=<node> batch=<key>
   items[<i>:<j>] items=<n> failed=<k> seconds=<s>`;
-- per run transition (`advance`, the chord body, a dataset job's chunks): `run <id>: <from> -> <to>
+- per run transition (`advance`, the merge task, a dataset job's chunks): `run <id>: <from> -> <to>
   node=<node> steps=<n> items=<n> failed=<k>` (and `error=` when it failed).
 
 With `CHORDFLOW_LOG_FORMAT=json` every log line of a worker is one JSON object (`JsonFormatter`): `time`,

@@ -3,7 +3,7 @@
 Every Redis command of a worker retries lost connections and timeouts for `CHORDFLOW_OUTAGE_SECONDS` (a
 restart, a failover, a short network cut end unnoticed). Past that budget the task that was running raises
 one of ERRORS; `GivesBack` (worker/cluster/app.py), the base of every chordflow task, turns it into a Celery
-`Reject(requeue=True)` with one WARNING line: nothing is stored for the task (no failure, no chord error), and
+`Reject(requeue=True)` with one WARNING line: nothing is stored for the task (no failure, no batch error), and
 its message is delivered again — requeued by this worker if it can still reach the broker, else swept back by a live
 worker once its delivery lease lapses (worker/cluster/broker/deliveries.py). When this worker is back it finds its
 claims taken over and stops at its next write (fencing). Only a node's own errors fail items and runs.

@@ -311,7 +311,7 @@ class SignedTask(Task):
             raise Ignore()
 
     def after_return(self, status: str, retval: Any, task_id: str, args: Any, kwargs: Any, einfo: Any) -> None:
-        """Mark the task done once its result is stored and its chord counted (one SET per task): a worker killed
+        """Mark the task done once its result is stored and its chunk counted (one SET per task): a worker killed
         before this point has its message delivered again, and that delivery runs."""
         if status == states.SUCCESS and _marks_done(self):
             client().set(done_key(task_id), 1, ex=run_ttl(self.app))

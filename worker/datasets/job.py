@@ -1,4 +1,4 @@
-"""Dataset jobs: a whole workflow run once per record of a file, in chunks of records (issue 9, seed 001).
+"""Dataset jobs: a whole workflow run once per record of a file, in chunks of records.
 
 A dataset job is a batch over a `workflow` node whose items are the records: each record is one isolated
 instance of the workflow, run by the ONE per-item executor, and its result is the workflow's declared

@@ -1,9 +1,10 @@
-"""PflowBatchNode: a node with a `batch` block runs its inner chain once per item (seed 000).
+"""PflowBatchNode: a node with a `batch` block runs its inner chain once per item (the batch semantics: results
+in input order, counts, errors).
 
-prep resolves the items into a BatchJob (spec, items, the store they copy from); _exec hands the job to
-the run's backend (in-process loop or Celery chord), where the ItemExecutor applies the per-item rules;
-post judges the merged outcomes (fail_fast, failure thresholds) and writes the aggregate — the only write
-to the original store. No per-item state lives here.
+prep resolves the items into a BatchJob (spec, items, the store they copy from); _exec hands the job to the run's
+backend (in-process loop, or the cluster's chunk tasks and merge task), where the ItemExecutor applies the per-item
+rules; post judges the merged outcomes (fail_fast, failure thresholds) and writes the aggregate — the only write to the
+original store. No per-item state lives here.
 """
 
 from __future__ import annotations

@@ -2,7 +2,8 @@
 
 Each branch runs on its own shallow copy of the store, driven by the same stepper up to the fan-in. Here
 the branches are threads of this process (the local backend, and a client-orchestrated celery run whose
-batches still go to chords); a cluster run forks them into cursors of their own (worker/cluster/advance.py).
+batches still go to the workers as chunks); a cluster run forks them into cursors of their own
+(worker/cluster/advance.py).
 Both end in `merged`: the namespaces every branch wrote go into the store, root-level keys written by
 several branches are taken in branch declaration order (the last one's value stays, with a warning), and
 `__parallel_results__` lists each branch's outcome in declaration order. A branch that raises stops that

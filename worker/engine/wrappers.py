@@ -107,7 +107,7 @@ def _namespaced_templates(node_id: str, templated: TemplateNode) -> Callable[[An
 
 
 class InstrumentedNode(_Wrapper):
-    """Outermost: emits `state`/`error` events and routes failures to an `error` edge (seed 003).
+    """Outermost: emits `state`/`error` events and routes failures to an `error` edge (errors as state).
 
     With an `error` successor, a node that raises (after its retries) yields a NodeError stored in
     `shared["_error"]` and the flow follows `error`; without one, the original exception propagates.

@@ -1,4 +1,4 @@
-"""Node types that the seed-001 plan compiler (scheduler/plans.py) puts between a plan's tool calls.
+"""Node types that the plan compiler (scheduler/plans.py) puts between a plan's tool calls.
 
 A plan's states live in the store under `__states__` (`{_uid: state}`, a root key). Around each batch of
 tool calls, `plan-gather` builds the batch items (each call's varying params, `†state.x` references read

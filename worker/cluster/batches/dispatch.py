@@ -1,14 +1,14 @@
 """Fair dispatch of one batch: its chunks go to the broker a window at a time, the rest as chunks finish.
 
-A chord would put every chunk in the queue at once, and a queue is first in, first out: a three-item run
-submitted behind a million-item batch would wait for all of it. Instead the batch is planned in Redis
+One Celery chord would put every chunk in the queue at once, and a queue is first in, first out: a three-item
+run submitted behind a million-item batch would wait for all of it. Instead the batch is planned in Redis
 (worker/cluster/state/windows.py: its items in blocks, the chunk header, what is left) before anything is sent,
 at most `window` chunks (worker processes + 1) are in flight per batch, and each finishing chunk hands out the
 next ones (`send_chunks`, from `chordflow.run_chunk`). Runs of the same priority so take turns on the workers;
 a higher priority's messages go first (worker/cluster/priorities.py). Auto chunks hold about
 `CHORDFLOW_CHUNK_SECONDS` of work measured on the batch's finished chunks (one block until one has finished),
-within the count caps of chunking.py. The chunk that finishes last sends `chordflow.aggregate`, which plays the
-chord body: it merges the outcomes in input order.
+within the count caps of chunking.py. The chunk that finishes last sends `chordflow.aggregate`, the merge task
+(in the role of a chord's callback): it merges the outcomes in input order.
 
 The snapshot is encoded once per batch: inline under a size threshold, else stored once in Redis by content
 hash. Only the items without an outcome (`BatchJob.missing()`) are planned, so a resumed batch re-runs nothing

@@ -157,11 +157,11 @@ def _crashed(window: BatchWindow, job: dict[str, Any], exc: BaseException) -> No
 
 @task(name="chordflow.aggregate", ignore_result=True)
 def aggregate(job: dict[str, Any]) -> str:
-    """The chord body's role: once every chunk of the batch has finished (or stopped), merge their outcomes by
-    index (the same merge as in-process), store the batch result in Redis and wake whoever goes on: the waiting
-    scheduler (through the run's stream) or, for a run that lives in the cluster (`advance` in the job), the next
-    `chordflow.advance`. Safe to run twice: a stored result is not merged again, only its advance sent again
-    (the step fence drops a second one).
+    """The merge task, in the role of a chord's callback: once every chunk of the batch has finished (or stopped),
+    merge their outcomes by index (the same merge as in-process), store the batch result in Redis and wake whoever
+    goes on: the waiting scheduler (through the run's stream) or, for a run that lives in the cluster (`advance` in
+    the job), the next `chordflow.advance`. Safe to run twice: a stored result is not merged again, only its advance
+    sent again (the step fence drops a second one).
 
     A cluster run's chunk outcomes are kept per batch: `results --node` streams them, a batch cut short
     (cancelled) resumes with only the items that have no outcome, and one resumed merges them with its new chunks.

@@ -6,7 +6,7 @@ acknowledged sits in the hash `unacked` (its payload, by delivery tag) and in th
 (`QoS.restore_visible`, every `unacked_restore_interval` seconds) puts back on its queue each message whose
 score is older than the visibility timeout. The sweeper knows nothing of workers: on a long timeout a dead
 worker's chunk waits that long (an hour by default); on a short one a live worker's long chunk is delivered
-again while it runs, and again (issue 8: 20k items in 11 s chunks under an 8 s timeout never finished).
+again while it runs, and again (20k items in 11 s chunks under an 8 s timeout never finished, before this).
 
 So the timeout is short and live deliveries are kept fresh:
 
@@ -25,7 +25,7 @@ So the timeout is short and live deliveries are kept fresh:
   gives a restored message a fresh tag: a stale holder's renewals and acknowledgement touch nothing.
 - **Fencing** (`held`, `Lease`). A chunk checks its delivery on the way out: if the entry is gone, the message
   was swept and runs (or ran) elsewhere, so the chunk raises Ignore and never reports — only one outcome per
-  chunk reaches the chord. Dataset chunks are fenced by their claim (worker/cluster/state/lua/dataset_step.lua).
+  chunk reaches the merge. Dataset chunks are fenced by their claim (worker/cluster/state/lua/dataset_step.lua).
 
 Redis brokers only. AMQP (RabbitMQ) has no visibility timeout: an unacknowledged message goes back to its
 queue when the consumer's connection closes, so there is nothing to renew.
@@ -242,7 +242,7 @@ class Lease:
 
     def check(self) -> bool:
         """Renew the delivery's entry once and say whether it still exists. A broker that does not answer counts
-        as held: the outcome is reported (the chord counts a chunk once by its task id anyway)."""
+        as held: the outcome is reported (the batch's window counts a chunk once anyway)."""
         try:
             channel = redis_channel(self.app)
             if channel is None:

@@ -27,7 +27,7 @@ class BatchProgress:
     total: int
     done: int = 0
     failed: int = 0
-    finished: bool = False  # its chord body stored the merged result
+    finished: bool = False  # its merge task stored the merged result
 
     @property
     def ratio(self) -> float:

@@ -347,7 +347,7 @@ class ClusterRuns:
 
     # -- batch outcomes, stored per chunk -------------------------------------------------------------
     def keep_chunks(self, run_id: str, batch: str, blobs: list[bytes]) -> list[ChunkResult]:
-        """Store a batch's new chunk outcomes (the chord's results, as they came) beside those an earlier,
+        """Store a batch's new chunk outcomes (the chunks' results, as they came) beside those an earlier,
         cut-short dispatch kept; returns the chunks the batch's outcomes are made of, in index order: the
         new ones and the earlier ones they do not overlap (those the new ones cover are dropped)."""
         name = run_key(run_id, f"chunks:{batch}")

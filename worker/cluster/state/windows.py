@@ -180,7 +180,7 @@ class BatchWindow:
         return list(found)
 
     def outcomes(self) -> list[bytes]:
-        """Every finished chunk's outcome bytes, in index order (what a chord would hand its body)."""
+        """Every finished chunk's outcome bytes, in index order (what the merge task merges)."""
         out = self.state.redis.hgetall(f"{self.name}:out")
         return [out[k] for k in sorted(out, key=int)]
 

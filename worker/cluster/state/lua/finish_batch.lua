@@ -1,4 +1,4 @@
--- The chord body stores the merged batch result, then wakes the scheduler through the run's stream.
+-- The merge task stores the merged batch result, then wakes the scheduler through the run's stream.
 -- KEYS[1]: the result key; KEYS[2]: the stream; KEYS[3]: the run's tombstone (keys.py purged_key)
 -- ARGV[1]: result bytes; ARGV[2]: batch key; ARGV[3]: ttl. Returns 1, or 0 (nothing written) for a purged run.
 if redis.call('EXISTS', KEYS[3]) == 1 then return 0 end
