@@ -190,6 +190,11 @@ class RunPurged(Fenced):
     task stops where it learns it and writes nothing of the run back (the run's tombstone says so)."""
 
 
+class NewerFormat(ChordflowError, RuntimeError):
+    """A task message written in a wire format newer than this worker reads (a newer release sent it during a
+    rolling upgrade): handed back to the broker for a worker that knows it, never misread."""
+
+
 class Outage(ChordflowError, RuntimeError):
     """chordflow's own state (Redis, the broker) stayed out of reach past the outage budget: not the node's
     failure. Items and error routes let it through, and the task gives its work back to be delivered again."""

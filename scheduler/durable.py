@@ -27,6 +27,7 @@ from worker.cluster.app import current_app
 from worker.cluster.batches import chunking
 from worker.cluster.batches.dispatch import send_advance
 from worker.cluster.datasets import tasks
+from worker.cluster.messages import Advance
 from worker.cluster.state import idempotency
 from worker.cluster.state.runstate import RunState
 from worker.engine.flow import build_flow
@@ -107,7 +108,7 @@ def submit(
                     idempotency.release(runs.redis, idempotency_key, run_id)  # type: ignore[attr-defined]
             raise
         try:
-            send_advance("chordflow.advance", (run_id, 0))
+            send_advance(Advance(run_id, 0))
         except Exception as exc:  # recorded but never enqueued: say so in the record, not "queued" forever
             with contextlib.suppress(Exception):
                 runs.set_status(run_id, "failed", f"not enqueued: {exc}")
@@ -177,7 +178,7 @@ def resume_cluster(run_id: str, workflow: Any = None) -> None:
     state = RunState(run_id)
     state.clear_stops()
     runs.set_status(run_id, "queued", None)
-    send_advance("chordflow.advance", (run_id, step))
+    send_advance(Advance(run_id, step))
 
 
 def redrive_cluster(run_id: str, node: str) -> int:
@@ -188,7 +189,7 @@ def redrive_cluster(run_id: str, node: str) -> int:
         plan = redrive_batch(runs, record, node)
         RunState(run_id).clear_stops()
         runs.set_status(run_id, "queued", None)
-        send_advance("chordflow.advance", (run_id, plan.step))
+        send_advance(Advance(run_id, plan.step))
     return plan.failed
 
 

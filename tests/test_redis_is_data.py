@@ -1,4 +1,5 @@
-"""Redis content is data, never code (issue 20 item 4): what a worker runs is authenticated, replays do nothing.
+"""Redis content is data, never code: what a worker runs is authenticated, replays do nothing, and a message or run
+record of a newer release is handed back, never misread.
 
 A cluster of its own (a redis-server and real `celery -A worker.app worker` processes, with a random key this
 process signs with too). The attacker here can write Redis, as anyone holding its password can: it rewrites a
@@ -20,18 +21,19 @@ from typing import Any
 
 import pytest
 import redis
-from kombu.serialization import loads
+from kombu.serialization import dumps, loads
 
 import scheduler
+from scheduler import api
 from scheduler.localcluster import Cluster, ManagedProcess
 from tests.support import counting_nodes  # noqa: F401  (the test node type, in this process too)
 from tests.support.cluster import PLUGINS
 from worker import settings
-from worker.cluster import priorities, signing
+from worker.cluster import messages, priorities, signing
 from worker.cluster.app import current_app
 from worker.cluster.state.keys import done_key, run_key
 from worker.cluster.state.runs import ClusterRuns
-from worker.runs.record import RunRecord
+from worker.runs.record import FORMAT, RunRecord
 
 TIMEOUT = 120.0
 ALTERED = "its workflow in Redis does not match its signature (altered?); refused"
@@ -183,13 +185,15 @@ def test_a_run_record_verifies_only_for_its_own_run_workflow_and_dataset(r: redi
 # -- replays ---------------------------------------------------------------------------------------------------
 
 
-def captured_advance(monkeypatch: pytest.MonkeyPatch, r: redis.Redis, wf: dict[str, Any]) -> tuple[str, bytes]:
+def captured_advance(
+    monkeypatch: pytest.MonkeyPatch, r: redis.Redis, wf: dict[str, Any], **options: Any
+) -> tuple[str, bytes]:
     """Submit `wf` while its first `chordflow.advance` goes to a queue no worker reads; returns the run id and that
     message as the broker list holds it (what anyone who can read Redis could capture)."""
     queue = f"capture-{uuid.uuid4().hex[:8]}"
     with monkeypatch.context() as m:
         m.setenv("CHORDFLOW_QUEUE", queue)
-        run_id = scheduler.submit(wf)
+        run_id = scheduler.submit(wf, **options)
     lists = [queue] + [f"{queue}\x06\x16{step}" for step in priorities.STEPS[1:]]  # kombu: one list per priority
     raw = [message for name in lists for message in r.lrange(name, 0, -1)]
     assert len(raw) == 1
@@ -280,3 +284,73 @@ def test_a_message_delivered_again_after_its_worker_was_killed_mid_task_still_ru
         cluster.workers.pop("u2").kill()
         if cluster.workers["u1"].proc.poll() is not None:
             cluster.start_worker("u1")  # the module's worker, for whatever runs after
+
+
+def resigned(raw: bytes, args: tuple[Any, ...], task_id: str) -> str:
+    """The captured message `raw` with other arguments and task id, signed again with the cluster's key."""
+    envelope = json.loads(raw)
+    headers, content_type = envelope["headers"], envelope["content-type"]
+    _, kwargs, embed = loads(base64.b64decode(envelope["body"]), content_type, envelope["content-encoding"],
+                             accept=[content_type])  # fmt: skip
+    body = (list(args), kwargs, embed)
+    _, _, encoded = dumps(body, serializer="msgpack")
+    envelope["body"] = base64.b64encode(encoded).decode()
+    headers["id"] = envelope["properties"]["correlation_id"] = task_id
+    # a message given back goes to the queue its routing key names: the workers' (not the capture's)
+    envelope["properties"]["delivery_info"]["routing_key"] = settings.load().queue
+    signer = current_app().signer
+    assert signer is not None
+    headers[signing.HEADER] = signer.sign(headers["task"], task_id, body, headers[signing.EXPIRES])
+    return json.dumps(envelope)
+
+
+def test_a_message_of_a_newer_format_is_handed_back_and_its_run_goes_on(
+    monkeypatch: pytest.MonkeyPatch, r: redis.Redis, worker: ManagedProcess
+) -> None:
+    """What a worker of a newer release would send during a rolling upgrade, pushed by hand: this worker warns once,
+    hands it back again and again (never misread, never lost), and the run's own advance still runs it once."""
+    key = f"newer-{uuid.uuid4().hex[:8]}"
+    # a high run's advance: aging never sends a copy of it (the original is all there is)
+    run_id, raw = captured_advance(monkeypatch, r, {"nodes": [count(key, "once")]}, priority="high")
+    newer_id = str(uuid.uuid4())
+    newer = {"v": messages.FORMAT + 1, "run": run_id, "step": 0, "resume_at": "a field this release does not know"}
+    push(r, resigned(raw, (newer,), newer_id))
+    line = worker.wait_for_line(f"chordflow.advance[{newer_id}]: an advance of wire format {messages.FORMAT + 1}")
+    assert "WARNING" in line and "handed back for a worker of a newer release" in line
+    until(lambda: len(worker_lines(worker, f"chordflow.advance[{newer_id}] received")) >= 3, "two redeliveries")
+    assert len(warnings_about(worker, newer_id)) == 1  # one warning, however often it comes back
+    assert r.hget(run_key(run_id, "run"), "status") == b"queued" and not r.exists(f"{key}:runs")  # nothing misread
+    push(r, raw)  # the run's own advance, of this release's format
+    assert scheduler.wait(run_id, timeout=TIMEOUT).status == "success"
+    assert r.hgetall(f"{key}:effects") == {b"once": b"1"}
+    api.purge(run_id)  # the newer message goes with its run: nothing of a purged run runs
+    worker.wait_for_line(f"skipped task chordflow.advance[{newer_id}]: run {run_id} was purged", TIMEOUT)
+
+
+def test_a_run_record_of_a_newer_format_is_left_alone_until_a_worker_reads_it(
+    monkeypatch: pytest.MonkeyPatch, r: redis.Redis, worker: ManagedProcess
+) -> None:
+    key = f"record-{uuid.uuid4().hex[:8]}"
+    run_id, raw = captured_advance(monkeypatch, r, {"nodes": [count(key, "once")]}, priority="high")
+    assert r.hget(run_key(run_id, "run"), "format") == str(FORMAT).encode()
+    r.hset(run_key(run_id, "run"), "format", FORMAT + 1)  # as a newer release would have written it
+    raw = resigned(raw, (*json_args(raw),), task_id_of(raw)).encode()
+    push(r, raw)
+    line = worker.wait_for_line(f"run {run_id}: record format {FORMAT + 1}", TIMEOUT)
+    assert "WARNING" in line and "handed back" in line
+    until(lambda: len(worker_lines(worker, f"chordflow.advance[{task_id_of(raw)}] received")) >= 2, "a redelivery")
+    assert r.hget(run_key(run_id, "run"), "status") == b"queued" and not r.exists(f"{key}:runs")
+    r.hset(run_key(run_id, "run"), "format", FORMAT)  # the upgrade reaches this worker
+    assert scheduler.wait(run_id, timeout=TIMEOUT).status == "success"
+    assert r.hgetall(f"{key}:effects") == {b"once": b"1"}
+
+
+def json_args(raw: bytes) -> list[Any]:
+    envelope = json.loads(raw)
+    content_type = envelope["content-type"]
+    body = loads(base64.b64decode(envelope["body"]), content_type, envelope["content-encoding"], accept=[content_type])
+    return list(body[0])
+
+
+def worker_lines(worker: ManagedProcess, text: str) -> list[str]:
+    return [line for line in worker.log.read_text().splitlines() if text in line]

@@ -200,3 +200,25 @@ def test_every_package_says_what_it_may_import() -> None:
         if path.name == "__init__.py" and "import" not in (ast.get_docstring(ast.parse(path.read_text())) or "")
     ]
     assert silent == []
+
+
+def string_constants(tree: ast.AST) -> set[str]:
+    return {node.value for node in ast.walk(tree) if isinstance(node, ast.Constant) and isinstance(node.value, str)}
+
+
+def test_messages_are_built_in_the_messages_module_and_sent_by_the_sending_one() -> None:
+    """What crosses the broker is a typed message (worker/cluster/messages.py, the only module naming a task) sent by
+    worker/cluster/sending.py (the only module calling `send_task`): no bare dict or tuple goes to a task elsewhere."""
+    from worker.cluster import messages
+
+    names = {messages.ADVANCE, messages.ADVANCE_BRANCH, messages.RUN_CHUNK, messages.MERGE, messages.DATASET_CHUNK}
+    naming, sending = [], []
+    for name, path in MODULES.items():
+        tree = ast.parse(path.read_text(), str(path))
+        if name != "worker.cluster.messages" and string_constants(tree) & names:
+            naming.append(name)
+        calls = [n for n in ast.walk(tree) if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)]
+        if name != "worker.cluster.sending" and any(call.func.attr == "send_task" for call in calls):  # type: ignore[attr-defined]
+            sending.append(name)
+    assert not naming, f"modules naming a chordflow task outside worker/cluster/messages.py: {naming}"
+    assert not sending, f"modules sending a task outside worker/cluster/sending.py: {sending}"

@@ -45,6 +45,7 @@ from worker.cluster.broker.base import QueueView
 from worker.cluster.broker.pool import SENT_AT_HEADER
 from worker.cluster.broker.registry import for_settings as broker_for
 from worker.cluster.datasets.store import ClusterDataset
+from worker.cluster.messages import ADVANCE
 from worker.cluster.state import connection, heartbeat
 from worker.cluster.state.keys import RUNS, run_key
 from worker.cluster.state.progress import BatchProgress, StreamProgress
@@ -414,7 +415,7 @@ class WorkerMetrics:
         sent = getattr(task.request, SENT_AT_HEADER, None)
         if isinstance(sent, int | float):
             self.wait_seconds.labels(name).observe(max(0.0, time.time() - sent))
-        if name == "chordflow.advance":
+        if name == ADVANCE:
             self._started[task_id] = time.monotonic()
 
     def task_ended(self, task_id: str | None = None, **_: Any) -> None:

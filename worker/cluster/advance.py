@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 import threading
 import uuid
+from dataclasses import astuple
 from typing import Any
 
 from celery.exceptions import Ignore
@@ -29,6 +30,7 @@ from worker.batch.remote import rebuild, stored_batch_result
 from worker.cluster import logs, outage, signing
 from worker.cluster.app import task
 from worker.cluster.batches.dispatch import dispatch_batch, redispatch, send_advance
+from worker.cluster.messages import ADVANCE, ADVANCE_BRANCH, Advance, AdvanceBranch
 from worker.cluster.state import budget as budgets
 from worker.cluster.state.answers import RedisAnswers
 from worker.cluster.state.keys import run_key
@@ -110,13 +112,15 @@ class ClusterBatches:
         raise Suspended
 
 
-@task(name="chordflow.advance", bind=True, max_retries=None, acks_late=True, ignore_result=True)
-def advance(self: Any, run_id: str, step: int) -> str:
-    """Advance run `run_id` from `step` until the flow ends or a batch is dispatched."""
+@task(name=ADVANCE, bind=True, max_retries=None, acks_late=True, ignore_result=True)
+def advance(self: Any, message: Any, *legacy: Any) -> str:
+    """Advance the run from its step until the flow ends or a batch is dispatched."""
+    run_id, step = astuple(Advance.from_wire(message, *legacy))
     runs = ClusterRuns()
     record = runs.get(run_id)
     if record is None or record.status in FINAL or record.step < step:
         return "fenced"
+    record.check_format()
     lease = Lease(runs, run_id)
     if not lease.acquire():
         raise self.retry(countdown=LEASE_SECONDS / 3)
@@ -200,7 +204,7 @@ class ClusterSections:
                 self.runs.save_branch(self.run_id, key, branch.branch, _encoded(branch))
             self.runs.reset_join(self.run_id, key, [s.branch for s in states if s.finished])
             for branch in todo:
-                send_advance("chordflow.advance_branch", (self.run_id, key, branch.branch, branch.step))
+                send_advance(AdvanceBranch(self.run_id, key, branch.branch, branch.step))
             log.info("run %s: section %s -> %d branches", self.run_id, section.node_id, len(todo))
             raise Suspended
         if any(s.status == "running" for s in states):  # a duplicate advance while the branches run
@@ -218,16 +222,18 @@ def _encoded(state: BranchState) -> bytes:
     return snapshot.encode(state.to_wire(), label=f"branch '{state.branch}'")
 
 
-@task(name="chordflow.advance_branch", bind=True, max_retries=None, acks_late=True, ignore_result=True)
-def advance_branch(self: Any, run_id: str, key: str, branch: str, step: int) -> str:
-    """Advance one branch of a parallel section from `step` until it reaches the fan-in (then join), fails,
+@task(name=ADVANCE_BRANCH, bind=True, max_retries=None, acks_late=True, ignore_result=True)
+def advance_branch(self: Any, message: Any, *legacy: Any) -> str:
+    """Advance one branch of a parallel section from its step until it reaches the fan-in (then join), fails,
     or dispatches a batch (whose merge task enqueues this task again). Like `advance`, it goes on from the
     branch's checkpoint: a redelivered task picks the branch up where it stands."""
+    run_id, key, branch, step = astuple(AdvanceBranch.from_wire(message, *legacy))
     runs = ClusterRuns()
     record = runs.get(run_id)
     state = _branch_state(runs, run_id, key, branch)
     if record is None or record.status in FINAL or state is None or state.step < step:
         return "fenced"
+    record.check_format()
     try:
         signing.check_run(self.app.signer, run_id, record)  # the one read of the record this task uses
     except signing.WorkflowAltered as exc:
@@ -318,7 +324,7 @@ def _section(workflow: dict[str, Any], key: str, flow: WorkflowFlow | None = Non
 def _join(runs: ClusterRuns, run_id: str, key: str, branch: str, branches: int) -> None:
     """The branch has ended: the last of the section's branches to end hands the run back to the fan-in."""
     if runs.join(run_id, key, branch) >= branches:
-        send_advance("chordflow.advance", (run_id, int(key.rsplit("#", 1)[1])))
+        send_advance(Advance(run_id, int(key.rsplit("#", 1)[1])))
 
 
 def _branch_state(runs: ClusterRuns, run_id: str, key: str, branch: str) -> BranchState | None:

@@ -2,11 +2,11 @@
 
 Both brokers hand out the highest priority first, strictly: a low run's advance or chunk already in the queue waits
 for as long as higher-priority messages keep arriving, and nothing a worker does later can raise it. So every message
-sent below the top level is recorded in its run's keys when it is sent (`send`), and forgotten when a delivery of it
-begins (`begin`, from every task's `before_start`). Every worker runs a `Sweeper`; at most one sweep starts per
-interval across the cluster (a key SET NX for the interval), and it sends a copy of each message that has waited
-`CHORDFLOW_PRIORITY_AGING` seconds, at the level that wait earns (priorities.rank: one level up per period; after two
-periods a low message goes with the high ones).
+sent below the top level is recorded in its run's keys when it is sent (worker/cluster/sending.py), and forgotten
+when a delivery of it begins (`begin`, from every task's `before_start`). Every worker runs a `Sweeper`; at most one
+sweep starts per interval across the cluster (a key SET NX for the interval), and it sends a copy of each message that
+has waited `CHORDFLOW_PRIORITY_AGING` seconds, at the level that wait earns (priorities.rank: one level up per period;
+after two periods a low message goes with the high ones).
 
 A copy is the same message under a sibling task id: whichever delivery of the pair begins first runs, the other
 is skipped unrun (lua/begin_message.lua), so no item runs twice because of a copy, and a redelivery of the one
@@ -24,15 +24,15 @@ from __future__ import annotations
 import logging
 import re
 import time
-import uuid
 from typing import Any
 
 import msgpack
 import redis
 
 from worker.cluster import priorities
+from worker.cluster.sending import client as _client
+from worker.cluster.sending import forget, resend
 from worker.cluster.state.keys import QUEUED, run_key
-from worker.cluster.state.runstate import client as state_client
 from worker.cluster.state.runstate import script
 from worker.periodic import Periodic
 from worker.runs.record import FINAL
@@ -45,53 +45,6 @@ TRACKED = re.compile(r"^([0-9a-f]{32})-([0-9])$")
 PER_SWEEP = 500
 #: Set NX for one interval by the sweeper that sweeps then: at most one sweep starts per interval.
 SWEEP_LOCK = QUEUED + ":sweeping"
-
-
-def send(app: Any, name: str, args: tuple[Any, ...], *, run_id: str, priority: str, kind: int, waited: float = 0.0,
-         recorded: tuple[Any, ...] | None = None, **options: Any) -> str:  # fmt: skip
-    """Send task `name` of run `run_id` at the run's `priority` aged by `waited` seconds; below the top level,
-    record it so that a sweeper can send it again higher. `recorded`: the arguments a copy is sent with (default:
-    `args`). Returns the task id."""
-    return _send(app, name, args, run_id, priority, kind, waited, uuid.uuid4().hex, recorded or args, options)
-
-
-def _send(app: Any, name: str, args: tuple[Any, ...], run_id: str, priority: str, kind: int, waited: float,
-          first: str, recorded: tuple[Any, ...], options: dict[str, Any]) -> str:  # fmt: skip
-    s = app.chordflow_settings
-    rank = priorities.rank(priority, waited, s.priority_aging)
-    number = priorities.message_priority(s.broker_url, priority, kind, waited, s.priority_aging)
-    task_id = f"{first}-{rank}"
-    if rank > 0:  # recorded before it is sent: a worker may begin it at once, and its begin forgets it
-        now = time.time()
-        message = msgpack.packb([name, list(recorded), priority, kind, now - waited, options])
-        pipe = _client(app).pipeline(transaction=False)
-        pipe.zadd(run_key(run_id, "queued"), {task_id: now})
-        pipe.hset(run_key(run_id, "queued_msgs"), task_id, message)
-        for key in ("queued", "queued_msgs"):
-            pipe.expire(run_key(run_id, key), s.run_ttl)
-        pipe.zadd(QUEUED, {run_id: now})
-        pipe.execute()
-    try:
-        app.send_task(name, args, task_id=task_id, priority=number, **options)
-    except BaseException:
-        if rank > 0:  # never sent: nothing to copy
-            _forget(_client(app), run_id, task_id)
-        raise
-    return task_id
-
-
-def _forget(client: redis.Redis, run_id: str, task_id: str) -> int:
-    """Stop watching a message; returns 1 if it was watched."""
-    pipe = client.pipeline(transaction=False)
-    pipe.zrem(run_key(run_id, "queued"), task_id)
-    pipe.hdel(run_key(run_id, "queued_msgs"), task_id)
-    return int(pipe.execute()[0])
-
-
-def run_of(args: tuple[Any, ...]) -> str | None:
-    """The run a chordflow task's arguments belong to: its first argument, or that job's `run`."""
-    first = args[0] if args else None
-    return first if isinstance(first, str) else first.get("run") if isinstance(first, dict) else None
 
 
 def begin(client: redis.Redis, run_id: str | None, task_id: str, ttl: int) -> bool:
@@ -153,7 +106,7 @@ def _copy(app: Any, run_id: str, task_id: str, packed: bytes | None, now: float)
     s, client = app.chordflow_settings, _client(app)
     tracked = TRACKED.match(task_id)
     if packed is None or tracked is None:
-        _forget(client, run_id, task_id)
+        forget(client, run_id, task_id)
         return 0
     name, args, priority, kind, first_sent, options = msgpack.unpackb(packed, strict_map_key=False)
     waited = now - first_sent
@@ -165,10 +118,10 @@ def _copy(app: Any, run_id: str, task_id: str, packed: bytes | None, now: float)
     pipe.hset(copies, mapping={task_id: first, f"{first}-{rank}": first})
     pipe.expire(copies, s.run_ttl)
     pipe.execute()
-    if not _forget(client, run_id, task_id):
+    if not forget(client, run_id, task_id):
         return 0  # began meanwhile
     try:
-        _send(app, name, tuple(args), run_id, priority, kind, waited, first, tuple(args), options)
+        resend(app, name, tuple(args), run_id, priority, kind, waited, first, tuple(args), options)
     except BaseException:  # the copy never went: the original is watched again, to be copied by a later sweep
         pipe = client.pipeline(transaction=False)
         pipe.zadd(run_key(run_id, "queued"), {task_id: first_sent})
@@ -179,10 +132,6 @@ def _copy(app: Any, run_id: str, task_id: str, packed: bytes | None, now: float)
     log.info("run %s: %s waited %.0f s in the queue behind higher priorities: sent again one level up",
              run_id, name, waited)  # fmt: skip
     return 1
-
-
-def _client(app: Any) -> redis.Redis:
-    return state_client(app.chordflow_settings.result_backend)
 
 
 class Sweeper(Periodic):

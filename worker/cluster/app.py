@@ -23,6 +23,7 @@ import functools
 import logging
 import os
 import threading
+import time
 import weakref
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -33,9 +34,9 @@ from celery.exceptions import Ignore, Reject
 from celery.local import Proxy
 from celery.utils.nodenames import default_nodename, nodesplit
 
-from ir.errors import RunPurged
+from ir.errors import NewerFormat, RunPurged
 from worker import settings
-from worker.cluster import aging, logs, outage, priorities, signing
+from worker.cluster import aging, logs, messages, outage, priorities, signing
 from worker.cluster.broker import amqp, deliveries
 from worker.cluster.broker.registry import for_settings as broker_for
 from worker.cluster.rate_limits import RedisLimiter
@@ -159,6 +160,41 @@ class GivesBack(Task):
             raise Reject(exc, requeue=True) from exc
 
 
+class KnowsFormat(Task):
+    """A task that meets a message of a wire format newer than this release reads (a newer worker's, during a
+    rolling upgrade: worker/cluster/messages.py) hands it back to the broker for a worker that knows it: one warning
+    per message on this process, a pause so that an old worker alone does not spin on it, Reject(requeue=True)."""
+
+    #: Seconds before such a message is handed back.
+    PAUSE = 1.0
+    _warned: set[str] = set()
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return super().__call__(*args, **kwargs)
+        except NewerFormat as exc:
+            if self.request.called_directly:
+                raise
+            task_id = self.request.id or ""
+            if task_id not in self._warned:
+                self._warned.add(task_id)
+                log.warning("%s[%s]: %s; handed back for a worker of a newer release", self.name, task_id, exc)
+            time.sleep(self.PAUSE)
+            raise Reject(exc, requeue=True) from exc
+
+
+class _NewerFormatQuiet(logging.Filter):
+    """Drops Celery's rejection line (a WARNING with a traceback, at every delivery) of a message KnowsFormat hands
+    back: KnowsFormat has said it once."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        return not (isinstance(exc, Reject) and isinstance(exc.reason, NewerFormat))
+
+
+logging.getLogger("celery.app.trace").addFilter(_NewerFormatQuiet())
+
+
 class StaysPurged(Task):
     """A task of a purged run (`chordflow purge`) runs nothing and writes nothing: a delivery that begins after the
     purge finds the run's tombstone (one EXISTS per delivery, not per item), and one in flight then stops where a
@@ -167,7 +203,7 @@ class StaysPurged(Task):
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         # Inside GivesBack (see ChordflowTask's bases): Redis out of reach here gives the message back, as in the task.
-        run_id = None if self.request.called_directly else aging.run_of(tuple(args))
+        run_id = None if self.request.called_directly else messages.run_of(tuple(args))
         if run_id is not None and runstate.client().exists(purged_key(run_id)):
             log.warning("skipped task %s[%s]: run %s was purged", self.name, self.request.id, run_id)
             raise Ignore()
@@ -180,9 +216,9 @@ class StaysPurged(Task):
             raise Ignore() from None
 
 
-class ChordflowTask(GivesBack, StaysPurged, signing.SignedTask):
-    """The base of every task on a chordflow app: signed messages only, run once, given back in an outage, nothing
-    of a purged run."""
+class ChordflowTask(KnowsFormat, GivesBack, StaysPurged, signing.SignedTask):
+    """The base of every task on a chordflow app: signed messages only, run once, given back in an outage or when
+    written by a newer release, nothing of a purged run."""
 
 
 class ChordflowCelery(Celery):

@@ -44,7 +44,7 @@ from celery.worker.strategy import default as default_strategy
 
 from ir.errors import BackendError, one_line
 from worker import settings
-from worker.cluster import aging
+from worker.cluster import aging, messages
 from worker.cluster.state.keys import done_key
 from worker.cluster.state.runstate import client
 from worker.runs.record import RunRecord
@@ -306,7 +306,7 @@ class SignedTask(Task):
                 task_id,
             )
             raise Ignore()
-        if not aging.begin(client(), aging.run_of(tuple(args or ())), task_id, run_ttl(self.app)):
+        if not aging.begin(client(), messages.run_of(tuple(args or ())), task_id, run_ttl(self.app)):
             log.info("skipped task %s[%s]: a copy of its message began first (aging)", self.name, task_id)
             raise Ignore()
 

@@ -8,8 +8,11 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
-from ir.errors import Fenced
+from ir.errors import Fenced, NewerFormat
 
+#: The record format this release writes (`format` in every run record); it reads every one up to it. Format 0:
+#: a record written before formats were numbered.
+FORMAT = 1
 #: Statuses a run record goes through; the last three are final.
 STATUSES = ("queued", "running", "succeeded", "failed", "cancelled")
 FINAL = ("succeeded", "failed", "cancelled")
@@ -86,6 +89,12 @@ class RunRecord:
     signature: str | None = None  # a cluster run's: of its workflow and dataset (worker/cluster/signing.py)
     updates: list[dict[str, Any]] = field(default_factory=list)  # `chordflow update`s: [{at, changes}], oldest first
     priority: str = "normal"  # a cluster run's (ir/priorities.py): its chunks' and advances' place in the queue
+    format: int = FORMAT  # the record format it was written in
+
+    def check_format(self) -> None:
+        """NewerFormat when a newer release wrote this record: a worker of this one leaves its run alone."""
+        if self.format > FORMAT:
+            raise NewerFormat(f"run {self.run_id}: record format {self.format}; this release reads up to {FORMAT}")
 
     @property
     def name(self) -> str:

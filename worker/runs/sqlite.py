@@ -31,12 +31,12 @@ from worker.runs.owner import Owner, current_owner
 from worker.runs.record import FINAL, RunRecord, TrailStep, trail_action
 from worker.runs.store import StoreDiskError, StoreFull, Unrecoverable
 
-COLUMNS = "run_id, workflow, backend, status, node, step, error, created, updated, source, batches, dataset"
+COLUMNS = "run_id, workflow, backend, status, node, step, error, created, updated, source, batches, dataset, format"
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS runs (
   run_id TEXT PRIMARY KEY, workflow TEXT NOT NULL, backend TEXT NOT NULL, status TEXT NOT NULL,
   node TEXT, step INTEGER NOT NULL, error TEXT, created REAL NOT NULL, updated REAL NOT NULL,
-  source TEXT, batches TEXT NOT NULL DEFAULT '{}', dataset TEXT, owner TEXT);
+  source TEXT, batches TEXT NOT NULL DEFAULT '{}', dataset TEXT, owner TEXT, format INTEGER);
 CREATE INDEX IF NOT EXISTS runs_by_created ON runs (created);
 CREATE TABLE IF NOT EXISTS store (run_id TEXT, key TEXT, value BLOB, type TEXT, PRIMARY KEY (run_id, key));
 CREATE TABLE IF NOT EXISTS trail (run_id TEXT, step INTEGER, node TEXT, action TEXT, config TEXT, reads TEXT,
@@ -80,7 +80,7 @@ class LocalRuns:
             self.db.execute("PRAGMA synchronous=NORMAL")
             self.db.executescript(SCHEMA)
             columns = {row[1] for row in self.db.execute("PRAGMA table_info(runs)")}
-            for column in ("dataset", "owner"):  # a file from before
+            for column in ("dataset", "owner", "format"):  # a file from before
                 if column not in columns:
                     self.db.execute(f"ALTER TABLE runs ADD COLUMN {column} TEXT")
             trail = {row[1] for row in self.db.execute("PRAGMA table_info(trail)")}
@@ -123,10 +123,10 @@ class LocalRuns:
         with self.writing():
             self.db.execute("BEGIN")
             self.db.execute(
-                f"INSERT INTO runs ({COLUMNS}) VALUES (?,?,?,?,?,?,?,?,?,?,?,?)",
+                f"INSERT INTO runs ({COLUMNS}) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)",
                 (record.run_id, json.dumps(record.workflow), record.backend, record.status, record.node,
                  record.step, record.error, now, now, record.source, "{}",
-                 json.dumps(record.dataset) if record.dataset else None),
+                 json.dumps(record.dataset) if record.dataset else None, record.format),
             )  # fmt: skip
             self._own(record.run_id)
             self._write_keys(record.run_id, dict(store), [])
@@ -433,8 +433,8 @@ def _disk_error(exc: sqlite3.OperationalError, path: Path) -> StoreDiskError | N
 
 
 def _record(row: tuple[Any, ...]) -> RunRecord:
-    run_id, workflow, backend, status, node, step, error, created, updated, source, batches, dataset = row[:12]
+    run_id, workflow, backend, status, node, step, error, created, updated, source, batches, dataset, written = row[:13]
     return RunRecord(
         run_id, json.loads(workflow), backend, status, node, step, error, created, updated, source,
-        json.loads(batches), json.loads(dataset) if dataset else None,
+        json.loads(batches), json.loads(dataset) if dataset else None, format=int(written or 0),
     )  # fmt: skip

@@ -19,15 +19,15 @@ from __future__ import annotations
 
 import logging
 import math
-from typing import Any
 
 from ir import snapshot
 from worker import settings
 from worker.batch.backend import BatchJob
 from worker.batch.executor import threads_for
-from worker.cluster import aging, priorities
+from worker.cluster import priorities, sending
 from worker.cluster.app import current_app
 from worker.cluster.batches import chunking
+from worker.cluster.messages import Advance, AdvanceBranch, Header, Merge
 from worker.cluster.state.runs import ClusterRuns
 from worker.cluster.state.runstate import RunState
 from worker.cluster.state.windows import BatchWindow, WindowStep
@@ -69,24 +69,19 @@ def dispatch_batch(
     blocks = [(a, b, snapshot.encode(items[a:b], label=f"batch '{node_id}' items[{a}:{b}]")) for a, b in spans]
     inline = len(blob) <= s.snapshot_inline_bytes
     snap: bytes | dict[str, str] = blob if inline else {"ref": state.store_snapshot(blob, job.key)}
-    meta: dict[str, Any] = {
-        "run": run_id, "batch": job.key, "node": node_id, "count": len(items), "fail_fast": job.batch.fail_fast,
-    }  # fmt: skip
-    if advance_step is not None:
-        meta["advance"] = advance_step
-    if branch is not None:
-        meta["branch"] = list(branch)
-    if not inline:
-        meta["snapshot"] = snap["ref"]  # type: ignore[index]  # the merge deletes it: no chunk needs it then
+    merge = Merge(
+        run_id, job.key, node_id, len(items), job.batch.fail_fast, advance_step, branch,
+        None if inline else snap["ref"],  # type: ignore[index]  # the merge deletes it: no chunk needs it then
+    )  # fmt: skip
     window = BatchWindow(state, job.key)
     # A batch of at most processes + 1 chunks goes whole: it cannot hold the queue, and a window of one would send
     # a three-item run's chunks through the queue one after another behind every other batch.
     size = max(window_size(processes, window.open_windows()), min(processes + 1, len(spans)))
-    header = {"node": job.spec.wire(), "snap": snap, "meta": meta, "plan": window.plan_id}
+    header = Header(job.spec.wire(), snap, merge, window.plan_id)
     state.describe(status="running", node=node_id, items=len(items), blocks=len(spans))
     state.set_batch_total(job.key, len(items))
     step = window.plan(
-        blocks, header, window=size, max_items=largest, min_items=threads,
+        blocks, header.to_wire(), window=size, max_items=largest, min_items=threads,
         chunk_seconds=s.chunk_seconds, priority=priority,
     )  # fmt: skip
     follow(window, step, header)
@@ -116,22 +111,21 @@ def window_size(processes: int, open_windows: int) -> int:
     return max(1, math.ceil((processes + 1) / open_windows))
 
 
-def follow(window: BatchWindow, step: WindowStep, header: dict[str, Any] | None = None) -> None:
+def follow(window: BatchWindow, step: WindowStep, header: Header | None = None) -> None:
     """Send what a step of the window claimed, and the merge once the batch has ended."""
     if not (step.chunks or step.ended):
         return
-    header = header or window.header()  # read once
+    header = header or Header.from_wire(window.header())  # read once
     if step.chunks:
         send_chunks(window, step, header)
     if step.ended:
-        send_merge(window, step, header["meta"])
+        send_merge(step, header.merge)
 
 
-def send_chunks(window: BatchWindow, step: WindowStep, header: dict[str, Any]) -> None:
+def send_chunks(window: BatchWindow, step: WindowStep, header: Header) -> None:
     """One `chordflow.run_chunk` per claimed chunk, at the run's priority aged by its last chunk's queue wait (a copy
     sent by aging carries the chunk's blocks, read from the window, instead of its items: worker/cluster/aging.py)."""
-    app = current_app()
-    meta, run_id = header["meta"], window.state.run_id
+    app, merge = current_app(), header.merge
     ids = []
     # Every claimed chunk's items in one read, before any is sent: once a chunk runs, the run may end (a crash)
     # and its window go with the run's trim.
@@ -139,34 +133,26 @@ def send_chunks(window: BatchWindow, step: WindowStep, header: dict[str, Any]) -
     payloads = dict(zip(blocks, window.items(blocks), strict=True))
     with app.backend.quiet():  # nobody waits on a chunk's Celery result: no subscription per message
         for chunk in step.chunks:
-            job = {
-                "run": run_id, "batch": meta["batch"], "node": header["node"], "snap": header["snap"],
-                "start": chunk.start, "plan": header["plan"],
-            }  # fmt: skip
-            task_id = aging.send(
-                app, "chordflow.run_chunk", ({**job, "items": [payloads[b] for b in chunk.blocks]},), run_id=run_id,
-                priority=step.priority, kind=priorities.CHUNK, waited=step.waited,
-                recorded=({**job, "blocks": chunk.blocks},), kwargsrepr="{}",
-                argsrepr=f"batch={meta['node']} items[{chunk.start}:{chunk.end}] run={run_id}",
+            task_id = sending.send(
+                app, header.chunk(chunk.start, items=[payloads[b] for b in chunk.blocks]), priority=step.priority,
+                kind=priorities.CHUNK, waited=step.waited, copy=header.chunk(chunk.start, blocks=chunk.blocks),
+                kwargsrepr="{}", argsrepr=f"batch={merge.node} items[{chunk.start}:{chunk.end}] run={merge.run}",
             )  # fmt: skip
             ids.append(task_id)
     window.state.record_chunks(ids)
 
 
-def send_merge(window: BatchWindow, step: WindowStep, meta: dict[str, Any]) -> None:
-    """`chordflow.aggregate`, the chord body's role: merge the batch's outcomes in input order."""
-    app, run_id = current_app(), window.state.run_id
+def send_merge(step: WindowStep, merge: Merge) -> None:
+    """`chordflow.aggregate`, the merge task: merge the batch's outcomes in input order."""
+    app = current_app()
     with app.backend.quiet():
-        aging.send(
-            app, "chordflow.aggregate", (meta,), run_id=run_id, priority=step.priority, kind=priorities.CONTROL,
-            kwargsrepr="{}", argsrepr=f"batch={meta['node']} run={run_id}",
+        sending.send(
+            app, merge, priority=step.priority, kind=priorities.CONTROL, kwargsrepr="{}",
+            argsrepr=f"batch={merge.node} run={merge.run}",
         )  # fmt: skip
 
 
-def send_advance(name: str, args: tuple[Any, ...]) -> None:
-    """A run's next `chordflow.advance` (or `advance_branch`; `args[0]` is the run id), at the run's priority:
-    an advance goes before the chunks of runs of the same priority."""
-    run_id = args[0]
-    aging.send(
-        current_app(), name, args, run_id=run_id, priority=ClusterRuns().priority(run_id), kind=priorities.CONTROL
-    )
+def send_advance(message: Advance | AdvanceBranch) -> None:
+    """A run's next `chordflow.advance` (or `advance_branch`), at the run's priority: an advance goes before the
+    chunks of runs of the same priority."""
+    sending.send(current_app(), message, priority=ClusterRuns().priority(message.run), kind=priorities.CONTROL)

@@ -1,5 +1,5 @@
 """The two Celery tasks of a distributed batch: `chordflow.run_chunk` (one chunk, which hands out the next ones)
-and `chordflow.aggregate` (the chord body's role: the merge). Chunks never raise for item failures; they record
+and `chordflow.aggregate` (the merge). Chunks never raise for item failures; they record
 outcomes.
 
 Defined with `worker.app.task`: registered on every chordflow app, whatever settings it was built from. Neither
@@ -21,7 +21,8 @@ from ir.errors import RunPurged, SameForEveryItem
 from ir.models import NodeSpec
 from worker import redact, settings
 from worker.batch import overrides
-from worker.batch.aggregate import ChunkResult, merge
+from worker.batch.aggregate import ChunkResult
+from worker.batch.aggregate import merge as merge_outcomes
 from worker.batch.executor import ItemExecutor, run_slice
 from worker.batch.middleware import tolerance_of
 from worker.cluster import logs, outage
@@ -31,6 +32,7 @@ from worker.cluster.batches.dispatch import follow, send_advance, window_size
 from worker.cluster.batches.middleware import chunk_middleware
 from worker.cluster.batches.snapshot_cache import SnapshotCache
 from worker.cluster.broker import deliveries
+from worker.cluster.messages import MERGE, RUN_CHUNK, Chunk, Header, Merge
 from worker.cluster.state import budget as budgets
 from worker.cluster.state.answers import RedisAnswers
 from worker.cluster.state.runs import ClusterRuns
@@ -78,8 +80,8 @@ def _snapshot_cache() -> SnapshotCache:
     return SnapshotCache(settings.load().snapshot_cache_bytes)
 
 
-@task(name="chordflow.run_chunk", bind=True, ignore_result=True)
-def run_chunk(self: Any, job: dict[str, Any]) -> str:
+@task(name=RUN_CHUNK, bind=True, ignore_result=True)
+def run_chunk(self: Any, message: dict[str, Any]) -> str:
     """Run items[start:start+len] of one batch node, record their outcomes in the batch's window and send the
     chunks its place in the window lets go (the merge, if this was the last one). Only one message of a chunk runs:
     the first to begin (another is a copy sent by aging, or one a redelivered advance sent again).
@@ -89,117 +91,117 @@ def run_chunk(self: Any, job: dict[str, Any]) -> str:
     window counts the chunk once, from the delivery that holds it (worker/cluster/broker/deliveries.py). A
     delivery of a chunk already counted (its worker died after recording it) sends again what that finish
     claimed: the window never loses a chunk to a SIGKILL between its two steps."""
+    chunk = Chunk.from_wire(message)
     began = time.monotonic()
-    state = RunState(job["run"])
-    window = BatchWindow(state, job["batch"], job["plan"])
-    if not window.begin(job["start"], self.request.id or "called directly"):
+    state = RunState(chunk.run)
+    window = BatchWindow(state, chunk.batch, chunk.plan)
+    if not window.begin(chunk.start, self.request.id or "called directly"):
         return "duplicate"  # another message of this chunk began first (a copy), or the batch was planned again
-    payloads = job["items"] if "items" in job else window.chunk_items(job["blocks"])
+    payloads = chunk.items if chunk.items is not None else window.chunk_items(chunk.blocks or [])
     if payloads is None:  # a copy (worker/cluster/aging.py) of a chunk planned again since
         return "stale"
     try:
         with deliveries.held(self):
-            blob, count = _run(self, job, payloads, state, began)
+            blob, count = _run(self, chunk, payloads, state, began)
     except (*outage.ERRORS, Ignore, Reject, Retry):
         raise
     except Exception as exc:  # not an item failure (those are outcomes): the batch can never be merged
-        _crashed(window, job, exc)
+        _crashed(window, chunk, exc)
         raise
     if state.purged:  # seen by a stop check or a refused publish: the chunk stopped, and reports nothing
-        raise RunPurged(f"run {job['run']} was purged: its chunk at {job['start']} stopped and reports nothing")
+        raise RunPurged(f"run {chunk.run} was purged: its chunk at {chunk.start} stopped and reports nothing")
     processes = chunking.registered_processes(settings.load().result_backend) or chunking.FALLBACK_PROCESSES
     size = window_size(processes, window.open_windows())
-    step = window.finish(job["start"], blob, count, time.monotonic() - began, size)
+    step = window.finish(chunk.start, blob, count, time.monotonic() - began, size)
     if step.state == "purged":
-        raise RunPurged(f"run {job['run']} was purged: its chunk at {job['start']} reports nothing")
+        raise RunPurged(f"run {chunk.run} was purged: its chunk at {chunk.start} reports nothing")
     if step.state != "stale":
         follow(window, step)
     return step.state
 
 
-def _run(task: Any, job: dict[str, Any], payloads: list[bytes], state: RunState, began: float) -> tuple[bytes, int]:
+def _run(task: Any, chunk: Chunk, payloads: list[bytes], state: RunState, began: float) -> tuple[bytes, int]:
     """The chunk's outcomes (codec bytes) and how many items ran; `payloads`: its encoded blocks of items."""
-    batch = job["batch"]
+    batch = chunk.batch
     stop, changed = state.chunk_start(batch)
     if stop:
-        logs.chunk(job["run"], batch.split("#", 1)[0], batch, job["start"], 0, 0, time.monotonic() - began)
-        return snapshot.encode(ChunkResult(job["start"], [], [], {}).to_wire()), 0
+        logs.chunk(chunk.run, batch.split("#", 1)[0], batch, chunk.start, 0, 0, time.monotonic() - began)
+        return snapshot.encode(ChunkResult(chunk.start, [], [], {}).to_wire()), 0
     # the batch's limits as `chordflow update` left them: threads, permits and threshold of this chunk
-    executor = chunk_executor(overrides.apply_to_node(job["node"], changed), _snapshot(job["snap"], state))
+    executor = chunk_executor(overrides.apply_to_node(chunk.node, changed), _snapshot(chunk.snap, state))
     spec = executor.spec.batch
     assert spec is not None
     items = [item for payload in payloads for item in snapshot.decode(payload)]
     hooks = chunk_middleware(
-        state, batch, spec.fail_fast, chunk=job["start"], max_concurrent=spec.max_concurrent,
+        state, batch, spec.fail_fast, chunk=chunk.start, max_concurrent=spec.max_concurrent,
         tolerance=tolerance_of(spec), task=task,
     )  # fmt: skip
     with context.using(RunContext(answers=RedisAnswers(state), budget=budgets.in_redis(state))):  # model calls
-        chunk = run_slice(executor, items, job["start"], hooks)  # on threads with batch.parallel
+        outcomes = run_slice(executor, items, chunk.start, hooks)  # on threads with batch.parallel
     seconds = time.monotonic() - began
-    logs.chunk(job["run"], executor.node_id, batch, job["start"], len(chunk.results), len(chunk.failures), seconds)
-    return snapshot.encode(chunk.to_wire(), label=f"batch '{executor.node_id}' results"), len(chunk.results)
+    logs.chunk(chunk.run, executor.node_id, batch, chunk.start, len(outcomes.results), len(outcomes.failures), seconds)
+    return snapshot.encode(outcomes.to_wire(), label=f"batch '{executor.node_id}' results"), len(outcomes.results)
 
 
-def _crashed(window: BatchWindow, job: dict[str, Any], exc: BaseException) -> None:
+def _crashed(window: BatchWindow, chunk: Chunk, exc: BaseException) -> None:
     """A chunk raised: a cluster run fails naming the cause; a client following the batch is told. (A chunk of a
     window that is gone, e.g. sent by hand, only raises.)"""
-    window.state.abort(job["batch"])  # the batch can never be merged: its other chunks stop between items
+    window.state.abort(chunk.batch)  # the batch can never be merged: its other chunks stop between items
     try:
-        meta = window.header()["meta"]
+        merge = Header.from_wire(window.header()).merge
     except LookupError:
         return
     cause = "" if isinstance(exc, SameForEveryItem) else "a chunk failed on a worker: "
-    error = redact.mask(f"batch node '{meta['node']}': {cause}{exc}")
+    error = redact.mask(f"batch node '{merge.node}': {cause}{exc}")
     window.crash(error)
-    if "advance" in meta:
-        batch_failed(meta, error)
+    if merge.advance is not None:
+        batch_failed(merge, error)
 
 
-@task(name="chordflow.aggregate", ignore_result=True)
-def aggregate(job: dict[str, Any]) -> str:
-    """The merge task, in the role of a chord's callback: once every chunk of the batch has finished (or stopped),
-    merge their outcomes by index (the same merge as in-process), store the batch result in Redis and wake whoever
-    goes on: the waiting scheduler (through the run's stream) or, for a run that lives in the cluster (`advance` in
-    the job), the next `chordflow.advance`. Safe to run twice: a stored result is not merged again, only its advance
-    sent again (the step fence drops a second one).
+@task(name=MERGE, ignore_result=True)
+def aggregate(message: dict[str, Any]) -> str:
+    """The merge task: once every chunk of the batch has finished (or stopped), merge their outcomes by index (the
+    same merge as in-process), store the batch result in Redis and wake whoever goes on: the waiting scheduler
+    (through the run's stream) or, for a run that lives in the cluster (`advance` in the message), the next
+    `chordflow.advance`. Safe to run twice: a stored result is not merged again, only its advance sent again (the
+    step fence drops a second one).
 
     A cluster run's chunk outcomes are kept per batch: `results --node` streams them, a batch cut short
     (cancelled) resumes with only the items that have no outcome, and one resumed merges them with its new chunks.
     A batch stopped by its failure threshold has items without an outcome too: merge reports it (`stopped`)
     and the batch node fails with the threshold's verdict.
     """
-    run_id, batch = job["run"], job["batch"]
-    state = RunState(run_id)
-    window = BatchWindow(state, batch)
-    if state.batch_result(batch) is None:
-        if "snapshot" in job:  # every chunk has run: the batch's snapshot is needed no more
-            state.drop_snapshot(job["snapshot"])
+    merge = Merge.from_wire(message)
+    state = RunState(merge.run)
+    window = BatchWindow(state, merge.batch)
+    if state.batch_result(merge.batch) is None:
+        if merge.snapshot is not None:  # every chunk has run: the batch's snapshot is needed no more
+            state.drop_snapshot(merge.snapshot)
         chunk_results = window.outcomes()
-        if "advance" in job:
+        if merge.advance is not None:
             runs = ClusterRuns()
             cancelled = state.cancelled()  # first: RunPurged for a purged run, before anything is written
-            chunks = runs.keep_chunks(run_id, batch, chunk_results)
+            chunks = runs.keep_chunks(merge.run, merge.batch, chunk_results)
             if cancelled:
-                runs.set_status(run_id, "cancelled", "run cancelled", job["node"])
-                logs.transition(run_id, "running", "cancelled", node=job["node"])
+                runs.set_status(merge.run, "cancelled", "run cancelled", merge.node)
+                logs.transition(merge.run, "running", "cancelled", node=merge.node)
                 window.drop()  # no longer a batch sharing the workers
                 return "cancelled"
         else:
             chunks = [ChunkResult.from_wire(snapshot.decode(blob)) for blob in chunk_results]
-        result = merge(chunks, job["count"], job["fail_fast"])
-        blob = snapshot.encode(result.to_wire(), label=f"batch '{job['node']}' aggregate")
-        state.finish_batch(batch, blob)
+        result = merge_outcomes(chunks, merge.count, merge.fail_fast)
+        blob = snapshot.encode(result.to_wire(), label=f"batch '{merge.node}' aggregate")
+        state.finish_batch(merge.batch, blob)
         window.drop()
-    if "branch" in job:  # a batch inside a parallel branch: that branch's cursor goes on
-        send_advance("chordflow.advance_branch", (run_id, *job["branch"], job["advance"]))
-    elif "advance" in job:
-        send_advance("chordflow.advance", (run_id, job["advance"]))
+    following = merge.next_advance()
+    if following is not None:
+        send_advance(following)
     return "stored"
 
 
-def batch_failed(job: dict[str, Any], error: str) -> None:
+def batch_failed(job: Merge, error: str) -> None:
     """A chunk of a cluster run's batch raised (not an item failure: e.g. a result that cannot travel back), so
     the batch will never be merged and no advance follows. Fail the run, naming the cause."""
-    RunState(job["run"]).drop_snapshots()
-    ClusterRuns().set_status(job["run"], "failed", error, job["node"])
-    logs.transition(job["run"], "running", "failed", node=job["node"], error=error)
+    RunState(job.run).drop_snapshots()
+    ClusterRuns().set_status(job.run, "failed", error, job.node)
+    logs.transition(job.run, "running", "failed", node=job.node, error=error)

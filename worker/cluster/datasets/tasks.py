@@ -6,18 +6,20 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Sequence
+from dataclasses import astuple
 from typing import Any
 
 from celery.exceptions import Ignore
 
 from ir.errors import RunPurged, SameForEveryItem
 from worker.batch.aggregate import ChunkResult
-from worker.cluster import aging, logs, priorities, signing
+from worker.cluster import logs, priorities, sending, signing
 from worker.cluster.app import current_app, task
 from worker.cluster.batches.middleware import chunk_middleware
 from worker.cluster.batches.tasks import chunk_executor
 from worker.cluster.broker import deliveries
 from worker.cluster.datasets.store import ClusterDataset
+from worker.cluster.messages import DATASET_CHUNK, DatasetChunk
 from worker.cluster.state import budget as budgets
 from worker.cluster.state.answers import RedisAnswers
 from worker.cluster.state.runs import ClusterRuns
@@ -38,8 +40,8 @@ def send(run_id: str, ns: Sequence[int]) -> None:
     app, priority = current_app(), ClusterRuns().priority(run_id)
     with app.backend.quiet():  # nobody waits on a chunk's Celery result: no subscription per message (a client's)
         for n in ns:
-            aging.send(
-                app, "chordflow.dataset_chunk", (run_id, n), run_id=run_id, priority=priority, kind=priorities.CHUNK,
+            sending.send(
+                app, DatasetChunk(run_id, n), priority=priority, kind=priorities.CHUNK,
                 argsrepr=f"records chunk={n} run={run_id}",
             )  # fmt: skip
 
@@ -93,10 +95,11 @@ def refuse(runs: ClusterRuns, run_id: str, status: str, exc: Exception, error: s
     return "refused"
 
 
-@task(name="chordflow.dataset_chunk", bind=True, acks_late=True, ignore_result=True)
-def dataset_chunk(self: Any, run_id: str, n: int) -> str:
-    """Run chunk n of dataset job `run_id` (its records without a successful outcome), store its outcomes,
-    send the chunks that keeps in flight, and record the verdict when it was the last."""
+@task(name=DATASET_CHUNK, bind=True, acks_late=True, ignore_result=True)
+def dataset_chunk(self: Any, message: Any, *legacy: Any) -> str:
+    """Run chunk n of a dataset job (its records without a successful outcome), store its outcomes, send the
+    chunks that keeps in flight, and record the verdict when it was the last."""
+    run_id, n = astuple(DatasetChunk.from_wire(message, *legacy))
     ds = ClusterDataset(run_id)
     if not ds.is_pending(n):  # delivered again after it was counted: send what it claimed, if still due
         go_on(run_id, ds.check()[0], [m for m in ds.claimed_by(n) if ds.is_pending(m)])
@@ -107,6 +110,7 @@ def dataset_chunk(self: Any, run_id: str, n: int) -> str:
     record = runs.get(run_id)
     if record is None or record.dataset is None:
         return "fenced"
+    record.check_format()
     try:
         signing.check_run(self.app.signer, run_id, record)  # the workflow and dataset a key holder recorded
     except signing.WorkflowAltered as exc:

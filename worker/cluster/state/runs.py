@@ -74,6 +74,7 @@ class ClusterRuns:
             "status": record.status, "node": record.node or "", "step": record.step, "error": record.error or "",
             "created": now, "updated": now, "source": record.source or "", "batches": "{}",
             "dataset": json.dumps(record.dataset) if record.dataset else "", "priority": record.priority,
+            "format": record.format,
         }  # fmt: skip
         pipe = self.redis.pipeline()
         values = {**(encoded or {}), **{k: snapshot.encode(v, label=k) for k, v in store.items()}}
@@ -409,7 +410,7 @@ def _record(raw: dict[bytes, bytes]) -> RunRecord:
         f["error"] or None, float(f["created"]), float(f["updated"]), f["source"] or None, json.loads(f["batches"]),
         json.loads(f["dataset"]) if f.get("dataset") else None, f.get("workflow_sig") or None,
         json.loads(f["updates"]) if f.get("updates") else [],
-        f.get("priority") or "normal",
+        f.get("priority") or "normal", int(f.get("format") or 0),
     )  # fmt: skip
 
 

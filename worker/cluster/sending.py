@@ -1,0 +1,69 @@
+"""Sending a message (worker/cluster/messages.py) to the broker, at its run's priority.
+
+A message sent below the top level is recorded in its run's keys (`queued`, `queued_msgs`) before it goes, so that
+aging (worker/cluster/aging.py) can send a copy of it one level up if it waits too long; what is recorded is the
+copy's arguments and the send's options, packed. A tracked message's task id is `<32 hex digits>-<rank>`.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Any
+
+import msgpack
+import redis
+
+from worker.cluster import priorities
+from worker.cluster.messages import Message
+from worker.cluster.state.keys import QUEUED, run_key
+from worker.cluster.state.runstate import client as state_client
+
+
+def send(app: Any, message: Message, *, priority: str, kind: int, waited: float = 0.0, copy: Message | None = None,
+         **options: Any) -> str:  # fmt: skip
+    """Send `message` at its run's `priority` aged by `waited` seconds; below the top level, record it so that aging
+    can send it again higher. `copy`: what such a copy carries (default: the message). Returns the task id."""
+    recorded = (copy or message).to_wire()
+    return resend(app, message.name, message.to_wire(), message.run, priority, kind, waited, uuid.uuid4().hex,
+                  recorded, options)  # fmt: skip
+
+
+def resend(app: Any, name: str, args: tuple[Any, ...], run_id: str, priority: str, kind: int, waited: float,
+           first: str, recorded: tuple[Any, ...], options: dict[str, Any]) -> str:  # fmt: skip
+    """Send task `name`'s arguments under the task id family `first`, at the rank `waited` earns (aging sends its
+    copies through here, from what `send` recorded)."""
+    s = app.chordflow_settings
+    rank = priorities.rank(priority, waited, s.priority_aging)
+    number = priorities.message_priority(s.broker_url, priority, kind, waited, s.priority_aging)
+    task_id = f"{first}-{rank}"
+    if rank > 0:  # recorded before it is sent: a worker may begin it at once, and its begin forgets it
+        now = time.time()
+        packed = msgpack.packb([name, list(recorded), priority, kind, now - waited, options])
+        pipe = client(app).pipeline(transaction=False)
+        pipe.zadd(run_key(run_id, "queued"), {task_id: now})
+        pipe.hset(run_key(run_id, "queued_msgs"), task_id, packed)
+        for key in ("queued", "queued_msgs"):
+            pipe.expire(run_key(run_id, key), s.run_ttl)
+        pipe.zadd(QUEUED, {run_id: now})
+        pipe.execute()
+    try:
+        app.send_task(name, args, task_id=task_id, priority=number, **options)
+    except BaseException:
+        if rank > 0:  # never sent: nothing to copy
+            forget(client(app), run_id, task_id)
+        raise
+    return task_id
+
+
+def forget(redis_client: redis.Redis, run_id: str, task_id: str) -> int:
+    """Stop watching a message; returns 1 if it was watched."""
+    pipe = redis_client.pipeline(transaction=False)
+    pipe.zrem(run_key(run_id, "queued"), task_id)
+    pipe.hdel(run_key(run_id, "queued_msgs"), task_id)
+    return int(pipe.execute()[0])
+
+
+def client(app: Any) -> redis.Redis:
+    """The Redis of `app`'s run state."""
+    return state_client(app.chordflow_settings.result_backend)
