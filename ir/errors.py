@@ -210,3 +210,46 @@ class IdempotencyConflict(ValidationError):
             f"use a new key (see `chordflow status {existing}`)"
         )
         self.existing = existing
+
+
+# -- raised by the run stores, the cluster's signing, the command line, the dashboard and repair -----------
+
+
+class Unrecoverable(ChordflowError, LookupError):
+    """A run cannot go on from its checkpoint (a value could not be stored, or its undo log is missing)."""
+
+
+class StoreDiskError(ChordflowError, OSError):
+    """The embedded store's file could not be written: `<file>: disk I/O error` (errno, strerror, filename)."""
+
+    def __str__(self) -> str:
+        return f"{self.filename}: {self.strerror}"
+
+
+class StoreFull(StoreDiskError):
+    """The disk holding the embedded store is full: `<file>: disk full`."""
+
+
+class SigningKeyError(BackendError):
+    """No usable signing key: none is set (and CHORDFLOW_INSECURE is not), or the one set cannot be used."""
+
+
+class WorkflowAltered(BackendError):
+    """A run whose workflow or dataset job in Redis is not what a key holder recorded: no worker runs it."""
+
+
+class UsersError(ChordflowError, ValueError):
+    """CHORDFLOW_DASHBOARD_BASIC_AUTH is missing (and `--unauthenticated` was not given) or is not
+    `user:password[,...]`."""
+
+
+class GeneratorError(ChordflowError):
+    """A repair generator cannot work here (e.g. the `llm` generator without the `llm` package)."""
+
+
+class CliUsageError(ChordflowError):
+    """Bad command-line usage detected by chordflow itself (exit 2, one line)."""
+
+
+class WorkflowFailed(ChordflowError):
+    """The run finished with status "failed" (an unhandled `error` action): exit 1."""

@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from ir.errors import BackendError, WaitTimeout
+from ir.errors import BackendError, Unrecoverable, WaitTimeout
 from scheduler.datasets import reading
 from scheduler.lookup import find_run
 from scheduler.reach import broker_errors
@@ -24,7 +24,7 @@ from worker.cluster.state.progress import batches_of
 from worker.cluster.state.runstate import RunState, client
 from worker.llm.usage import CALLS, usage_totals
 from worker.runs.record import FINAL, RESULT_STATUS, RunRecord, RunResult
-from worker.runs.store import RunStore, Unrecoverable
+from worker.runs.store import RunStore
 
 POLL_MS = 200
 #: The shortest round of `wait`'s loop: a dataset job's chunks publish progress every few ms, and a round each

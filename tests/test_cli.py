@@ -19,12 +19,19 @@ from pocketflow import Node
 from rich.console import Console
 
 import scheduler
-from ir.errors import BatchItemsError, RemoteError, TemplateError, ValidationError
+from ir.errors import (
+    BatchItemsError,
+    CliUsageError,
+    RemoteError,
+    StoreFull,
+    TemplateError,
+    ValidationError,
+    WorkflowFailed,
+)
 from scheduler.cli.display import ProgressDisplay
-from scheduler.cli.errors import CliUsageError, WorkflowFailed, error_lines, exit_code_for
+from scheduler.cli.errors import error_lines, exit_code_for
 from scheduler.cli.workflows import _params_text
 from worker.runs.record import RUN_ID_RULE
-from worker.runs.store import StoreFull
 
 ROOT = Path(__file__).parents[1]
 

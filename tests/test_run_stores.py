@@ -13,12 +13,13 @@ from pathlib import Path
 import pytest
 import redis
 
+from ir.errors import Unrecoverable
 from scheduler.localcluster import RedisServer
 from worker.cluster.state.runs import ClusterRuns
 from worker.engine.steps import Step
 from worker.runs.record import RunRecord
 from worker.runs.sqlite import LocalRuns
-from worker.runs.store import RunStore, Unrecoverable, rewind
+from worker.runs.store import RunStore, rewind
 
 
 @pytest.fixture(scope="module")

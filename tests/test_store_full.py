@@ -74,10 +74,10 @@ def test_the_store_raises_store_full_and_leaves_no_transaction_open(tmp_path: Pa
     the store still answers reads and smaller writes."""
     import errno
 
+    from ir.errors import StoreFull
     from worker.engine.steps import Step
     from worker.runs.record import RunRecord
     from worker.runs.sqlite import LocalRuns
-    from worker.runs.store import StoreFull
 
     with tiny_disk(tmp_path / "home") as home:
         runs = LocalRuns(home / "runs.db")

@@ -6,6 +6,7 @@ CLUSTER_CLIENTS names (docs/ARCHITECTURE.md)."""
 from __future__ import annotations
 
 import ast
+import builtins
 import pathlib
 from collections import Counter
 
@@ -222,3 +223,36 @@ def test_messages_are_built_in_the_messages_module_and_sent_by_the_sending_one()
             sending.append(name)
     assert not naming, f"modules naming a chordflow task outside worker/cluster/messages.py: {naming}"
     assert not sending, f"modules sending a task outside worker/cluster/sending.py: {sending}"
+
+
+#: Exception classes defined outside ir/errors.py, and why.
+OWN_EXCEPTIONS = {
+    "scheduler.cli.ops.CannotServe": "click's own exception: click prints it and exits 1",
+}
+
+
+def test_every_error_lives_in_ir_errors_under_one_root() -> None:
+    """Every error chordflow raises on purpose is one of ir/errors.py's, all under ChordflowError (a caller catches
+    chordflow's errors with one except); elsewhere only private control-flow exceptions of one module (`_Name`) and
+    BaseException signals that no node may catch."""
+    import inspect
+
+    from ir import errors
+
+    builtin = {
+        name for name, value in vars(builtins).items() if isinstance(value, type) and issubclass(value, Exception)
+    }
+    found = []
+    for name, path in MODULES.items():
+        if name == "ir.errors":
+            continue
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if not isinstance(node, ast.ClassDef) or node.name.startswith("_"):
+                continue
+            bases = {ast.unparse(base).rpartition(".")[2] for base in node.bases} - {"BaseException"}  # signals
+            if bases & builtin or any(base.endswith(("Error", "Exception")) for base in bases):
+                found.append(f"{name}.{node.name}")
+    assert sorted(set(found) - set(OWN_EXCEPTIONS)) == []
+    outside = [c.__name__ for _, c in inspect.getmembers(errors, inspect.isclass)
+               if issubclass(c, BaseException) and not issubclass(c, errors.ChordflowError)]  # fmt: skip
+    assert outside == []

@@ -17,29 +17,23 @@ import click
 
 from ir.errors import (
     BackendError,
+    CliUsageError,
     NodeTypeError,
     RemoteError,
     RunCancelled,
     StepLimitExceeded,
+    StoreDiskError,
     UnknownRun,
     ValidationError,
+    WorkflowFailed,
 )
 from worker.runs.record import error_at
-from worker.runs.store import StoreDiskError
 
 #: ctx.meta key: print tracebacks (`--debug`, on the group or on a command).
 DEBUG_KEY = "chordflow.debug"
 #: ctx.meta key: the node a run failed at, named in the error line.
 FAILED_NODE_KEY = "chordflow.failed_node"
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_CANCELLED, EXIT_TIMEOUT = 0, 1, 2, 130, 124
-
-
-class CliUsageError(Exception):
-    """Bad command-line usage detected by chordflow itself (exit 2, one line)."""
-
-
-class WorkflowFailed(Exception):
-    """The run finished with status "failed" (an unhandled `error` action): exit 1."""
 
 
 def _one_line(text: str) -> str:

@@ -14,7 +14,7 @@ from typing import IO, Any
 
 import click
 
-from scheduler.cli.errors import CliUsageError
+from ir.errors import CliUsageError
 
 
 class CannotServe(click.ClickException):
@@ -79,7 +79,8 @@ def top(interval: float, queues: tuple[str, ...]) -> None:
 def dashboard(port: int, address: str, unauthenticated: bool) -> None:
     """Serve a web page of runs (progress, rate, ETA, failed items; cancel, resume, redrive), with basic
     auth from CHORDFLOW_DASHBOARD_BASIC_AUTH (user:password)."""
-    from scheduler.ops.dashboard import UsersError, serve, users_from
+    from ir.errors import UsersError
+    from scheduler.ops.dashboard import serve, users_from
     from worker import settings
 
     try:

@@ -13,9 +13,8 @@ from typing import Any
 import click
 
 import ir
-from ir.errors import ValidationError
+from ir.errors import CliUsageError, ValidationError
 from ir.priorities import PRIORITIES
-from scheduler.cli.errors import CliUsageError
 from worker.runs.record import RUN_ID_RULE, valid_run_id
 
 

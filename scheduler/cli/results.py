@@ -12,8 +12,8 @@ from typing import Any
 
 import click
 
+from ir.errors import CliUsageError
 from scheduler.cli import rowsfile
-from scheduler.cli.errors import CliUsageError
 from scheduler.cli.options import run_id_argument
 from scheduler.cli.output import jsonl_rows, llm_line, to_json
 from worker.datasets.job import follow_chunks

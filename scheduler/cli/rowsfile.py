@@ -20,7 +20,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, TextIO
 
-from scheduler.cli.errors import CliUsageError
+from ir.errors import CliUsageError
 from scheduler.cli.output import jsonl_chunk
 from worker.batch.aggregate import ChunkResult
 from worker.datasets.job import NOT_RUN, follow_chunks

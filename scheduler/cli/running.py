@@ -13,9 +13,10 @@ from typing import Any
 import click
 
 import ir
+from ir.errors import CliUsageError
 from scheduler.cli import repair as cli_repair
 from scheduler.cli import rowsfile
-from scheduler.cli.errors import DEBUG_KEY, EXIT_CANCELLED, EXIT_FAILED, EXIT_OK, CliUsageError
+from scheduler.cli.errors import DEBUG_KEY, EXIT_CANCELLED, EXIT_FAILED, EXIT_OK
 from scheduler.cli.follow import cancel_on_signals, follow, follow_cluster_run, make_event_handler, progress_display
 from scheduler.cli.options import (
     budget_options,

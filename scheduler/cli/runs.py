@@ -15,10 +15,10 @@ import click
 
 import ir
 from ir import durations
-from ir.errors import WaitTimeout
+from ir.errors import CliUsageError, WaitTimeout
 from scheduler.cli import repair as cli_repair
 from scheduler.cli import rowsfile
-from scheduler.cli.errors import EXIT_TIMEOUT, CliUsageError
+from scheduler.cli.errors import EXIT_TIMEOUT
 from scheduler.cli.follow import follow, follow_cluster_run
 from scheduler.cli.options import run_id_argument
 from scheduler.cli.output import llm_line, plain, stderr_console, stdout_console, to_json

@@ -64,10 +64,6 @@ class Generator(Protocol):
     def generate(self, request: RepairRequest) -> dict[str, Any] | None: ...
 
 
-class GeneratorError(Exception):
-    """A generator cannot work here (e.g. the `llm` generator without the `llm` package)."""
-
-
 def register_generator(name: str) -> Callable[[Callable[[], Generator]], Callable[[], Generator]]:
     """Decorator: make a generator class (or factory taking no arguments) available under `name`."""
 

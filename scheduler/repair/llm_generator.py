@@ -15,9 +15,9 @@ import json
 import re
 from typing import Any
 
-from ir.errors import SameForEveryItem
+from ir.errors import GeneratorError, SameForEveryItem
 from scheduler.repair.failure import closest
-from scheduler.repair.generators import GeneratorError, RepairRequest, register_generator
+from scheduler.repair.generators import RepairRequest, register_generator
 from worker import settings
 from worker.llm import providers
 from worker.llm.fake import FAKE

@@ -42,7 +42,7 @@ from celery.app.amqp import AMQP
 from celery.exceptions import Ignore
 from celery.worker.strategy import default as default_strategy
 
-from ir.errors import BackendError, one_line
+from ir.errors import SigningKeyError, WorkflowAltered, one_line
 from worker import settings
 from worker.cluster import aging, messages
 from worker.cluster.state.keys import done_key
@@ -70,14 +70,6 @@ HOW_TO_SET = (
     "set CHORDFLOW_SECRET_KEY (or CHORDFLOW_SECRET_KEY_FILE, the path of a file holding it) to the cluster's shared "
     "key on every worker and client; make one with: python -c 'import secrets; print(secrets.token_hex(32))'"
 )
-
-
-class SigningKeyError(BackendError):
-    """No usable signing key: none is set (and CHORDFLOW_INSECURE is not), or the one set cannot be used."""
-
-
-class WorkflowAltered(BackendError):
-    """A run whose workflow or dataset job in Redis is not what a key holder recorded: no worker runs it."""
 
 
 def load_key(s: Settings) -> bytes | None:

@@ -22,14 +22,13 @@ from pathlib import Path
 from typing import Any
 
 from ir import snapshot
-from ir.errors import SnapshotError
+from ir.errors import SnapshotError, StoreDiskError, StoreFull, Unrecoverable
 from worker import settings
 from worker.batch.aggregate import ChunkResult
 from worker.batch.rows import Row, rows_of_aggregate, rows_of_chunks
 from worker.engine.steps import Step
 from worker.runs.owner import Owner, current_owner
 from worker.runs.record import FINAL, RunRecord, TrailStep, trail_action
-from worker.runs.store import StoreDiskError, StoreFull, Unrecoverable
 
 COLUMNS = "run_id, workflow, backend, status, node, step, error, created, updated, source, batches, dataset, format"
 SCHEMA = """

@@ -13,26 +13,12 @@ import sys
 from collections.abc import Iterator, Mapping
 from typing import Any, Protocol
 
+from ir.errors import Unrecoverable
 from worker.batch.aggregate import ChunkResult
 from worker.batch.rows import Row
 from worker.engine.steps import Step
 from worker.runs.owner import Owner
 from worker.runs.record import FINAL, RunRecord, TrailStep
-
-
-class Unrecoverable(LookupError):
-    """A run cannot go on from its checkpoint (a value could not be stored, or its undo log is missing)."""
-
-
-class StoreDiskError(OSError):
-    """The embedded store's file could not be written: `<file>: disk I/O error` (errno, strerror, filename)."""
-
-    def __str__(self) -> str:
-        return f"{self.filename}: {self.strerror}"
-
-
-class StoreFull(StoreDiskError):
-    """The disk holding the embedded store is full: `<file>: disk full`."""
 
 
 class RunStore(Protocol):

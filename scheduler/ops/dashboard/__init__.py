@@ -6,9 +6,10 @@ live.py's batch progress of cluster runs), the buttons' actions (actions.py), an
 May import `scheduler`'s api (durable, datasets), `worker` and `ir`; never `scheduler.cli`.
 """
 
+from ir.errors import UsersError
 from scheduler.ops.dashboard.actions import ACTIONS, cancel, redrive, resume
 from scheduler.ops.dashboard.app import create_app, serve
-from scheduler.ops.dashboard.auth import ACTION_HEADER, USERS_VARIABLE, BasicAuth, FrameGuard, UsersError, users_from
+from scheduler.ops.dashboard.auth import ACTION_HEADER, USERS_VARIABLE, BasicAuth, FrameGuard, users_from
 from scheduler.ops.dashboard.live import LiveProgress
 from scheduler.ops.dashboard.page import HTML
 from scheduler.ops.dashboard.views import REFRESH_SECONDS, Views

@@ -15,6 +15,8 @@ import hmac
 from starlette.responses import PlainTextResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from ir.errors import UsersError
+
 #: Where `chordflow dashboard` reads its users: `user:password[,user2:password2]`.
 USERS_VARIABLE = "CHORDFLOW_DASHBOARD_BASIC_AUTH"
 #: The header every POST must carry (a form or an image of another site cannot set it).
@@ -22,10 +24,6 @@ ACTION_HEADER = "x-chordflow-action"
 #: On every answer: no page may frame the dashboard. The CSP says only that, so the page's inline script and
 #: style still run (scheduler/ops/dashboard/page.py).
 FRAME_HEADERS = ((b"x-frame-options", b"DENY"), (b"content-security-policy", b"frame-ancestors 'none'"))
-
-
-class UsersError(ValueError):
-    """USERS_VARIABLE is missing (and --unauthenticated was not given) or is not `user:password[,...]`."""
 
 
 def users_from(value: str | None, unauthenticated: bool) -> dict[str, str] | None:
