@@ -1,9 +1,9 @@
 """`python -m bench.checkpoints`: what a checkpoint after every node costs, on the embedded store and on Redis.
 
-Three figures (issue 7, item 2): one checkpoint after a node that changed one small key, with an empty
+Three figures: one checkpoint after a node that changed one small key, with an empty
 store and with a 100 MB store beside it (it must cost the same); and a local run of 10,000 small node
 executions (a loop of one node) with checkpoints, against the same stepper loop with none. And what a local
-batch pays for keeping its outcomes as it runs (issue 21, worker/batch/checkpoints.py): a batch of small
+batch pays for keeping its outcomes as it runs (worker/batch/checkpoints.py): a batch of small
 `echo` items through LocalBackend keeping them in the embedded store, against the same batch keeping none.
 Writes bench/CHECKPOINTS.md (or --out).
 """

@@ -108,7 +108,7 @@ def profile_chordflow(n: int, top: int = 10) -> dict[str, Any]:
     return {"n": n, "seconds": seconds, "focus": focus_rows(stats), "top": top_rows(stats, top)}
 
 
-# -- issue 2: the local per-item cost, layer by layer ------------------------------------------------
+# -- the local per-item cost, layer by layer -------------------------------------------------------
 def _best(call: Callable[[], Any], repeats: int, gc_off: bool = False) -> float:
     best = float("inf")
     for _ in range(repeats):

@@ -64,7 +64,7 @@ def ratios(results: Results) -> list[tuple[str, str, str, bool | None]]:
     i2 = results.issue2
     if i2:
         keeping, discarding = issue2_ratios(i2)
-        check = "issue 2: local per-item cost / plain NoopNode loop keeping results, N=100k"
+        check = "local per-item cost / plain NoopNode loop keeping results, N=100k"
         value = f"{keeping:.2f}x ({discarding:.2f}x against the loop that discards results)"
         rows.append((check, value, "<= 3x", keeping <= 3))
     return rows
@@ -337,7 +337,7 @@ def render(session: Session, results: Results) -> str:
     lines += [f"| {check} | {value} | {target} | {verdict(ok)} |" for check, value, target, ok in ratios(results)]
     lines += ["", "## Large snapshot (bytes written to Redis)", ""]
     lines += snapshot_section(results)
-    lines += ["", "## Issue 2: local sequential per-item overhead", ""]
+    lines += ["", "## Local sequential per-item overhead", ""]
     lines += issue2_section(results)
     lines += [
         "",

@@ -240,9 +240,9 @@ def issue2() -> dict[str, Any]:
     runs = {name: [time_call(call, what=f"{name} 100k").seconds for _ in range(3)] for name, call in calls.items()}
     best = {name: min(seconds) for name, seconds in runs.items()}
     log(
-        f"issue 2: local {best['local']:.3f} s vs plain loop {best['plain']:.3f} s (keeping results) = "
+        f"local per-item cost: local {best['local']:.3f} s vs plain loop {best['plain']:.3f} s (keeping results) = "
         f"{best['local'] / best['plain']:.2f}x, vs {best['discarding']:.3f} s (discarding) = "
         f"{best['local'] / best['discarding']:.2f}x"
     )
-    log("issue 2: per-layer breakdown (best of 3 each)")
+    log("local per-item cost: per-layer breakdown (best of 3 each)")
     return {"n": ISSUE2_N, "runs": runs, "best": best, "layers": diagnose.local_layers(ISSUE2_N)}

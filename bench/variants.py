@@ -118,7 +118,7 @@ def run_chordflow(items: list[Any], backend: str, **extra_inputs: Any) -> None:
 
 
 def plain_loop(items: list[Any], shared: dict[str, Any]) -> list[Any]:
-    """The fair floor for issue 2: the same NoopNode per item, no engine, each item's namespace kept.
+    """The fair floor for the local per-item cost: the same NoopNode per item, no engine, each item's namespace kept.
 
     A batch has to hand back every item's result, so this is the loop chordflow local is judged against.
     """

@@ -1,4 +1,4 @@
-"""Parallel branches with a fan-in (seed 004), on both backends, through `run` and `stream`.
+"""Parallel branches with a fan-in, on both backends, through `run` and `stream`.
 
 The `backend` fixture runs each behaviour locally and with batches on the suite's cluster (real
 redis-server and workers); side effects are counted in files.
@@ -408,7 +408,7 @@ def test_workers_killed_mid_branch_then_new_workers_finish_the_section(tmp_path:
     assert [r["ok"] for r in result.shared["__parallel_results__"]] == [True, True]
 
 
-# -- what the CLI says of a failed branch (issue 21) ------------------------------------------------------------
+# -- what the CLI says of a failed branch ------------------------------------------------------------
 
 
 def cli_run(tmp_path: Path, wf: dict[str, Any], backend: str) -> subprocess.CompletedProcess[str]:

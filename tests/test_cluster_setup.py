@@ -1,4 +1,4 @@
-"""The cluster set-up tells the truth (issue 21, item 7): `chordflow flower` without flower, its auth hint, and
+"""The cluster set-up tells the truth: `chordflow flower` without flower, its auth hint, and
 `runs` when the cluster's Redis does not answer. (Unnamed workers: tests/test_worker_registry.py.)"""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""`chordflow dashboard` (issue 12): the runs view, in a real headless Chromium against a live cluster.
+"""`chordflow dashboard`: the runs view, in a real headless Chromium against a live cluster.
 
 The page is driven by selenium through Debian's chromium + chromedriver (`make test` installs them when
 missing). The dashboard runs as its own process (`python -m scheduler.cli dashboard`), on the suite's
@@ -100,7 +100,7 @@ def test_dashboard_unauthenticated_is_an_explicit_choice(tmp_path: Path) -> None
         assert request(base + "/")[0] == 200
 
 
-# -- what every answer says, and what none says (issue 20) ------------------------------------------------
+# -- what every answer says, and what none says ------------------------------------------------
 
 FRAMING = {"X-Frame-Options": "DENY", "Content-Security-Policy": "frame-ancestors 'none'"}
 

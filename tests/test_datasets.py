@@ -112,7 +112,7 @@ def test_failed_records_fail_the_job_saying_how_many_and_redrive_reruns_only_the
     done = cli("run", job["wf"], "--items", items, "--chunk-size", 4, "--output", "json", *backend_args(backend))
     assert done.returncode == 1, done.stderr
     assert "failed 3 of 20 records (15.0%)" in done.stderr
-    assert " -> failed" not in done.stderr  # no worker log line in the client (issue 21, item 8)
+    assert " -> failed" not in done.stderr  # no worker log line in the client
     run_id = json.loads(done.stdout)["run_id"]
     assert len(logged(job["log"])) == 17  # the three failing ones raise before logging
     errors = result_rows(run_id, "--errors")

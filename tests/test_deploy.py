@@ -1,4 +1,4 @@
-"""The deploy/ files, exercised (issue 12): parsed, checked against the code, and run.
+"""The deploy/ files, exercised: parsed, checked against the code, and run.
 
 This machine has no container engine, so each service of deploy/docker-compose.yml and each container of
 deploy/k8s/ is started from the repository as a plain process, wired by exactly the environment the file

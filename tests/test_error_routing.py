@@ -1,4 +1,4 @@
-"""Seed 003: PocketFlow retries and "error as state" (NodeError in shared["_error"] + `error` edge routing)."""
+"""PocketFlow retries and "error as state" (NodeError in shared["_error"] + `error` edge routing)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Fair dispatch between runs and run priorities (issue 24, items 1-2), on real redis-server and workers.
+"""Fair dispatch between runs and run priorities, on real redis-server and workers.
 
 A batch's chunks go to the broker a window at a time (worker/cluster/batches/dispatch.py), so a small run is
 not queued behind a big one's whole batch; a higher run's messages go first (worker/cluster/priorities.py).

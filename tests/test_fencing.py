@@ -1,4 +1,4 @@
-"""A worker whose claim on a run was taken over never acts again (issue 20, fencing).
+"""A worker whose claim on a run was taken over never acts again.
 
 A worker paused (SIGSTOP) past the dead-delivery bound during a plain node: its advance is delivered again,
 another worker goes on from the checkpoint and finishes the run. When the paused one wakes up (SIGCONT), the

@@ -126,7 +126,7 @@ def test_cli_validate_long_argument_that_is_not_a_file() -> None:
     assert proc.stderr.count("\n") == 1 and proc.stderr.startswith("error: cannot read 'qqq")
 
 
-# -- the reproducers of issue 8 (item 7), each a ValidationError naming where ---------------------------------------
+# -- bad documents found by probing, each a ValidationError naming where -----------------------------------------------
 
 
 def _deep_list(depth: int) -> list:

@@ -1,4 +1,4 @@
-"""Nothing left behind (issue 20, item 5): a run that ends keeps only what `status`, `results` and a resume
+"""Nothing left behind: a run that ends keeps only what `status`, `results` and a resume
 read; a submit that fails part-way takes back what it wrote and records why; `chordflow purge` and
 `chordflow runs --prune` delete runs from either store.
 

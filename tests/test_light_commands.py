@@ -1,4 +1,4 @@
-"""Commands that read a run start light (issue 22): `results` and `wait --output json` of a dataset job load neither
+"""Commands that read a run start light: `results` and `wait --output json` of a dataset job load neither
 the IR's models (pydantic), the engine, pocketflow, Celery nor Rich, on either store, and `results` of a local job
 no redis-py either; `run --items --output json` of a local job loads no Celery, kombu, redis-py, Rich or repair
 flow. Start-up was most of what those commands

@@ -1,4 +1,4 @@
-"""Local runs whose process goes away (issue 21): a SIGKILLed owner reads as failed and resumes from its last
+"""Local runs whose process goes away: a SIGKILLed owner reads as failed and resumes from its last
 checkpoint; SIGTERM ends a run as cancelled like Ctrl-C; a batch cut short keeps its outcomes in chunks.
 
 Every run here is a real `chordflow run` process, killed or interrupted with a real signal once a gate file or

@@ -1,4 +1,4 @@
-"""Logs an operator can use (issue 12, item 5): one line per chunk and per run transition, with the run id, the
+"""Logs an operator can use: one line per chunk and per run transition, with the run id, the
 node and the counts; with CHORDFLOW_LOG_FORMAT=json every line of a worker is one JSON object; secrets never show.
 
 Real worker processes of the suite's cluster (tests/support/cluster.py): a JSON worker of its own, on a queue of

@@ -158,7 +158,7 @@ def test_chunks_longer_than_the_visibility_timeout_run_each_item_exactly_once(cl
 
 
 def test_probe_scaled_down_many_long_chunks_finish_with_each_item_once(cluster: Cluster, tmp_path: Path) -> None:
-    """Issue 8's probe (20k items, 11 s chunks, 8 s timeout, never finished), scaled down."""
+    """A probe that once never finished (20k items, 11 s chunks, 8 s timeout, never finished), scaled down."""
     total, chunk_size = 2000, 250
     log = tmp_path / "side-effects.log"
     received = len(chunk_log(cluster, "received"))

@@ -1,4 +1,4 @@
-"""Prometheus metrics (issue 12, item 1): `chordflow metrics` reads the cluster at scrape time, `chordflow worker
+"""Prometheus metrics: `chordflow metrics` reads the cluster at scrape time, `chordflow worker
 --metrics-port` serves what its pool processes did. Scraped over HTTP from real processes — a redis-server, a
 prefork worker with two pool processes, the metrics server — and parsed with prometheus_client's parser.
 

@@ -1,4 +1,4 @@
-"""Plans (seed 001): states by `_uid`, tool calls with `†state` reads and `_outputPath` writes, batched by tool.
+"""Plans: states by `_uid`, tool calls with `†state` reads and `_outputPath` writes, batched by tool.
 
 Runs go through `scheduler.plans.run_plan` (on the local and the celery backend, real workers) and through
 the CLI (`chordflow run-plan`, `chordflow plan-to-ir`) as a subprocess.

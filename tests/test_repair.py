@@ -1,4 +1,4 @@
-"""The repair flow (seed 002) and checkpoints that know what changed (issue 11).
+"""The repair flow and checkpoints that know what changed.
 
 Side effects are counted in files (`test-side-effect` appends its label to a log): "n1 ran once" is a fact
 on disk. Real runs, real checkpoints, real workers for the cluster case; the only stand-in is the LLM

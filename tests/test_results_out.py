@@ -1,4 +1,4 @@
-"""`--out FILE` of `wait` and `run` on a dataset job: its rows written to FILE as the job runs (issue 22).
+"""`--out FILE` of `wait` and `run` on a dataset job: its rows written to FILE as the job runs.
 
 Real parts only: the `backend` fixture runs each test locally and on the suite's cluster (real redis-server, real
 workers); every command is a `chordflow` subprocess. FILE must hold the bytes `results RUN --out FILE` writes,

@@ -1,4 +1,4 @@
-"""Run ids a person can use (issue 21, item 5): `runs` prints whole ids (a tab-separated table in a pipe, whole
+"""Run ids a person can use: `runs` prints whole ids (a tab-separated table in a pipe, whole
 ids in an 80-column terminal), and every command taking a run id takes a unique prefix of 4 characters or more."""
 
 from __future__ import annotations

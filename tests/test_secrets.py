@@ -1,4 +1,4 @@
-"""Secrets never show in what chordflow reports about a failure (issue 8, item 6).
+"""Secrets never show in what chordflow reports about a failure.
 
 A token given to a node — as a secret-named param, an `Authorization` header, a URL's query or password —
 must not appear in the raised error, the RunResult's aggregate (`results`, `errors`), the run record, error

@@ -1,4 +1,4 @@
-"""Item values never become shell code (issue 8, item 3).
+"""Item values never become shell code.
 
 Every form validation accepts keeps an item's value data on both backends: injection strings run
 through it as batch items and no marker file appears. Every form where a shell would read the value

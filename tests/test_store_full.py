@@ -1,4 +1,4 @@
-"""A full disk under the embedded store (issue 20): one line naming the file, `<CHORDFLOW_HOME>/runs.db: disk full`.
+"""A full disk under the embedded store: one line naming the file, `<CHORDFLOW_HOME>/runs.db: disk full`.
 
 For real: CHORDFLOW_HOME on a 1 MiB tmpfs mounted here (the suite runs as root), a workflow whose store grows
 past it, run by the CLI as a process.

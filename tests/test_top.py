@@ -1,4 +1,4 @@
-"""`chordflow top` (issue 12, item 3): a live view of the cluster's runs and workers, driven through a
+"""`chordflow top`: a live view of the cluster's runs and workers, driven through a
 pseudo-terminal against the suite's cluster while a run is held by a gate; `q` quits and the terminal's mode
 comes back."""
 

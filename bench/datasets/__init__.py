@@ -1,4 +1,4 @@
-"""`python -m bench.datasets`: the scale check of dataset jobs (issue 9, item 6).
+"""`python -m bench.datasets`: the scale check of dataset jobs.
 
 A two-node workflow once per record of a JSONL file, through `chordflow submit WF.json --items FILE`,
 `chordflow wait RUN` and `chordflow results RUN --out FILE` (every row in a file), at 1,000,000 and at 100,000
@@ -14,7 +14,7 @@ chunks of 500 records, each running the workflow's two steps as two PocketFlow n
 `GroupResult.get()`, the rows written to a file); the local backend (`chordflow run WF --items FILE` +
 `chordflow results RUN --out FILE`, and `chordflow run WF --items FILE --out FILE`) against a plain PocketFlow
 loop over the file writing the same rows; and a local batch of no-op items against a plain PocketFlow loop
-keeping every item's result (issue 22).
+keeping every item's result.
 
 Writes bench/DATASETS.md (or --out). Progress lines go to stderr.
 """
@@ -441,8 +441,8 @@ class Jobs:
 
 def noop_batch(n: int, rounds: int = 3) -> dict[str, Any]:
     """A local batch of n no-op items (`scheduler.run`, in this process) against a plain PocketFlow loop that
-    keeps every item's result (bench/variants.py, issue 2's floor): `rounds` rounds, the two taking turns in each;
-    each one's best wall and CPU (the first round, with the first call's imports, given beside as `first`)."""
+    keeps every item's result (bench/variants.py, the local per-item floor): `rounds` rounds, the two taking turns
+    in each; each one's best wall and CPU (the first round, with the first call's imports, given beside as `first`)."""
     from bench import variants
 
     items = list(range(n))

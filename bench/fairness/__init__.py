@@ -1,4 +1,4 @@
-"""Fair dispatch between runs (issue 24): how long a 3-item run submitted 4 s into big batches waits, before
+"""Fair dispatch between runs: how long a 3-item run submitted 4 s into big batches waits, before
 (main, exported with `git archive`) and after (this tree), and what fairness costs the big runs.
 
 Before is by default the commit this tree branched from main at (`git merge-base HEAD main`): main itself may
@@ -27,7 +27,7 @@ from bench.harness import Session, arguments, load_average, log, machine_facts
 
 HERE = Path(__file__).parent
 REPO = HERE.parents[1]
-#: Targets of issue 24 (seconds, ratio).
+#: Targets of fair dispatch (seconds, ratio).
 SMALL_TARGET, HIGH_TARGET, COST_TARGET = 5.0, 3.0, 1.10
 
 
@@ -121,7 +121,7 @@ def report(results: dict[str, dict[str, Any]], labels: list[str], session: Sessi
         return f"{value:.1f}"
 
     lines = [
-        "# Fair dispatch between runs (issue 24)", "",
+        "# Fair dispatch between runs", "",
         f"Command: `{session.command}` — {session.duration:.0f} s. Two solo workers (2 processes) per scenario, "
         "each scenario on a fresh cluster, before and after taking turns. Seconds from submit to end (run record).",
         "", "| scenario | tree | small run (s) | big run(s) (s) | every index once | load 1-min start / end |",

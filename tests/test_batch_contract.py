@@ -1,4 +1,5 @@
-"""Seed 000 (batch node processing): one test per Test Criterion 1-29, plus the batch contract (docs/ARCHITECTURE.md).
+"""Batch node processing, the normative contract: one test per test criterion 1-29, plus the batch contract
+(docs/ARCHITECTURE.md).
 
 Tests that go through `scheduler.run` take the `backend` fixture and assert on the returned store only.
 Tests that must watch each item's execution (criteria 6, 8, 9, 11, 13, 26) run the compiled flow
@@ -73,7 +74,7 @@ def test_c04_error_handling_invalid_rejected():
 
 
 def test_c02_c03_invalid_example_reports_both_problems():
-    """The seed's "Invalid batch configuration" example: both problems in one ValidationError."""
+    """The contract's "Invalid batch configuration" example: both problems in one ValidationError."""
     err = _raises_validation(
         batch_node(items="not_a_template", **{"as": "123invalid"}), "batch.items must be a template reference"
     )
@@ -456,7 +457,7 @@ def test_design_accumulator_merged_in_index_order(backend):
 
 
 def test_c27_llm_calls_of_failed_item_reach_original_list(backend):
-    """Criterion 27 / seed "Shallow copy sharing": an item's append to `__llm_calls__` reaches the original list.
+    """Criterion 27, "Shallow copy sharing": an item's append to `__llm_calls__` reaches the original list.
     An item that made its call and then raised (continue mode) still made that call: the entry must not be lost."""
     calls: list = []
     wf = _wf_one(
