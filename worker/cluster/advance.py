@@ -14,7 +14,8 @@ from __future__ import annotations
 import logging
 import threading
 import uuid
-from dataclasses import astuple
+from collections.abc import Callable
+from dataclasses import astuple, dataclass
 from typing import Any
 
 from celery.exceptions import Ignore
@@ -52,6 +53,34 @@ LEASE_SECONDS = 15
 
 class Suspended(BaseException):  # a control-flow signal, not an error: nodes must not catch it
     """A batch was dispatched; this advance ends and the merge task enqueues the next one."""
+
+
+@dataclass
+class Ending:
+    """How a stretch of driving a run (or a branch) ended: `done` (its `value`), `dispatched` (a batch or the
+    branches went out: Suspended), `cancelled` (RunCancelled) or `failed` (`error`, any other exception). The one
+    ladder of both advances: a Fenced one raises Ignore (the delivery that took over owns the run: no result, no
+    done mark), an outage goes up (not the run's failure: the task gives its message back, outage.py)."""
+
+    state: str
+    value: Any = None
+    error: Exception | None = None
+
+    @classmethod
+    def of(cls, body: Callable[[], Any]) -> Ending:
+        try:
+            return cls("done", body())
+        except Suspended:
+            return cls("dispatched")
+        except Fenced as exc:  # paused past the lease
+            log.warning("%s", exc)
+            raise Ignore() from None
+        except RunCancelled:
+            return cls("cancelled")
+        except outage.ERRORS:
+            raise
+        except Exception as exc:
+            return cls("failed", error=exc)
 
 
 class Lease:
@@ -130,7 +159,8 @@ def advance(self: Any, message: Any, *legacy: Any) -> str:
         return "fenced"
     state = RunState(run_id)
     ctx = RunContext(answers=RedisAnswers(state))
-    try:
+
+    def run() -> str:
         if state.cancelled():
             runs.set_status(run_id, "cancelled", "run cancelled")
             _ended(runs, run_id, record.status, "cancelled", record.node)
@@ -152,23 +182,18 @@ def advance(self: Any, message: Any, *legacy: Any) -> str:
         runs.set_status(run_id, RECORD_STATUS[status], error, ctx.last_node if error else None)
         _ended(runs, run_id, "running", RECORD_STATUS[status], ctx.last_node, error)
         return RECORD_STATUS[status]
-    except Suspended:
-        return "dispatched"
-    except Fenced as exc:  # paused past the lease: the advance that took over owns the run now
-        log.warning("%s", exc)
-        raise Ignore() from None  # no result, no done mark: the delivery that took over is this task id's
-    except RunCancelled:
-        runs.set_status(run_id, "cancelled", "run cancelled", ctx.last_node)
-        _ended(runs, run_id, "running", "cancelled", ctx.last_node)
-        return "cancelled"
-    except outage.ERRORS:
-        raise  # Redis out of reach is not the run's failure: the task gives its message back (outage.py)
-    except Exception as exc:
-        runs.set_exception(run_id, exc)  # first: `wait` re-raises it as soon as it sees the status
-        error = redact.mask(f"{type(exc).__name__}: {exc}")
-        runs.set_status(run_id, "failed", error, ctx.last_node)
-        _ended(runs, run_id, "running", "failed", ctx.last_node, error)
-        return "failed"
+
+    try:
+        how = Ending.of(run)
+        if how.state == "cancelled":
+            runs.set_status(run_id, "cancelled", "run cancelled", ctx.last_node)
+            _ended(runs, run_id, "running", "cancelled", ctx.last_node)
+        elif how.state == "failed":
+            runs.set_exception(run_id, how.error)  # first: `wait` re-raises it as soon as it sees the status
+            error = redact.mask(f"{type(how.error).__name__}: {how.error}")
+            runs.set_status(run_id, "failed", error, ctx.last_node)
+            _ended(runs, run_id, "running", "failed", ctx.last_node, error)
+        return how.value or how.state
     finally:
         lease.release()
 
@@ -273,23 +298,20 @@ def advance_branch(self: Any, message: Any, *legacy: Any) -> str:
             runs.save_branch(run_id, key, branch, _encoded(kept))
 
         journal = BranchSteps(state, save)
-        try:
-            with context.using(ctx):
-                cursor = drive(
-                    flow, Cursor(state.node, state.step), store, ctx, journal, stop_before=section.fan_in.__eq__
-                )
-            state.status, state.node = "done", cursor.node
-        except Suspended:
+
+        def run() -> Cursor:
+            with context.using(ctx):  # the branch hands over at the fan-in
+                return drive(flow, Cursor(state.node, state.step), store, ctx, journal, section.fan_in.__eq__)
+
+        how = Ending.of(run)
+        if how.state == "dispatched":
             return "dispatched"
-        except Fenced as exc:
-            log.warning("%s", exc)
-            raise Ignore() from None
-        except RunCancelled:
+        if how.state == "done":
+            state.status, state.node = "done", how.value.node
+        elif how.state == "cancelled":
             state.status = "cancelled"
-        except outage.ERRORS:
-            raise  # not the branch's failure: given back (outage.py)
-        except Exception as exc:
-            kind = type(exc)
+        else:
+            kind, exc = type(how.error), how.error
             state.status, state.kind = "failed", [kind.__module__, kind.__name__, redact.mask(str(exc))]
             state.error = redact.mask(f"{kind.__name__}: {exc}")
             if not sink.erred:
