@@ -6,6 +6,10 @@ executions (a loop of one node) with checkpoints, against the same stepper loop 
 batch pays for keeping its outcomes as it runs (worker/batch/checkpoints.py): a batch of small
 `echo` items through LocalBackend keeping them in the embedded store, against the same batch keeping none.
 Writes bench/CHECKPOINTS.md (or --out).
+
+Internal modules it uses beyond the public API: `worker.batch.backend`, `worker.cluster.state.runs`,
+`worker.engine.build`, `worker.engine.context`, `worker.engine.loader`, `worker.engine.stepper`,
+`worker.engine.steps`, `worker.runs.record`, `worker.runs.sqlite`.
 """
 
 from __future__ import annotations

@@ -3,6 +3,10 @@
 Used by `python -m bench` for its diagnostics section (extra runs, never the timed ones), and
 standalone: `python -m bench.diagnose [--n 10000] [--top 15]` prints the full cProfile tables of one
 chordflow celery run on a fresh bench cluster.
+
+Internal modules it uses beyond the public API: `ir.snapshot`, `worker.batch.backend`, `worker.batch.executor`,
+`worker.batch.middleware`, `worker.cluster.batches.tasks`, `worker.cluster.state.runstate`, `worker.engine.build`,
+`worker.engine.loader`.
 """
 
 from __future__ import annotations

@@ -12,6 +12,8 @@ call in a fresh subprocess:
    process; the submitting client's peak RSS, the workers' peak RSS, Redis's peak memory.
 
 Writes bench/DURABLE.md (or --out). Progress lines go to stderr.
+
+Internal modules it uses beyond the public API: `worker.cluster.state.runs`.
 """
 
 from __future__ import annotations

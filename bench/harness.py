@@ -4,6 +4,8 @@ from outside, and a report that says which code ran on which machine.
 A bench module gives `run_bench` two functions, one that measures and one that renders the results as
 markdown; the harness owns the rest (working directory, `CHORDFLOW_HOME`, the cluster's start and stop,
 source fingerprints, writing the report), so every bench's `main()` is the same few lines.
+
+Internal modules it uses beyond the public API: `scheduler.localcluster`, `worker.cluster.app`.
 """
 
 from __future__ import annotations

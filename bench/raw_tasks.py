@@ -9,6 +9,8 @@ Workers import this module at start through CHORDFLOW_PLUGINS=bench.raw_tasks (w
   `bench.concat` joining the slices in order (the app sets `result_chord_ordered`).
 
 The bench dispatches them by name from a stock Celery client with the same config (bench/variants.py).
+
+Internal modules it uses beyond the public API: `worker.cluster.app`, `worker.nodes.echo`.
 """
 
 from __future__ import annotations

@@ -5,6 +5,9 @@ The bench workflow of bench/DATASETS.md (two `echo` nodes per record) run as a w
 records, no store and no Redis: the per-record engine cost alone. Prints CPU us/record (process time, best of
 three); with `--profile N`, a cProfile of one more pass, its N dearest functions by own time.
 Findings: bench/PROFILE_DATASETS.md.
+
+Internal modules it uses beyond the public API: `worker.batch.executor`, `worker.batch.middleware`,
+`worker.datasets.job`, `worker.engine.build`.
 """
 
 from __future__ import annotations

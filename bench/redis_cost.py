@@ -9,6 +9,9 @@ of CHORDFLOW_WAIT_REPLICAS=1 per chunk: one chunk's outcomes published (the writ
 the WAIT, median of many, against the same primary and replica.
 
 Prints a Markdown report on stdout; progress on stderr. Figures depend on the machine: SCALING.md names its run.
+
+Internal modules it uses beyond the public API: `scheduler.durable`, `scheduler.localcluster`,
+`worker.cluster.state.runstate`.
 """
 
 from __future__ import annotations

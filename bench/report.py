@@ -1,4 +1,6 @@
-"""RESULTS.md (tables, ratios against the targets, machine facts, diagnostics) and throughput.png."""
+"""RESULTS.md (tables, ratios against the targets, machine facts, diagnostics) and throughput.png.
+
+Internal modules it uses beyond the public API: `scheduler.backends.celery`, `worker.settings`."""
 
 from __future__ import annotations
 
@@ -61,18 +63,18 @@ def ratios(results: Results) -> list[tuple[str, str, str, bool | None]]:
         value = f"{_mb(snap['bytes_in'])} MB written"
         target = f"<= 3 MB + items ({_mb(snap['items_bytes'])} MB) = {_mb(snap['budget'])} MB"
         rows.append(("large snapshot (1 MB value, 10k items): bytes into Redis", value, target, ok))
-    i2 = results.issue2
-    if i2:
-        keeping, discarding = issue2_ratios(i2)
+    per_item = results.per_item
+    if per_item:
+        keeping, discarding = per_item_ratios(per_item)
         check = "local per-item cost / plain NoopNode loop keeping results, N=100k"
         value = f"{keeping:.2f}x ({discarding:.2f}x against the loop that discards results)"
         rows.append((check, value, "<= 3x", keeping <= 3))
     return rows
 
 
-def issue2_ratios(i2: dict[str, Any]) -> tuple[float, float]:
+def per_item_ratios(per_item: dict[str, Any]) -> tuple[float, float]:
     """local / plain loop keeping results (the judged one), local / plain loop discarding them."""
-    best = i2["best"]
+    best = per_item["best"]
     return best["local"] / best["plain"], best["local"] / best["discarding"]
 
 
@@ -154,12 +156,12 @@ def profile_section(results: Results) -> list[str]:
     return lines
 
 
-def issue2_section(results: Results) -> list[str]:
-    i2 = results.issue2
-    if not i2:
+def per_item_section(results: Results) -> list[str]:
+    per_item = results.per_item
+    if not per_item:
         return []
-    n, best = i2["n"], i2["best"]
-    keeping, discarding = issue2_ratios(i2)
+    n, best, runs = per_item["n"], per_item["best"], per_item["runs"]
+    keeping, discarding = per_item_ratios(per_item)
     rows = (
         ("chordflow local", "local"),
         ("plain loop keeping results: `...; node._run(s); results.append(s['b'])`", "plain"),
@@ -174,7 +176,7 @@ def issue2_section(results: Results) -> list[str]:
         "|---|---:|---|---:|",
     ]
     lines += [
-        f"| {label} | {best[key]:.4f} | {', '.join(f'{s:.4f}' for s in i2['runs'][key])} | {best[key] / n * 1e6:.2f} |"
+        f"| {label} | {best[key]:.4f} | {', '.join(f'{s:.4f}' for s in runs[key])} | {best[key] / n * 1e6:.2f} |"
         for label, key in rows
     ]
     lines += [
@@ -190,7 +192,7 @@ def issue2_section(results: Results) -> list[str]:
         "| layer | us/item | added | us/item, GC off | added, GC off | calls/item |",
         "|---|---:|---:|---:|---:|---:|",
     ]
-    layers = i2["layers"]
+    layers = per_item["layers"]
     prev_on = prev_off = None
     for label, on, off, calls, note in layers["rows"]:
         if on is None:
@@ -338,7 +340,7 @@ def render(session: Session, results: Results) -> str:
     lines += ["", "## Large snapshot (bytes written to Redis)", ""]
     lines += snapshot_section(results)
     lines += ["", "## Local sequential per-item overhead", ""]
-    lines += issue2_section(results)
+    lines += per_item_section(results)
     lines += [
         "",
         "## Where the time goes",

@@ -1,6 +1,9 @@
 """`python -m bench`: every variant measured in one run, on one bench-owned redis-server and two workers.
 
 Writes RESULTS.md and throughput.png into --out (default: this directory). Progress goes to stderr.
+
+Internal modules it uses beyond the public API: `ir.snapshot`, `worker.cluster.app`,
+`worker.cluster.batches.chunking`, `worker.cluster.signing`, `worker.settings`.
 """
 
 from __future__ import annotations
@@ -52,7 +55,7 @@ class Results:
     records: list[Record] = field(default_factory=list)
     million: Record | None = None
     snapshot: dict[str, Any] = field(default_factory=dict)
-    issue2: dict[str, Any] = field(default_factory=dict)
+    per_item: dict[str, Any] = field(default_factory=dict)
     profiles: list[dict[str, Any]] = field(default_factory=list)
     chunks: int = 0
     get_check: str = ""
@@ -152,7 +155,7 @@ class Runs:
         if not quick:
             results.million = self.timed(variants.CELERY, list(range(MILLION)), 1, limit=1800)
         results.snapshot = self.large_snapshot()
-        results.issue2 = issue2()
+        results.per_item = per_item()
         for n in (10_000,) if quick else (10_000, 100_000):
             log(f"diagnostics: cProfile of one extra chordflow celery run, N={n:,} (not timed)")
             results.profiles.append(diagnose.profile_chordflow(n))
@@ -220,10 +223,10 @@ def inspect_cache() -> Any:
     from worker import settings
     from worker.cluster.batches import chunking
 
-    return chunking._cache.get(settings.load().result_backend)
+    return chunking.last_read(settings.load().result_backend)
 
 
-def issue2() -> dict[str, Any]:
+def per_item() -> dict[str, Any]:
     """Local sequential cost per item at 100k vs plain loops over the same NoopNode (best of 3 each).
 
     Judged against the loop that keeps each item's namespace (a batch returns its results); the loop

@@ -3,6 +3,8 @@
 Every variant runs the same PocketFlow `NoopNode` once per item on `dict(shared)` plus the item, and
 every Celery variant uses the same app (worker/app.py: msgpack, acks_late, prefetch 1), the same
 redis-server and the same two workers.
+
+Internal modules it uses beyond the public API: `worker.cluster.app`, `worker.nodes.echo`, `worker.settings`.
 """
 
 from __future__ import annotations

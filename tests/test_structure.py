@@ -30,11 +30,13 @@ def module_name(path: pathlib.Path) -> str:
 
 
 MODULES = {module_name(p): p for pkg in PACKAGES for p in sorted((ROOT / pkg).rglob("*.py"))}
+#: The benches: held to the circle and private-name rules too, and to naming the internals they use.
+BENCH = {module_name(p): p for p in sorted((ROOT / "bench").rglob("*.py"))}
 
 
 def owner(name: str) -> str | None:
     """The module (or package) of ours that `name` (a dotted import path) lands in."""
-    while name and name not in MODULES:
+    while name and name not in MODULES and name not in BENCH:
         name = name.rpartition(".")[0]
     return name or None
 
@@ -51,11 +53,11 @@ def type_checking_nodes(tree: ast.AST) -> set[int]:
 class Imports:
     """Every module's imports of our modules, external top-level packages, and private names used."""
 
-    def __init__(self) -> None:
+    def __init__(self, modules: dict[str, pathlib.Path]) -> None:
         self.edges: dict[str, set[str]] = {}
         self.external: dict[str, set[str]] = {}
         self.private: list[str] = []
-        for name, path in MODULES.items():
+        for name, path in modules.items():
             self.read(name, ast.parse(path.read_text(), str(path)))
 
     def read(self, name: str, tree: ast.AST) -> None:
@@ -78,8 +80,9 @@ class Imports:
                     continue
                 for alias in node.names:
                     full = f"{node.module}.{alias.name}"
-                    target = full if full in MODULES else owner(node.module)
-                    if full in MODULES:
+                    ours = full in MODULES or full in BENCH
+                    target = full if ours else owner(node.module)
+                    if ours:
                         aliases[alias.asname or alias.name] = full
                     elif alias.name.startswith("_") and not alias.name.startswith("__"):
                         self.private.append(f"{name} imports {node.module}.{alias.name}")
@@ -142,15 +145,37 @@ class Imports:
 
 @pytest.fixture(scope="module")
 def imports() -> Imports:
-    return Imports()
+    return Imports(MODULES)
 
 
-def test_no_import_circle(imports: Imports) -> None:
-    assert imports.circles() == []
+@pytest.fixture(scope="module")
+def everything() -> Imports:
+    return Imports({**MODULES, **BENCH})
 
 
-def test_no_module_uses_another_modules_private_names(imports: Imports) -> None:
-    assert imports.private == []
+def test_no_import_circle(everything: Imports) -> None:
+    assert everything.circles() == []
+
+
+def test_no_module_uses_another_modules_private_names(everything: Imports) -> None:
+    assert everything.private == []
+
+
+#: What a bench may use without naming it: the public API.
+PUBLIC = {"scheduler", "ir", "worker.nodes"}
+
+
+def test_each_bench_names_the_internal_modules_it_uses(everything: Imports) -> None:
+    """A bench measures what users run: the public API; any internal module it reaches into is named in its
+    docstring, so a change there knows which bench to run again."""
+    unnamed = {}
+    for name, path in BENCH.items():
+        doc = ast.get_docstring(ast.parse(path.read_text())) or ""
+        internal = {m for m in everything.edges.get(name, ()) if m in MODULES and m not in PUBLIC}
+        internal = {m for m in internal if not any(other.startswith(m + ".") for other in internal)}
+        if missing := sorted(m for m in internal if m not in doc and m.replace(".", "/") not in doc):
+            unnamed[name] = missing
+    assert unnamed == {}
 
 
 def test_no_folder_holds_more_than_15_modules() -> None:

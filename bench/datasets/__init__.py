@@ -17,11 +17,12 @@ loop over the file writing the same rows; and a local batch of no-op items again
 keeping every item's result.
 
 Writes bench/DATASETS.md (or --out). Progress lines go to stderr.
+
+Internal modules it uses beyond the public API: `worker.cluster.state.runs`.
 """
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import json
 import os
@@ -56,21 +57,6 @@ class Sizes:
 
 FULL = Sizes(large=1_000_000, small=100_000, warm=2_000, rounds=7)
 QUICK = Sizes(large=20_000, small=5_000, warm=500, rounds=2)
-
-
-def main(argv: list[str] | None = None) -> int:
-    def options(parser: argparse.ArgumentParser) -> None:
-        parser.add_argument(
-            "--chunk-size", type=int, action="append", default=[], metavar="N",
-            help="also a job of the small size with this --chunk-size (repeatable)",
-        )  # fmt: skip
-        parser.add_argument("--small-only", action="store_true", help="no job of the large size")
-
-    args = harness.arguments("bench.datasets", __doc__, "DATASETS.md", f"small sizes: {QUICK}", argv, options)
-    from bench.datasets.report import report  # it reads this module's constants
-
-    harness.run_bench(args, measure, report, needed=("chordflow.dataset_chunk",))
-    return 0
 
 
 def workflow() -> dict[str, Any]:

@@ -8,6 +8,8 @@ and it is the workers' plugin too (CHORDFLOW_PLUGINS=fairness_driver) for its `b
 
 prints one JSON object: the small run's and each big run's time from submit to end (the run record's `created`
 and `updated`, both written by the cluster), whether every big run has every index once in order, the load.
+
+Internal modules it uses beyond the public API: `scheduler.localcluster`.
 """
 
 from __future__ import annotations

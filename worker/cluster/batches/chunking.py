@@ -39,6 +39,11 @@ def slices(count: int, size: int, offset: int = 0) -> list[tuple[int, int]]:
     return [(offset + start, offset + min(start + size, count)) for start in range(0, count, size)]
 
 
+def last_read(url: str) -> tuple[float, int] | None:
+    """When (monotonic) the process count of the workers at `url` was last read, and what it was; None: never."""
+    return _cache.get(url)
+
+
 def registered_processes(url: str, max_age: float = CACHE_SECONDS) -> int:
     """Total pool processes of the workers registered in the state Redis at `url` (0: none).
 

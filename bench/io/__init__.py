@@ -17,11 +17,13 @@ c. what a user writes by hand (bench/io_tasks.py): a Celery app of its own, one 
 
 Connections are counted by the server; which worker process opened each is read off /proc/net/tcp and the
 workers' file descriptors every 50 ms while a variant runs. Writes bench/IO.md (or --out).
+
+Internal modules it uses beyond the public API: `scheduler.localcluster`, `worker.cluster.app`,
+`worker.cluster.state.heartbeat`.
 """
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import json
 import shlex
@@ -64,18 +66,6 @@ class Sizes:
 FULL = Sizes(items=3_000, warm=64)
 QUICK = Sizes(items=300, warm=32)
 TARGET_RATIO, TARGET_429, TARGET_CONNECTIONS = 1.3, 3.0, 10
-
-
-def main(argv: list[str] | None = None) -> int:
-    def options(parser: argparse.ArgumentParser) -> None:
-        parser.add_argument("--only", default="abcd", metavar="LETTERS", help="run only these variants (e.g. ab)")
-
-    quick = f"{QUICK.items} items instead of {FULL.items}"
-    args = harness.arguments("bench.io", __doc__, "IO.md", quick, argv, options)
-    from bench.io_report import render
-
-    harness.run_bench(args, measure, render, workers=())
-    return 0
 
 
 def limit_for(items: int) -> float:
@@ -507,7 +497,3 @@ def measure(session: Session, bench: BenchCluster) -> Results:
         server.stop()
     results.rows.sort(key=lambda row: row.variant)
     return results
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

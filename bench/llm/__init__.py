@@ -16,11 +16,12 @@ b. what a user writes by hand (bench/llm_tasks.py): a Celery app of its own, one
    calling the official `openai` client, a `group`, `GroupResult.get()`, 2 x `celery worker -P solo`.
 
 Writes bench/LLM.md (or --out).
+
+Internal modules it uses beyond the public API: `scheduler.localcluster`.
 """
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import json
 import signal
@@ -57,18 +58,6 @@ class Sizes:
 
 FULL = Sizes(items=2_000, quota=180_000)
 QUICK = Sizes(items=300, quota=20_000)
-
-
-def main(argv: list[str] | None = None) -> int:
-    def options(parser: argparse.ArgumentParser) -> None:
-        parser.add_argument("--only", default="ab", metavar="LETTERS", help="run only these variants (e.g. a)")
-
-    quick = f"{QUICK.items} items at {QUICK.quota} tokens/min instead of {FULL.items} at {FULL.quota}"
-    args = harness.arguments("bench.llm", __doc__, "LLM.md", quick, argv, options)
-    from bench.llm_report import render
-
-    harness.run_bench(args, measure, render, workers=())
-    return 0
 
 
 def answer_words(message: str) -> int:
@@ -315,7 +304,3 @@ def measure(session: Session, bench: BenchCluster) -> Results:
     if "b" in session.args.only:
         results.rows.append(celery_variant(bench, sizes, needed))
     return results
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
