@@ -9,7 +9,7 @@ DEV_STAMP := $(VENV)/.installed-dev
 # Python would compile every module it imports at every start (the venv's packages are compiled by pip already).
 COMPILE := $(BIN)/python -m compileall -q ir scheduler worker
 
-.PHONY: install run test lint bench flower worker clean fuzz browser
+.PHONY: install run test test-fast lint bench flower worker clean fuzz browser
 
 install: $(DEV_STAMP)
 
@@ -32,6 +32,12 @@ run: $(RUN_STAMP)
 TEST_JOBS ?= 4
 test: install browser
 	$(BIN)/python -m pytest -q -n $(TEST_JOBS)
+
+# The fast loop: only the tests that start no process (no cluster, no redis-server, no `chordflow` command, no
+# browser: tests/support/kinds.py), the IR fuzz property with fewer documents. A test that starts a process
+# without its marker fails here, naming it. `make test` stays the whole suite.
+test-fast: install
+	CHORDFLOW_TEST_FAST=1 CHORDFLOW_FUZZ_EXAMPLES=300 $(BIN)/python -m pytest -q -n $(TEST_JOBS) -m "not processes"
 
 # The dashboard's browser test (tests/test_dashboard.py) drives Debian's chromium through chromedriver:
 # installed here when missing (as root, else through sudo). `make run` never needs it.

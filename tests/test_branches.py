@@ -120,6 +120,7 @@ def test_a_parallel_edge_needs_a_fan_in_and_a_valid_error_mode() -> None:
     assert "fan_in_error_handling must be 'fail_fast' or 'continue', got 'later'" in problems_of(wf)
 
 
+@pytest.mark.processes
 def test_chordflow_validate_reports_parallel_problems_in_one_line_each(tmp_path: Path) -> None:
     path = tmp_path / "wf.json"
     path.write_text(json.dumps({"nodes": three_nodes(), "edges": [*fork(["a", "b"]), {"from": "a", "to": "merge"}]}))
@@ -363,6 +364,7 @@ def test_a_fail_fast_branch_fails_a_submitted_run_and_resume_runs_only_the_faile
     assert [r["ok"] for r in result.shared["__parallel_results__"]] == [True, True]
 
 
+@pytest.mark.processes
 def test_run_stream_prints_json_lines_of_every_branch(tmp_path: Path) -> None:
     path = tmp_path / "wf.json"
     path.write_text(json.dumps(section_workflow(tmp_path)))
@@ -381,6 +383,7 @@ def branch_completed(state: RunState, branch: str) -> bool:
     return any(e["type"] == "branch_complete" and e["branch"] == branch for e in events)
 
 
+@pytest.mark.processes
 def test_workers_killed_mid_branch_then_new_workers_finish_the_section(tmp_path: Path) -> None:
     log = tmp_path / "log"
     wf = {
@@ -420,6 +423,7 @@ def cli_run(tmp_path: Path, wf: dict[str, Any], backend: str) -> subprocess.Comp
     )  # fmt: skip
 
 
+@pytest.mark.processes
 def test_a_run_whose_branch_failed_says_so_under_its_success_status(backend: str, tmp_path: Path) -> None:
     done = cli_run(tmp_path, section_workflow(tmp_path, fail=("b",)), backend)
     assert done.returncode == 0, done.stderr
@@ -429,6 +433,7 @@ def test_a_run_whose_branch_failed_says_so_under_its_success_status(backend: str
     assert branch == f"  branch 'b' failed: FileNotFoundError: missing {missing} (the fan-in ran without it)"
 
 
+@pytest.mark.processes
 def test_a_run_failing_at_the_fan_in_shows_the_failed_branchs_own_error_first(backend: str, tmp_path: Path) -> None:
     done = cli_run(tmp_path, section_workflow(tmp_path, fail=("a2",)), backend)
     assert done.returncode == 1
@@ -437,6 +442,7 @@ def test_a_run_failing_at_the_fan_in_shows_the_failed_branchs_own_error_first(ba
     assert second.startswith("error: TemplateError: node 'merge' param 'a2': cannot resolve ${a2.label}"), second
 
 
+@pytest.mark.processes
 def test_a_failed_fan_in_and_a_failed_node_read_alike_in_run_status_and_status_json(
     backend: str, tmp_path: Path
 ) -> None:

@@ -18,6 +18,7 @@ WORKFLOW = '{"nodes": [{"id": "b", "type": "echo", "params": {"v": "${item}"}, "
 
 
 @pytest.mark.parametrize("form", ["run", "submit --items"])
+@pytest.mark.processes
 def test_cli_run_with_nothing_at_the_broker_url_fails_at_once(form: str, tmp_path: Path) -> None:
     """A workflow run, and a dataset job's submit (which once skipped the PING and rode out the outage budget
     before failing with a lost connection)."""

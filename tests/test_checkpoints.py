@@ -63,6 +63,7 @@ def test_step_limit_default_comes_from_the_environment(monkeypatch: pytest.Monke
     assert scheduler.run(endless(1000) | {"edges": [{"from": "a", "to": "b"}]}).status == "success"
 
 
+@pytest.mark.processes
 def test_cli_step_limit_is_one_line_exit_1(tmp_path: Path) -> None:
     wf = tmp_path / "loop.json"
     wf.write_text(json.dumps(endless(30)))
@@ -132,6 +133,7 @@ def test_cancelled_batch_resumes_only_the_items_without_an_outcome(tmp_path: Pat
     assert sorted(map(int, lines(log))) == list(range(20))  # every item executed exactly once overall
 
 
+@pytest.mark.processes
 def test_cli_run_status_runs_resume(tmp_path: Path) -> None:
     log, gate = tmp_path / "log", tmp_path / "gate"
     wf = tmp_path / "wf.json"
@@ -156,6 +158,7 @@ def test_cli_run_status_runs_resume(tmp_path: Path) -> None:
     assert_one_line_error(run_cli("status", "nosuchrun"), 2)
 
 
+@pytest.mark.processes
 def test_cli_wait_follows_a_local_run_in_another_process(tmp_path: Path) -> None:
     log, gate = tmp_path / "log", tmp_path / "gate"
     wf = tmp_path / "wf.json"
@@ -183,6 +186,7 @@ def test_cli_wait_follows_a_local_run_in_another_process(tmp_path: Path) -> None
     assert lines(log) == ["n1", "n2"]
 
 
+@pytest.mark.processes
 def test_cli_results_outputs_store_and_batch_items(tmp_path: Path) -> None:
     wf = tmp_path / "wf.json"
     node = {"id": "b", "type": "test-fail", "params": {"value": "${item}", "fail_on": 2},

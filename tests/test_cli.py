@@ -115,6 +115,7 @@ CONTINUE_WF = {
 # -- run -------------------------------------------------------------------------------------------------------
 
 
+@pytest.mark.processes
 def test_run_json_output_prints_one_report_object(tmp_path: Path) -> None:
     proc = run_cli("run", write_wf(tmp_path, BATCH_WF), "--input", "greeting=hi", "--output", "json")
     assert proc.returncode == 0, proc.stderr
@@ -130,6 +131,7 @@ def test_run_json_output_prints_one_report_object(tmp_path: Path) -> None:
     assert proc.stderr == ""  # no progress bar without a TTY
 
 
+@pytest.mark.processes
 def test_run_inputs_are_json_when_they_parse_and_override_the_inputs_file(tmp_path: Path) -> None:
     wf = {"nodes": [{"id": "show", "type": "echo", "params": {"n": "${n}", "s": "${s}", "l": "${l}", "f": "${f}"}}]}
     inputs = tmp_path / "inputs.json"
@@ -152,6 +154,7 @@ def test_run_inputs_are_json_when_they_parse_and_override_the_inputs_file(tmp_pa
     assert json.loads(proc.stdout)["store"]["show"] == {"n": 3, "s": "hello", "l": [1, 2], "f": "kept"}
 
 
+@pytest.mark.processes
 def test_run_text_output_summarizes_batches_errors_and_outputs(tmp_path: Path) -> None:
     proc = run_cli("run", write_wf(tmp_path, CONTINUE_WF))
     assert proc.returncode == 0, proc.stderr
@@ -164,18 +167,21 @@ def test_run_text_output_summarizes_batches_errors_and_outputs(tmp_path: Path) -
     assert "src:" not in out  # non-batch nodes get no counts line
 
 
+@pytest.mark.processes
 def test_run_bad_input_syntax_is_a_usage_error(tmp_path: Path) -> None:
     line = assert_one_line_error(run_cli("run", write_wf(tmp_path, BATCH_WF), "--input", "greeting"), 2)
     assert "--input 'greeting'" in line
     assert "KEY=VALUE" in line
 
 
+@pytest.mark.processes
 def test_run_missing_required_input_is_a_usage_error(tmp_path: Path) -> None:
     proc = run_cli("run", write_wf(tmp_path, BATCH_WF))
     line = assert_one_line_error(proc, 2)
     assert line == "error: inputs.greeting: required input 'greeting' was not given; pass --input greeting=..."
 
 
+@pytest.mark.processes
 def test_run_inputs_file_with_bad_json_names_line_and_column(tmp_path: Path) -> None:
     inputs = tmp_path / "inputs.json"
     inputs.write_text('{"a": 1,\n}', encoding="utf-8")
@@ -188,6 +194,7 @@ def test_run_inputs_file_with_bad_json_names_line_and_column(tmp_path: Path) -> 
 
 
 @pytest.mark.parametrize("command", ["run", "validate"])
+@pytest.mark.processes
 def test_malformed_json_is_one_line_with_line_and_column(tmp_path: Path, command: str) -> None:
     path = write_wf(tmp_path, '{"nodes": [\n  {"id": "a", "type": "echo",}\n]}', "broken.json")
     line = assert_one_line_error(run_cli(command, path), 2)
@@ -196,12 +203,14 @@ def test_malformed_json_is_one_line_with_line_and_column(tmp_path: Path, command
 
 
 @pytest.mark.parametrize("command", ["run", "validate"])
+@pytest.mark.processes
 def test_missing_file(tmp_path: Path, command: str) -> None:
     line = assert_one_line_error(run_cli(command, tmp_path / "nope.json"), 2)
     assert "nope.json" in line
     assert "file not found" in line
 
 
+@pytest.mark.processes
 def test_unknown_node_type_suggests_the_closest(tmp_path: Path) -> None:
     wf = {"nodes": [{"id": "a", "type": "ecko", "params": {}}]}
     line = assert_one_line_error(run_cli("run", write_wf(tmp_path, wf)), 2)
@@ -209,6 +218,7 @@ def test_unknown_node_type_suggests_the_closest(tmp_path: Path) -> None:
     assert "did you mean 'echo'?" in line
 
 
+@pytest.mark.processes
 def test_batch_items_not_a_list_fails_the_run_with_one_line(tmp_path: Path) -> None:
     wf = {
         "nodes": [
@@ -222,6 +232,7 @@ def test_batch_items_not_a_list_fails_the_run_with_one_line(tmp_path: Path) -> N
     assert "'each'" in line  # names the node
 
 
+@pytest.mark.processes
 def test_unresolvable_template_names_node_param_and_template(tmp_path: Path) -> None:
     wf = {
         "nodes": [
@@ -235,6 +246,7 @@ def test_unresolvable_template_names_node_param_and_template(tmp_path: Path) -> 
     assert "${src.missing}" in line
 
 
+@pytest.mark.processes
 def test_item_exception_propagates_as_type_and_message(tmp_path: Path) -> None:
     wf = {
         "nodes": [
@@ -260,6 +272,7 @@ def test_item_exception_propagates_as_type_and_message(tmp_path: Path) -> None:
     assert "check" not in report["store"]
 
 
+@pytest.mark.processes
 def test_unhandled_error_action_fails_the_run_but_still_prints_the_store(tmp_path: Path) -> None:
     wf = {"nodes": [{"id": "s", "type": "shell", "params": {"command": "echo oops >&2; exit 3"}}]}
     proc = run_cli("run", write_wf(tmp_path, wf), "--output", "json")
@@ -274,6 +287,7 @@ def test_unhandled_error_action_fails_the_run_but_still_prints_the_store(tmp_pat
 
 
 @pytest.mark.parametrize("where", ["group", "command"])
+@pytest.mark.processes
 def test_debug_prints_the_traceback(tmp_path: Path, where: str) -> None:
     wf = {
         "nodes": [
@@ -290,6 +304,7 @@ def test_debug_prints_the_traceback(tmp_path: Path, where: str) -> None:
 
 
 @pytest.mark.parametrize("output", ["text", "json"])
+@pytest.mark.processes
 def test_ctrl_c_exits_130_with_cancelled(tmp_path: Path, output: str) -> None:
     (tmp_path / "slowmod.py").write_text(
         "import pathlib, time\n"
@@ -337,12 +352,14 @@ def test_ctrl_c_exits_130_with_cancelled(tmp_path: Path, output: str) -> None:
 # -- validate / schema / nodes ----------------------------------------------------------------------------------
 
 
+@pytest.mark.processes
 def test_validate_ok(tmp_path: Path) -> None:
     proc = run_cli("validate", write_wf(tmp_path, BATCH_WF))
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "ok: 2 nodes"
 
 
+@pytest.mark.processes
 def test_validate_lists_every_problem(tmp_path: Path) -> None:
     wf = {
         "nodes": [
@@ -364,6 +381,7 @@ def test_validate_lists_every_problem(tmp_path: Path) -> None:
     assert len(lines) >= 4  # a first line, then one line per problem
 
 
+@pytest.mark.processes
 def test_schema_prints_the_ir_json_schema() -> None:
     proc = run_cli("schema")
     assert proc.returncode == 0, proc.stderr
@@ -371,6 +389,7 @@ def test_schema_prints_the_ir_json_schema() -> None:
     assert "nodes" in schema["properties"]
 
 
+@pytest.mark.processes
 def test_nodes_lists_registered_types_with_params() -> None:
     proc = run_cli("nodes")
     assert proc.returncode == 0, proc.stderr
@@ -379,6 +398,7 @@ def test_nodes_lists_registered_types_with_params() -> None:
     assert "Writes each of its params" in proc.stdout  # first docstring line of EchoNode
 
 
+@pytest.mark.processes
 def test_no_command_shows_help() -> None:
     proc = run_cli("--help")
     assert proc.returncode == 0
@@ -423,11 +443,13 @@ def test_error_mapping_in_one_place() -> None:
 
 
 @pytest.mark.parametrize("command", ["status", "wait", "results", "update", "cancel", "resume", "redrive", "repair"])
+@pytest.mark.processes
 def test_an_invalid_run_id_is_one_line_before_any_lookup(command: str) -> None:
     line = assert_one_line_error(run_cli(command, "../etc/passwd"), 2)
     assert line == "error: invalid run id '../etc/passwd': a run id is " + RUN_ID_RULE
 
 
+@pytest.mark.processes
 def test_a_long_run_id_is_not_printed_back_and_a_valid_one_is_looked_up() -> None:
     line = assert_one_line_error(run_cli("status", "x" * 129), 2)
     assert line == f"error: invalid run id (129 characters): a run id is {RUN_ID_RULE}"
@@ -456,6 +478,7 @@ def test_progress_display_applies_out_of_order_events_monotonically() -> None:
     assert "3/3" in console.file.getvalue()
 
 
+@pytest.mark.processes
 def test_version_prints_the_package_version() -> None:
     from importlib.metadata import version
 
@@ -463,6 +486,7 @@ def test_version_prints_the_package_version() -> None:
     assert (proc.returncode, proc.stdout) == (0, f"chordflow {version('chordflow')}\n")
 
 
+@pytest.mark.processes
 def test_validate_loads_neither_the_run_machinery_nor_rich(tmp_path: Path) -> None:
     """Why `chordflow validate` starts fast: its process imports only what checking a workflow needs."""
     code = (
@@ -493,11 +517,13 @@ def test_validate_loads_neither_the_run_machinery_nor_rich(tmp_path: Path) -> No
         (("--backend", "celery", "--detach", "--stream"), "--detach: only with --backend celery and without --stream"),
     ],
 )
+@pytest.mark.processes
 def test_detach_is_refused_where_it_means_nothing(tmp_path: Path, args: tuple[str, ...], problem: str) -> None:
     proc = run_cli("run", write_wf(tmp_path, {"nodes": [{"id": "a", "type": "echo"}]}), *args)
     assert proc.returncode == 2 and proc.stderr.startswith(f"error: {problem}") and proc.stdout == ""
 
 
+@pytest.mark.processes
 def test_runs_takes_the_status_word_of_a_run_report_and_refuses_a_negative_limit() -> None:
     env = cli_env(CHORDFLOW_BROKER_URL="redis://127.0.0.1:1/0")
     assert scheduler.run({"nodes": [{"id": "a", "type": "echo"}]}).status == "success"
@@ -507,6 +533,7 @@ def test_runs_takes_the_status_word_of_a_run_report_and_refuses_a_negative_limit
     assert negative.returncode == 2 and "-1 is not in the range x>=1" in negative.stderr
 
 
+@pytest.mark.processes
 def test_the_python_api_imports_modules_of_the_working_directory_as_the_cli_does(tmp_path: Path) -> None:
     """`scheduler.run("wf.json")` from a script elsewhere: a `python` node's module in the working directory."""
     project, scripts = tmp_path / "project", tmp_path / "scripts"
@@ -537,6 +564,7 @@ def test_the_python_api_imports_modules_of_the_working_directory_as_the_cli_does
         (["bogus"], "No such command 'bogus'"),
     ],
 )
+@pytest.mark.processes
 def test_bad_usage_is_one_error_line_naming_the_option(args: list[str], says: str) -> None:
     """Click's own checks (a choice, a range, a path, an unknown option or command) end as every user error does:
     one `error:` line and exit 2, not Click's usage block."""

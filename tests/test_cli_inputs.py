@@ -21,6 +21,7 @@ OPEN_WF = {"nodes": [{"id": "show", "type": "echo", "params": {"v": 1}}]}
 DEEP = "[" * 5000 + "]" * 5000
 
 
+@pytest.mark.processes
 def test_an_inputs_file_nested_too_deep_is_a_usage_error(tmp_path: Path) -> None:
     inputs = tmp_path / "deep.json"
     inputs.write_text('{"a": ' + DEEP + "}", encoding="utf-8")
@@ -28,22 +29,26 @@ def test_an_inputs_file_nested_too_deep_is_a_usage_error(tmp_path: Path) -> None
     assert line == f"error: {inputs}: nested deeper than 100 levels"
 
 
+@pytest.mark.processes
 def test_an_input_value_nested_too_deep_is_a_usage_error(tmp_path: Path) -> None:
     line = assert_one_line_error(run_cli("run", write_wf(tmp_path, OPEN_WF), "--input", f"k={DEEP}"), 2)
     assert line == "error: --input k: nested deeper than 100 levels"
 
 
+@pytest.mark.processes
 def test_an_unknown_input_suggests_the_declared_one(tmp_path: Path) -> None:
     proc = run_cli("run", write_wf(tmp_path, FOLDER_WF), "--input", "foldr=/data")
     line = assert_one_line_error(proc, 2)
     assert line == "error: --input foldr=...: unknown input 'foldr' (did you mean 'folder'?)"
 
 
+@pytest.mark.processes
 def test_a_missing_required_input_says_how_to_pass_it(tmp_path: Path) -> None:
     line = assert_one_line_error(run_cli("run", write_wf(tmp_path, FOLDER_WF)), 2)
     assert line == "error: inputs.folder: required input 'folder' was not given; pass --input folder=..."
 
 
+@pytest.mark.processes
 def test_a_workflow_without_declared_inputs_accepts_any_input(tmp_path: Path) -> None:
     proc = run_cli("run", write_wf(tmp_path, OPEN_WF), "--input", "anything=1", "--output", "json")
     assert proc.returncode == 0, proc.stderr
@@ -51,6 +56,7 @@ def test_a_workflow_without_declared_inputs_accepts_any_input(tmp_path: Path) ->
 
 
 @pytest.mark.parametrize("debug", [False, True])
+@pytest.mark.processes
 def test_validate_debug_prints_the_traceback(tmp_path: Path, debug: bool) -> None:
     path = tmp_path / "nope.json"
     proc = run_cli("validate", path, *(["--debug"] if debug else []))
@@ -116,6 +122,7 @@ def test_an_input_given_to_a_workflow_without_declared_inputs_is_known_to_every_
     assert (tmp_path / "log").read_text() == "[1, 2, 3]\n"
 
 
+@pytest.mark.processes
 def test_cli_run_with_an_undeclared_input_on_both_backends(backend: str, tmp_path: Path, request: Any) -> None:
     wf = given_wf(tmp_path)
     (tmp_path / "fix").touch()
@@ -134,6 +141,7 @@ def test_cli_run_with_an_undeclared_input_on_both_backends(backend: str, tmp_pat
         assert scheduler.wait(submitted.stdout.strip(), timeout=90).shared["b"]["results"] == [{"v": 4, "all": [4]}]
 
 
+@pytest.mark.processes
 def test_a_misspelt_reference_to_a_given_input_still_gets_the_did_you_mean(tmp_path: Path) -> None:
     wf = {"nodes": [{"id": "s", "type": "echo", "params": {"v": "${itmes}"}}]}
     proc = run_cli("run", write_wf(tmp_path, wf), "--input", "items=[1,2,3]")

@@ -6,7 +6,11 @@ import json
 import os
 from pathlib import Path
 
+import pytest
+
 from tests.test_cli import assert_one_line_error, cli_env, run_cli, write_wf
+
+pytestmark = pytest.mark.processes  # every test here starts real processes (commands, servers, workers)
 
 FRUIT_WF = {
     "nodes": [{"id": "n", "type": "echo", "params": {"fruit": ["\U0001f34e!"], "word": "café"}}],

@@ -53,6 +53,7 @@ def test_each_level_is_installed_once(tmp_path: Path) -> None:
     assert installs(dry_run("test", venv)) == []
 
 
+@pytest.mark.processes
 def test_make_install_leaves_chordflows_own_bytecode_compiled(tmp_path: Path) -> None:
     """Each command is a fresh process: where PYTHONDONTWRITEBYTECODE=1 is set, nothing compiled at install time
     means every module compiled again at every start. A real `make install` into a fresh virtualenv, in a copy of the

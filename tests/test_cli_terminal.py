@@ -11,7 +11,11 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from tests.test_cli import ROOT, cli_env, run_cli, write_wf
+
+pytestmark = pytest.mark.processes  # every test here starts real processes (commands, servers, workers)
 
 ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 SPINNER_LINE = re.compile(r"([\u2800-\u28ff]) running (\w+) (\d+\.\d)s")  # dots spinner frames are braille

@@ -6,8 +6,12 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import pytest
+
 from scheduler.localcluster import free_port
 from tests.test_cli import ROOT, cli_env, run_cli
+
+pytestmark = pytest.mark.processes  # every test here starts real processes (commands, servers, workers)
 
 
 def test_flower_not_installed_says_how_to_install_it() -> None:

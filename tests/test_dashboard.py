@@ -29,6 +29,7 @@ import scheduler
 from scheduler.localcluster import Cluster, ManagedProcess, free_port
 from scheduler.ops.dashboard import USERS_VARIABLE
 from tests.support import llm_server
+from tests.support.kinds import starts
 from tests.test_cli import run_cli
 from tests.test_metrics import PRICE, llm_workflow
 from worker.llm import fake
@@ -69,6 +70,7 @@ def _env(**more: str) -> dict[str, str]:
 # -- auth, without a browser ----------------------------------------------------------------------------
 
 
+@pytest.mark.processes
 def test_dashboard_refuses_to_start_without_basic_auth() -> None:
     argv = [sys.executable, "-m", "scheduler.cli", "dashboard", "--port", str(free_port())]
     missing = subprocess.run(argv, env=_env(), capture_output=True, text=True, timeout=60)
@@ -81,6 +83,7 @@ def test_dashboard_refuses_to_start_without_basic_auth() -> None:
     assert malformed.stderr.splitlines() == [f"error: {USERS_VARIABLE} must be user:password[,user2:password2]"]
 
 
+@pytest.mark.processes
 def test_dashboard_answers_401_without_credentials(tmp_path: Path) -> None:
     with dashboard(tmp_path, _env(**{USERS_VARIABLE: f"someone:else,{USER}:{PASSWORD}"})) as base:
         for path in ("/", "/api/runs", "/api/runs/events", "/api/runs/r1/failed"):
@@ -95,6 +98,7 @@ def test_dashboard_answers_401_without_credentials(tmp_path: Path) -> None:
         assert request(base + "/api/runs/r1/cancel", auth=(USER, PASSWORD), method="POST")[0] == 403
 
 
+@pytest.mark.processes
 def test_dashboard_unauthenticated_is_an_explicit_choice(tmp_path: Path) -> None:
     with dashboard(tmp_path, _env(), "--unauthenticated") as base:
         assert request(base + "/")[0] == 200
@@ -171,6 +175,7 @@ def test_every_answer_forbids_framing_checks_run_ids_and_names_no_server_path(
 
 
 @pytest.fixture
+@starts("browser")
 def browser() -> Iterator[Any]:
     if not (Path(CHROMIUM).exists() and Path(CHROMEDRIVER).exists()):
         pytest.fail(f"{CHROMIUM} and {CHROMEDRIVER} are needed: `make browser` installs Debian's chromium packages")

@@ -22,6 +22,7 @@ import pytest
 import scheduler
 from scheduler.localcluster import Cluster
 from tests.support.cluster import destroyable_cluster
+from tests.support.kinds import starts
 from tests.test_durable import VISIBILITY_TIMEOUT, until
 from worker.cluster.state.runstate import RunState
 
@@ -91,6 +92,7 @@ def job(tmp_path: Path) -> dict[str, Path]:
     return {"wf": wf, "log": log, "missing": tmp_path / "flag"}
 
 
+@pytest.mark.processes
 def test_every_record_runs_once_and_results_stream_in_input_order(backend: str, job: dict, tmp_path: Path) -> None:
     items = write_records(tmp_path / "items.jsonl", 57)
     done = cli("run", job["wf"], "--items", items, "--chunk-size", 5, "--output", "json", *backend_args(backend))
@@ -105,6 +107,7 @@ def test_every_record_runs_once_and_results_stream_in_input_order(backend: str, 
     assert status["records"]["total"] == 57 and status["records"]["done"] == 57 and status["records"]["failed"] == 0
 
 
+@pytest.mark.processes
 def test_failed_records_fail_the_job_saying_how_many_and_redrive_reruns_only_them(
     backend: str, job: dict, tmp_path: Path
 ) -> None:
@@ -136,6 +139,7 @@ def test_failed_records_fail_the_job_saying_how_many_and_redrive_reruns_only_the
     assert json.loads(cli("status", run_id, "--json").stdout)["status"] == "succeeded"
 
 
+@pytest.mark.processes
 def test_a_job_whose_every_record_failed_names_the_most_common_error(backend: str, tmp_path: Path) -> None:
     wf = tmp_path / "wf.json"
     node = {"id": "say", "type": "test-upper", "params": {"text": "${record.txt}"}}  # the records have no `txt`
@@ -182,6 +186,7 @@ def test_progress_is_an_event_per_failed_record_and_one_per_chunk_for_the_others
     assert 5 <= sum(e["ok"] for e in progress) <= 30
 
 
+@pytest.mark.processes
 def test_tolerated_failures_let_the_job_succeed_and_an_exceeded_threshold_fails_it(
     backend: str, job: dict, tmp_path: Path
 ) -> None:
@@ -195,6 +200,7 @@ def test_tolerated_failures_let_the_job_succeed_and_an_exceeded_threshold_fails_
     assert by_count.returncode == 1 and "tolerated 1" in by_count.stderr
 
 
+@pytest.mark.processes
 def test_a_count_threshold_stops_the_job_before_every_record_ran(backend: str, job: dict, tmp_path: Path) -> None:
     items = write_records(tmp_path / "items.jsonl", 400, job["missing"], failing=tuple(range(400)))
     done = cli(
@@ -209,6 +215,7 @@ def test_a_count_threshold_stops_the_job_before_every_record_ran(backend: str, j
     assert len(rows) == 400 and any(r["error"].startswith("not run") for r in rows)
 
 
+@pytest.mark.processes
 def test_a_malformed_record_is_one_line_naming_file_and_line_or_a_failed_record(
     backend: str, job: dict, tmp_path: Path
 ) -> None:
@@ -243,6 +250,7 @@ def write_with_long_record(path: Path, count: int, at: int, size: int) -> Path:
     return path
 
 
+@pytest.mark.processes
 def test_a_record_over_the_cap_is_one_line_naming_file_and_line_or_a_failed_record(
     backend: str, job: dict, tmp_path: Path
 ) -> None:
@@ -272,6 +280,7 @@ def test_a_record_over_the_cap_is_one_line_naming_file_and_line_or_a_failed_reco
     )
 
 
+@pytest.mark.processes
 def test_a_records_file_that_cannot_be_read_is_a_usage_error_that_records_no_run(job: dict, tmp_path: Path) -> None:
     from worker.runs.sqlite import LocalRuns
 
@@ -283,6 +292,7 @@ def test_a_records_file_that_cannot_be_read_is_a_usage_error_that_records_no_run
     assert [r.run_id for r in LocalRuns.default().recent()] == before
 
 
+@pytest.mark.processes
 def test_csv_records_with_fields_as_inputs_and_csv_results(backend: str, tmp_path: Path) -> None:
     wf = tmp_path / "wf.json"
     wf.write_text(
@@ -349,6 +359,7 @@ def test_results_done_shows_what_finished_while_the_job_runs(celery_cluster: Any
 
 
 @pytest.fixture
+@starts("faults")
 def own_cluster(tmp_path: Path) -> Iterator[Cluster]:
     (tmp_path / "cluster").mkdir()
     with destroyable_cluster(tmp_path / "cluster", VISIBILITY_TIMEOUT) as cluster:

@@ -32,6 +32,7 @@ from scheduler.localcluster import Cluster, ManagedProcess
 from scheduler.lookup import find_run
 from tests.support import counting_nodes  # noqa: F401  (the test node type, in this process too)
 from tests.support.cluster import PLUGINS
+from tests.support.kinds import starts
 from tests.test_long_chunks import until
 from worker.cluster.broker import deliveries
 from worker.cluster.datasets.store import ClusterDataset
@@ -62,6 +63,7 @@ def default_cluster(workdir: Path, workers: dict[str, dict[str, Any]] | None = N
 
 
 @pytest.fixture
+@starts("faults")
 def cluster(tmp_path: Path) -> Iterator[Cluster]:
     with default_cluster(tmp_path) as made:
         yield made
@@ -262,6 +264,7 @@ def test_a_worker_paused_past_the_bound_adds_no_second_outcome_to_a_dataset_job(
 # -- a live worker keeps what it holds -------------------------------------------------------------------------------
 
 
+@pytest.mark.processes
 def test_a_live_prefork_workers_running_and_prefetched_messages_are_delivered_once(tmp_path: Path) -> None:
     """One prefork worker, one pool process, two prefetched: a dataset chunk and a batch chunk of BOUND + 8 s each.
     One runs in the child while the other waits reserved in the main process for longer than the bound; the main
@@ -281,6 +284,7 @@ def test_a_live_prefork_workers_running_and_prefetched_messages_are_delivered_on
         assert not log_lines(cluster, FENCED)
 
 
+@pytest.mark.processes
 def test_a_paused_workers_prefetched_chunk_does_not_start_when_it_wakes_up(tmp_path: Path) -> None:
     """k1 (prefork, one process, two prefetched) is paused past the bound holding a running chunk and a reserved one;
     both are delivered again. Woken up, k1 finishes the stale running chunk (reports nothing) and does not start

@@ -726,6 +726,7 @@ def test_k8s_checks_catch(mistake: str) -> None:
     assert any(expected in p for p in problems), problems
 
 
+@pytest.mark.processes
 def test_compose_services_run_a_batch_as_plain_processes(tmp_path: Path) -> None:
     deployment = compose_deployment(COMPOSE.read_text(), OPERATOR_ENV)
     assert deployment.problems == []
@@ -740,6 +741,7 @@ def test_compose_services_run_a_batch_as_plain_processes(tmp_path: Path) -> None
         exercise(runner, deployment.containers["worker"], ["submit", str(workflow)], auth)
 
 
+@pytest.mark.processes
 def test_k8s_containers_run_a_batch_as_plain_processes(tmp_path: Path) -> None:
     deployment = k8s_of(k8s_texts())
     assert deployment.problems == []

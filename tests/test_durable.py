@@ -26,6 +26,7 @@ from scheduler import durable
 from scheduler.localcluster import Cluster
 from tests.support import dist_nodes  # noqa: F401  (the test node types, in this process too)
 from tests.support.cluster import PLUGINS, destroyable_cluster
+from tests.support.kinds import starts
 from tests.test_cli import assert_one_line_error
 from worker.cluster.app import current_app
 from worker.cluster.state.runs import ClusterRuns
@@ -37,6 +38,7 @@ VISIBILITY_TIMEOUT = 5
 
 
 @pytest.fixture
+@starts("faults")
 def own_cluster(tmp_path: Path) -> Iterator[Cluster]:
     with destroyable_cluster(tmp_path, VISIBILITY_TIMEOUT) as cluster:
         yield cluster
@@ -377,6 +379,7 @@ def test_a_chunk_that_crashes_fails_the_cluster_run_instead_of_hanging(celery_cl
     assert scheduler.status(run_id)["node"] == "b"
 
 
+@pytest.mark.processes
 def test_submit_without_workers_says_the_run_waits_and_the_run_stays_queued(tmp_path: Path) -> None:
     cluster = Cluster(tmp_path, plugins=PLUGINS)  # Redis only: no worker at all
     try:

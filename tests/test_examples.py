@@ -5,7 +5,11 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from tests.test_cli import ROOT, run_cli
+
+pytestmark = pytest.mark.processes  # every test here starts real processes (commands, servers, workers)
 
 TEXTS = ROOT / "examples" / "texts"
 

@@ -26,6 +26,7 @@ from scheduler.localcluster import Cluster, RedisServer
 from scheduler.ops.metrics import ClusterView
 from tests.support import counting_nodes  # noqa: F401  (the test node type, in this process too)
 from tests.support.cluster import PLUGINS
+from tests.support.kinds import starts
 from tests.support.sentinel import MASTER_NAME, Sentinels, sentinel_cluster, wait_for
 from tests.test_dead_workers import Counts, assert_aggregate_once, batch_workflow, record_rows, record_workflow
 from tests.test_long_chunks import until
@@ -38,6 +39,7 @@ WITHIN = 60
 
 
 @pytest.fixture
+@starts("faults")
 def failover(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[Cluster, Sentinels, Counts]]:
     with sentinel_cluster(tmp_path, f"{PLUGINS},tests.support.counting_nodes") as (cluster, sentinels):
         previous = cluster.apply_env()
@@ -128,6 +130,7 @@ def test_a_sentinel_url_without_a_master_name_is_one_line(monkeypatch: pytest.Mo
     assert settings.load().redis_master_name == "mymaster"
 
 
+@pytest.mark.processes
 def test_with_wait_replicas_a_failover_that_took_the_only_replica_fails_the_run_in_one_line(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -156,6 +159,7 @@ def test_with_wait_replicas_a_failover_that_took_the_only_replica_fails_the_run_
     print(f"primary killed with CHORDFLOW_WAIT_REPLICAS=1: run failed {seconds:.1f}s after the kill: {result.error}")
 
 
+@pytest.mark.processes
 def test_wait_replicas_holds_a_chunks_outcomes_until_the_replica_has_them(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -145,6 +145,7 @@ def test_a_batch_window_counts_each_finish_once_and_hands_out_its_claims_again()
     assert stale.finish(0, b"x", 10, 0.01, 2).state == "stale"
 
 
+@pytest.mark.processes
 def test_every_index_once_after_workers_are_sigkilled_during_refills(tmp_path: Path) -> None:
     total = 600
     with destroyable_cluster(tmp_path, 5) as cluster:
@@ -222,6 +223,7 @@ def low_run_behind_endless_higher_work(tmp_path: Path) -> None:
     assert indexes(api.wait(big, timeout=300)) == list(range(BIG))
 
 
+@pytest.mark.processes
 def test_a_low_run_behind_endless_higher_work_is_sent_again_higher_and_finishes(tmp_path: Path) -> None:
     cluster = Cluster(tmp_path, plugins=PLUGINS)
     cluster.env.update(AGING_ENV)
@@ -282,6 +284,7 @@ def test_a_copy_that_cannot_be_sent_leaves_its_message_watched(monkeypatch: pyte
     assert redis_client.zscore(QUEUED, run_id) is not None
 
 
+@pytest.mark.processes
 def test_an_advance_killed_after_planning_a_batch_before_sending_a_chunk_is_picked_up(tmp_path: Path) -> None:
     """The advance that planned the batch (its chunks claimed in the window) dies before sending one: its
     redelivery finds the batch dispatched and sends the claimed chunks again; every item runs once."""

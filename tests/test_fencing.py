@@ -12,8 +12,12 @@ from __future__ import annotations
 import signal
 from pathlib import Path
 
+import pytest
+
 from scheduler import api
 from tests.test_dead_workers import WITHIN, Counts, default_cluster, log_lines, until
+
+pytestmark = pytest.mark.processes  # every test here starts real processes (commands, servers, workers)
 
 TAKEN_OVER = "was taken over by another worker"
 

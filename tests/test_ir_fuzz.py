@@ -361,6 +361,7 @@ NASTY = {
 
 
 @pytest.mark.parametrize("content", list(NASTY.values()), ids=list(NASTY))
+@pytest.mark.processes
 def test_cli_validate_explains_nasty_documents_without_a_traceback(tmp_path: Path, content: bytes) -> None:
     path = tmp_path / "wf.json"
     path.write_bytes(content)

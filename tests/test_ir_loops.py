@@ -120,6 +120,7 @@ def test_max_steps_is_an_optional_positive_field() -> None:
     assert "CHORDFLOW_MAX_STEPS" in ir.json_schema()["properties"]["max_steps"]["description"]
 
 
+@pytest.mark.processes
 def test_cli_validate_prints_warnings_on_stderr_and_exits_0(tmp_path: Path) -> None:
     path = tmp_path / "wf.json"
     path.write_text(

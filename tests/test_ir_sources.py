@@ -111,6 +111,7 @@ def test_template_index_with_thousands_of_digits_names_node_and_param() -> None:
         (b'{"ir_version": {"a": 1}, "nodes": [{"id": "\\ud800", "type": "echo"}]}', "2 problems"),
     ],
 )
+@pytest.mark.processes
 def test_cli_validate_never_prints_a_traceback(tmp_path: Path, content: bytes, expected: str) -> None:
     path = tmp_path / "wf.json"
     path.write_bytes(content)
@@ -120,6 +121,7 @@ def test_cli_validate_never_prints_a_traceback(tmp_path: Path, content: bytes, e
     assert proc.stderr.startswith(f"error: {path}: ") and expected in proc.stderr.splitlines()[0]
 
 
+@pytest.mark.processes
 def test_cli_validate_long_argument_that_is_not_a_file() -> None:
     proc = run_cli("validate", "q" * 5000)
     assert proc.returncode == 2

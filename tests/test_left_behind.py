@@ -28,6 +28,7 @@ from ir.errors import RunPurged
 from scheduler import durable
 from scheduler.localcluster import Cluster, RedisServer, free_port
 from tests.support.cluster import PLUGINS
+from tests.support.kinds import starts
 from tests.test_datasets import per_record_workflow, write_records
 from tests.test_dead_workers import Counts, batch_workflow, log_lines, record_workflow
 from tests.test_durable import until
@@ -74,6 +75,7 @@ def upper_workflow(path: Path) -> Path:
 
 
 @pytest.fixture
+@starts("processes")
 def small_redis(tmp_path: Path) -> Iterator[dict[str, Any]]:
     """A state Redis of MAXMEMORY (noeviction: writes past it are refused) and a broker Redis of its own, so the
     chunk messages a submit sends are not counted against the state's memory; the env pointing a client at them."""
@@ -225,6 +227,7 @@ def local_rows(run_id: str) -> dict[str, int]:
         db.close()
 
 
+@pytest.mark.processes
 def test_purge_deletes_a_local_run_and_a_local_dataset_job_from_every_table(tmp_path: Path) -> None:
     wf = upper_workflow(tmp_path / "wf.json")
     items = tmp_path / "items.jsonl"
@@ -281,6 +284,7 @@ def ignored(worker: Any) -> int:
 
 
 @pytest.mark.parametrize("kind", ["batch", "dataset job"])
+@pytest.mark.processes
 def test_a_purged_run_stays_dead_when_its_paused_worker_wakes_up_and_when_its_messages_come_back(
     tmp_path: Path, kind: str
 ) -> None:
@@ -327,6 +331,7 @@ def test_a_purged_run_stays_dead_when_its_paused_worker_wakes_up_and_when_its_me
         cluster.stop()
 
 
+@pytest.mark.processes
 def test_every_write_of_a_purged_run_is_refused_and_nothing_of_it_comes_back(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -364,6 +369,7 @@ def test_every_write_of_a_purged_run_is_refused_and_nothing_of_it_comes_back(
 
 
 @pytest.fixture
+@starts("processes")
 def own_stores(tmp_path: Path) -> Iterator[dict[str, Any]]:
     """A CHORDFLOW_HOME and a Redis of this test's own: pruning touches nothing of the suite's runs."""
     (tmp_path / "redis").mkdir()
@@ -425,6 +431,7 @@ def test_runs_prune_deletes_ended_runs_older_than_d_in_both_stores_never_running
         ([], "--prune needs --older-than D (an age, like 7d, 12h, 30m or 90s)"),
     ],
 )
+@pytest.mark.processes
 def test_a_bad_prune_age_is_one_usage_line(args: list[str], error: str) -> None:
     done = chordflow("runs", "--prune", *args)
     assert (done.returncode, done.stderr, done.stdout) == (2, f"error: {error}\n", "")

@@ -18,6 +18,8 @@ import typing
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from ir.models import Priority
 from ir.priorities import PRIORITIES
 from tests.test_datasets import ROOT
@@ -57,6 +59,7 @@ def echo_job(tmp_path: Path, count: int) -> tuple[Path, Path]:
     return wf, records
 
 
+@pytest.mark.processes
 def test_reading_a_dataset_job_loads_no_models_engine_celery_or_rich(backend: str, tmp_path: Path) -> None:
     wf, records = echo_job(tmp_path, 7)
     if backend == "celery":

@@ -46,6 +46,7 @@ def test_a_cached_answer_is_reused_by_a_later_run_and_billed_nothing(provider: P
     assert len(provider.billed()) == 2
 
 
+@pytest.mark.processes
 def test_a_workflow_cache_reaches_every_cluster_item_that_sets_none(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -65,6 +66,7 @@ def test_a_workflow_cache_reaches_every_cluster_item_that_sets_none(
     assert [c["cached"] for c in second.shared["__llm_calls__"]] == [True] * len(items)
 
 
+@pytest.mark.processes
 def test_a_bad_cache_duration_is_one_validation_line(provider: Provider, tmp_path: Path) -> None:
     wf = tmp_path / "wf.json"
     node = {"id": "ask", "type": "llm", "params": {"prompt": "p", "model": "openai/gpt-test", "cache": "a week"}}
@@ -89,6 +91,7 @@ def answers_kept(run_id: str) -> int:
         return runs.db.execute("SELECT count(*) FROM answers WHERE run_id = ?", (run_id,)).fetchone()[0]
 
 
+@pytest.mark.processes
 def test_resume_after_a_sigkill_pays_for_no_answer_twice(tmp_path: Path) -> None:
     # A parallel local batch of 20: the answer to item 0 is held by the provider, so no outcome can be checkpointed
     # (checkpoints keep contiguous outcomes) while items 1-19 are answered. SIGKILL the run, then resume it: the
@@ -118,6 +121,7 @@ def test_resume_after_a_sigkill_pays_for_no_answer_twice(tmp_path: Path) -> None
     assert len(provider.billed()) == 21, provider.billed()  # 20 answers, and item 0's twice (in flight at the kill)
 
 
+@pytest.mark.processes
 def test_a_chunk_delivered_again_after_a_sigkill_pays_for_no_answer_twice(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -140,6 +144,7 @@ def test_a_chunk_delivered_again_after_a_sigkill_pays_for_no_answer_twice(
     print(f"{billed} requests billed for {len(items)} answers; the run ended {time.monotonic() - killed:.1f}s after")
 
 
+@pytest.mark.processes
 def test_cancel_then_resume_pays_for_no_answer_twice(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # 120 items in chunks of 30 on two workers, answers of 50 ms: cancel a third of the way, resume, and the run
     # ends with every answer, each billed once (but for one in flight at the cancel).

@@ -60,6 +60,7 @@ def scheduler_runs() -> list[Any]:
     return LocalRuns.default().recent(None, 5)
 
 
+@pytest.mark.processes
 def test_the_cli_flags_set_the_budget(provider: Provider, tmp_path: Path) -> None:
     wf = tmp_path / "wf.json"
     wf.write_text(json.dumps({**budgeted(10_000, 20), "budget": None}))
@@ -71,6 +72,7 @@ def test_the_cli_flags_set_the_budget(provider: Provider, tmp_path: Path) -> Non
     assert bad.returncode == 2 and "--budget-tokens" in bad.stderr
 
 
+@pytest.mark.processes
 def test_a_cluster_run_stops_at_its_budget_on_every_worker_and_resumes_after_an_update(tmp_path: Path) -> None:
     # 60 items in chunks of 10 on two workers, answers of 100 ms (a fast model), a budget of 100 tokens: at most
     # 100 + the reservations of the two calls in flight are billed before the run fails. `update --budget-tokens`

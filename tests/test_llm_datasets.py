@@ -16,6 +16,8 @@ from tests.support.cluster import destroyable_cluster
 from tests.support.llm_server import Provider
 from tests.test_datasets import cli
 
+pytestmark = pytest.mark.processes  # every test here starts real processes (commands, servers, workers)
+
 #: The record whose check fails after its answer was paid for.
 FAILING = "t7"
 

@@ -94,6 +94,7 @@ def keyless_env(provider: Provider) -> dict[str, str]:
     return env
 
 
+@pytest.mark.processes
 def test_a_missing_key_is_one_line_before_anything_runs_never_the_fake(provider: Provider, tmp_path: Path) -> None:
     wf = tmp_path / "wf.json"
     wf.write_text(json.dumps({"nodes": [ask("gpt-4o-mini")]}))
@@ -138,6 +139,7 @@ def test_a_refused_key_or_unknown_model_stops_a_local_batch_at_the_first_item(
     assert len(provider.requests) == 1
 
 
+@pytest.mark.processes
 def test_a_refused_key_stops_a_cluster_batch_after_one_request_per_worker(tmp_path: Path) -> None:
     # Two solo workers whose OPENAI_API_KEY the provider refuses; a `continue` batch of 5,000 items in chunks of
     # 10: each worker pays at most one refusal, and the run fails with it.

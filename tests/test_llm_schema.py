@@ -150,6 +150,7 @@ def test_a_single_node_still_invalid_fails_the_run_naming_the_path(provider: Pro
         ("an object please", "params.schema: must be a dict, got str"),
     ],
 )  # fmt: skip
+@pytest.mark.processes
 def test_a_bad_schema_is_one_validation_line(provider: Provider, tmp_path: Path, schema: Any, problem: str) -> None:
     wf = tmp_path / "wf.json"
     wf.write_text(json.dumps({"nodes": [classify(MODELS["openai"], "hi", schema=schema)]}))
@@ -161,6 +162,7 @@ def test_a_bad_schema_is_one_validation_line(provider: Provider, tmp_path: Path,
     assert provider.requests == []
 
 
+@pytest.mark.processes
 def test_a_negative_schema_retries_is_one_validation_line(tmp_path: Path) -> None:
     wf = tmp_path / "wf.json"
     wf.write_text(json.dumps({"nodes": [classify("fake", "hi", schema_retries=-1)]}))
@@ -205,6 +207,7 @@ def test_the_fake_answers_a_deterministic_valid_object_offline(monkeypatch: pyte
     assert [c["model"] for c in first["__llm_calls__"]] == ["fake"] * 4
 
 
+@pytest.mark.processes
 def test_a_cluster_batch_retries_invalid_answers_and_fails_the_hopeless_item(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -48,6 +48,7 @@ def gated_three(tmp_path: Path) -> tuple[Path, Path, Path]:
     return wf, log, gate
 
 
+@pytest.mark.processes
 def test_a_sigkilled_run_reads_failed_everywhere_and_resumes_from_its_checkpoint(tmp_path: Path) -> None:
     wf, log, gate = gated_three(tmp_path)
     proc = start_run(wf)
@@ -85,6 +86,7 @@ def test_a_sigkilled_run_reads_failed_everywhere_and_resumes_from_its_checkpoint
 
 
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP])
+@pytest.mark.processes
 def test_sigterm_and_sighup_end_a_local_run_as_cancelled_and_it_resumes(tmp_path: Path, signum: int) -> None:
     wf, log, gate = gated_three(tmp_path)
     proc = start_run(wf)
@@ -112,6 +114,7 @@ def test_a_run_failing_while_resolving_its_outputs_ends_failed() -> None:
     assert record.status == "failed" and "TemplateError" in record.error and "nope" in record.error
 
 
+@pytest.mark.processes
 def test_a_run_of_a_live_process_stays_running(tmp_path: Path) -> None:
     """The control for the tests above: a reader does not take a live owner for a gone one."""
     wf, _, gate = gated_three(tmp_path)
@@ -145,6 +148,7 @@ def kept_items(run_id: str) -> int:
 
 
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGKILL])
+@pytest.mark.processes
 def test_a_local_batch_cut_short_keeps_what_finished_and_resumes_with_it(tmp_path: Path, signum: int) -> None:
     wf, log, gate = held_batch(tmp_path, 40, 10)
     proc = start_run(wf)
@@ -170,6 +174,7 @@ def test_a_local_batch_cut_short_keeps_what_finished_and_resumes_with_it(tmp_pat
     assert kept_items(run_id) == 0  # the aggregate is in the store: the kept chunks went
 
 
+@pytest.mark.processes
 def test_results_lists_the_items_of_a_local_batch_stopped_by_its_failure_threshold(tmp_path: Path) -> None:
     log, fixed, ok = tmp_path / "log", tmp_path / "fixed", tmp_path / "ok"
     ok.touch()
@@ -201,6 +206,7 @@ def test_checkpoints_keep_outcomes_finished_out_of_order_as_one_contiguous_chunk
     assert [r for chunk in kept for r in chunk.results] == [10, 11, 12]
 
 
+@pytest.mark.processes
 def test_status_of_a_running_local_batch_shows_its_done_total_and_failed(tmp_path: Path) -> None:
     wf, _, gate = held_batch(tmp_path, 40, 10)
     proc = start_run(wf)
@@ -219,6 +225,7 @@ def test_status_of_a_running_local_batch_shows_its_done_total_and_failed(tmp_pat
     }  # fmt: skip
 
 
+@pytest.mark.processes
 def test_cancel_of_a_local_run_stops_the_process_running_it_as_ctrl_c_does(tmp_path: Path) -> None:
     wf, log, gate = gated_three(tmp_path)
     proc = start_run(wf)
@@ -235,6 +242,7 @@ def test_cancel_of_a_local_run_stops_the_process_running_it_as_ctrl_c_does(tmp_p
     assert lines(log) == ["n1"]
 
 
+@pytest.mark.processes
 def test_local_repair_fixes_a_node_and_then_the_outputs_of_one_workflow(tmp_path: Path) -> None:
     """The run failing while resolving its outputs ends failed (it stayed `running`), so the repair goes on."""
     wf = tmp_path / "two.json"

@@ -20,6 +20,7 @@ import pytest
 
 import scheduler
 from scheduler.localcluster import Cluster, ManagedProcess
+from tests.support.kinds import starts
 from tests.test_cli import ROOT
 from worker import redact
 
@@ -33,6 +34,7 @@ def token() -> Iterator[str]:
 
 
 @pytest.fixture
+@starts("cluster")
 def json_worker(celery_cluster: Cluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[ManagedProcess]:
     """`chordflow worker -P prefork -c 2` with CHORDFLOW_LOG_FORMAT=json, alone on JSON_QUEUE; this process
     submits there too."""

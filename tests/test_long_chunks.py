@@ -25,6 +25,7 @@ from kombu.transport import redis as kombu_redis
 from scheduler import durable
 from scheduler.localcluster import Cluster
 from tests.support.cluster import destroyable_cluster
+from tests.support.kinds import starts
 
 VISIBILITY_TIMEOUT = 4
 #: A long chunk runs this many visibility timeouts.
@@ -32,6 +33,7 @@ LONG = 2.5
 
 
 @pytest.fixture(scope="module")
+@starts("faults")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     """One cluster for the tests that keep their workers alive (low visibility timeout)."""
     with destroyable_cluster(tmp_path_factory.mktemp("long-chunks"), VISIBILITY_TIMEOUT) as cluster:
@@ -39,6 +41,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
 
 
 @pytest.fixture
+@starts("faults")
 def own_cluster(tmp_path: Path) -> Iterator[Cluster]:
     with destroyable_cluster(tmp_path, VISIBILITY_TIMEOUT) as cluster:
         yield cluster

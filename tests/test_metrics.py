@@ -28,6 +28,7 @@ from scheduler.localcluster import Cluster, ManagedProcess, free_port
 from scheduler.ops import usage
 from tests.support import llm_server
 from tests.support.cluster import PLUGINS
+from tests.support.kinds import starts
 from tests.test_cli import ROOT, run_cli
 
 IDLE_QUEUE = "metrics-idle"  # no worker consumes it: what is sent there waits
@@ -41,6 +42,7 @@ class Ops:
 
 
 @pytest.fixture(scope="module")
+@starts("cluster")
 def ops(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Ops]:
     """A cluster of its own (its registry and queues are known exactly): one prefork worker with two pool
     processes serving its metrics, and `chordflow metrics` measuring the default queue and IDLE_QUEUE."""
@@ -227,6 +229,7 @@ def llm_workflow() -> dict[str, Any]:
     return {"name": "llm-cost", "nodes": [ask, each, {**ask, "id": "again"}], "edges": edges}
 
 
+@pytest.mark.processes
 def test_a_cluster_runs_model_calls_in_status_results_and_metrics_equal_the_providers_count(tmp_path: Path) -> None:
     items = [f"translate item number {i}" for i in range(6)]
     with llm_server.serving() as provider:
@@ -302,6 +305,7 @@ def ops_env() -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": str(ROOT)}
 
 
+@pytest.mark.processes
 def test_metrics_say_redis_is_down_instead_of_failing_the_scrape(tmp_path: Path) -> None:
     port, nowhere = free_port(), f"redis://127.0.0.1:{free_port()}/0"
     argv = [sys.executable, "-m", "scheduler.cli", "metrics", "--port", str(port)]
@@ -314,6 +318,7 @@ def test_metrics_say_redis_is_down_instead_of_failing_the_scrape(tmp_path: Path)
     assert samples == {("chordflow_up", ()): 0}
 
 
+@pytest.mark.processes
 def test_a_port_in_use_is_one_line_and_exit_2(tmp_path: Path) -> None:
     port = free_port()
     argv = [sys.executable, "-m", "scheduler.cli", "metrics", "--port", str(port)]

@@ -24,6 +24,7 @@ from scheduler import durable
 from scheduler.localcluster import Cluster, ManagedProcess
 from tests.support import counting_nodes  # noqa: F401  (the test node type, in this process too)
 from tests.support.cluster import PLUGINS
+from tests.support.kinds import starts
 from tests.support.netns import FarHost, far_host
 from tests.test_dead_workers import Counts, assert_aggregate_once, batch_workflow, chunk_of, log_lines
 from tests.test_long_chunks import until
@@ -58,6 +59,7 @@ def split_cluster(workdir: Path) -> Iterator[tuple[Cluster, FarHost]]:
 
 
 @pytest.fixture
+@starts("faults")
 def split(tmp_path: Path) -> Iterator[tuple[Cluster, FarHost]]:
     with split_cluster(tmp_path) as made:
         yield made

@@ -356,6 +356,7 @@ def test_usage_totals_count_every_entry() -> None:
     assert usage_totals({}) is None
 
 
+@pytest.mark.processes
 def test_status_and_results_show_the_token_totals() -> None:
     wf = {
         "nodes": [

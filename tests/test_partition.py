@@ -23,6 +23,7 @@ from scheduler import durable
 from scheduler.localcluster import Cluster, ManagedProcess
 from tests.support import counting_nodes  # noqa: F401  (the test node type, in this process too)
 from tests.support.cluster import PLUGINS
+from tests.support.kinds import starts
 from tests.support.netns import Bridge, lan
 from tests.test_cli import run_cli
 from tests.test_dead_workers import Counts, assert_aggregate_once, batch_workflow, chunk_of
@@ -34,6 +35,7 @@ HEARTBEAT = 2
 
 
 @pytest.fixture
+@starts("faults")
 def partitioned(tmp_path: Path) -> Iterator[tuple[Cluster, Bridge]]:
     """A redis-server on the bridge (and loopback) and one worker on each of two far hosts; this process points at
     the cluster meanwhile. The links, namespaces and bridge go with the fixture, also after a failure."""

@@ -23,6 +23,7 @@ from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import Any
 
+import pytest
 import redis
 
 import scheduler
@@ -171,6 +172,7 @@ def submit(key: str, items: int, **batch: Any) -> str:
     return scheduler.submit({"nodes": [node]}, {"items": list(range(items))})
 
 
+@pytest.mark.processes
 def test_a_sigkilled_workers_permits_come_back_within_seconds(tmp_path: Path) -> None:
     # max_concurrent 2, one item per chunk, items of two minutes: two workers hold the permits, the third waits
     # for one. SIGKILL a holder: the waiting worker starts its item within WITHIN seconds (the lease), not after
@@ -193,6 +195,7 @@ def test_a_sigkilled_workers_permits_come_back_within_seconds(tmp_path: Path) ->
         print(f"a SIGKILLed worker's permit back after {back:.2f}s")  # the figure in tests/RELIABILITY.md
 
 
+@pytest.mark.processes
 def test_a_pool_process_sigkilled_holding_every_permit_gives_them_to_its_chunks_next_delivery(tmp_path: Path) -> None:
     # One prefork worker with one pool process runs a parallel chunk holding all 4 permits. SIGKILL that process:
     # Celery gives the chunk back at once, and its next delivery takes back the 4 permits instead of waiting out

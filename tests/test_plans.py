@@ -166,6 +166,7 @@ def test_same_tool_calls_ready_together_run_as_one_chord_on_the_cluster() -> Non
 # -- the CLI ------------------------------------------------------------------------------------------------
 
 
+@pytest.mark.processes
 def test_run_plan_prints_the_final_states_by_uid(tmp_path: Path) -> None:
     proc = run_cli("run-plan", write_wf(tmp_path, SEED_PLAN, "plan.json"))
     assert proc.returncode == 0, proc.stderr
@@ -189,6 +190,7 @@ def test_run_plan_on_the_cluster_runs_the_calls_on_workers(celery_cluster: Any, 
     assert {s["worker"].split("@")[0] for s in final.values()} <= {"w1", "w2"}  # not "in-process"
 
 
+@pytest.mark.processes
 def test_a_failing_tool_call_is_one_error_line_and_exit_1(tmp_path: Path) -> None:
     plan = {"context": states("a", "b"), "calls": [{"_tool": "test-fail", "_outputPath": "v", "value": "†state.name"}]}
     plan["calls"][0]["fail_on"] = "b"
@@ -227,6 +229,7 @@ PLAN_ERRORS = {
 
 
 @pytest.mark.parametrize("case", list(PLAN_ERRORS))
+@pytest.mark.processes
 def test_plan_errors_are_one_line_naming_the_problem_and_exit_2(case: str, tmp_path: Path) -> None:
     plan, message = PLAN_ERRORS[case]
     path = write_wf(tmp_path, plan, "plan.json")
@@ -236,6 +239,7 @@ def test_plan_errors_are_one_line_naming_the_problem_and_exit_2(case: str, tmp_p
         assert proc.stdout == ""
 
 
+@pytest.mark.processes
 def test_plan_to_ir_validates_and_runs_to_the_same_states(tmp_path: Path) -> None:
     plan = {
         "context": states("a", "b", "c"),
@@ -278,6 +282,7 @@ def test_load_plan_reports_every_shape_problem_together() -> None:
     ]
 
 
+@pytest.mark.processes
 def test_the_sentiment_example_runs_as_the_readme_shows() -> None:
     proc = run_cli("run-plan", "examples/plans/sentiment.json")
     assert proc.returncode == 0, proc.stderr
@@ -289,6 +294,7 @@ def test_the_sentiment_example_runs_as_the_readme_shows() -> None:
     }
 
 
+@pytest.mark.processes
 def test_a_literal_every_call_shares_is_checked_before_anything_runs(tmp_path: Path) -> None:
     plan = json.loads((Path(__file__).parents[1] / "examples" / "plans" / "sentiment.json").read_text(encoding="utf-8"))
     for call in plan["calls"][:3]:

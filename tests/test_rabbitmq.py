@@ -77,6 +77,7 @@ def side_effects(log: Path, node: str, seconds: float, chunk_size: int) -> dict[
     return {"nodes": [{"id": node, "type": "test-side-effect", "params": params, "batch": batch}]}
 
 
+@pytest.mark.processes
 def test_a_sigkilled_workers_chunk_runs_again_within_seconds_and_the_run_ends_within_30s(tmp_path: Path) -> None:
     total, log = 60, tmp_path / "effects"
     with own_cluster(tmp_path) as cluster:
@@ -103,6 +104,7 @@ def test_a_sigkilled_workers_chunk_runs_again_within_seconds_and_the_run_ends_wi
     assert set(ran) == {str(i) for i in range(total)}  # every item ran, the killed chunk's again
 
 
+@pytest.mark.processes
 def test_a_solo_workers_chunk_longer_than_two_heartbeats_is_delivered_once(tmp_path: Path) -> None:
     """A `-P solo` worker's consumer loop sends no heartbeat while it runs a chunk: without the worker's own
     heartbeats (SoloHeartbeats) RabbitMQ drops its connection after two silent intervals (here 4 s) and the
@@ -119,6 +121,7 @@ def test_a_solo_workers_chunk_longer_than_two_heartbeats_is_delivered_once(tmp_p
     assert "missed heartbeats" not in worker_log and "Connection to broker lost" not in worker_log
 
 
+@pytest.mark.processes
 def test_the_queue_is_declared_for_priorities_or_as_a_quorum_queue(tmp_path: Path) -> None:
     """Classic: `x-max-priority`, so message priorities work. Quorum (CHORDFLOW_QUEUE_TYPE=quorum): replicated,
     no priorities; Celery prefetches per consumer there (no global QoS) and sends countdowns through RabbitMQ's
@@ -155,6 +158,7 @@ def queue_row(cluster: Cluster) -> dict[str, str]:
     raise AssertionError(f"no queue {settings.load().queue} in {out!r}")
 
 
+@pytest.mark.processes
 def test_metrics_and_top_read_a_queues_depth_and_its_next_messages_age_from_rabbitmq(tmp_path: Path) -> None:
     wf = {"name": "rabbit-idle", "nodes": [{"id": "a", "type": "echo", "params": {"v": 1}}]}
     with own_cluster(tmp_path, workers=1) as cluster:
@@ -182,6 +186,7 @@ def test_metrics_and_top_read_a_queues_depth_and_its_next_messages_age_from_rabb
         assert cluster.workers["r1"].proc.poll() is None
 
 
+@pytest.mark.processes
 def test_a_forged_chunk_sent_through_rabbitmq_is_dropped_and_never_runs(tmp_path: Path) -> None:
     pwned = tmp_path / "pwned"
     task_id = uuid.uuid4().hex
@@ -216,6 +221,7 @@ def test_rabbitmq_settings_are_checked_with_one_line(monkeypatch: pytest.MonkeyP
     assert options["task_queues"][0].queue_arguments["x-queue-type"] == "quorum"
 
 
+@pytest.mark.processes
 def test_a_worker_host_cut_off_for_good_has_its_chunk_back_within_the_heartbeat_bound(tmp_path: Path) -> None:
     """The far worker runs in a network namespace of its own (tests/support/netns.py) and reaches RabbitMQ through
     a relay on this host (socat: RabbitMQ listens on loopback only) and Redis over the link. Once the link is cut
@@ -269,6 +275,7 @@ def test_a_worker_host_cut_off_for_good_has_its_chunk_back_within_the_heartbeat_
           f" the run ended {ended:.1f}s after it")  # fmt: skip
 
 
+@pytest.mark.processes
 def test_a_run_with_nothing_at_the_amqp_broker_url_fails_at_once_with_one_line(tmp_path: Path) -> None:
     port = free_port()  # nothing listens there
     wf = tmp_path / "wf.json"
@@ -287,6 +294,7 @@ def test_a_run_with_nothing_at_the_amqp_broker_url_fails_at_once_with_one_line(t
     ]
 
 
+@pytest.mark.processes
 def test_the_classic_queue_hands_out_higher_priority_messages_first(monkeypatch: pytest.MonkeyPatch) -> None:
     """chordflow's queue as declared (x-max-priority): a run's `high` message overtakes `normal` and `low` ones."""
     with rabbitmq.vhost() as url:
@@ -304,6 +312,7 @@ def test_the_classic_queue_hands_out_higher_priority_messages_first(monkeypatch:
     assert taken == ["high", "normal", "low"]
 
 
+@pytest.mark.processes
 def test_a_low_run_behind_endless_higher_work_is_sent_again_higher_and_finishes(tmp_path: Path) -> None:
     with own_cluster(tmp_path / "cluster", **AGING_ENV):  # x-max-priority: strict too, so aging copies
         low_run_behind_endless_higher_work(tmp_path)

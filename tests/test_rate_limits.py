@@ -22,6 +22,7 @@ from ir.models import RateLimitSpec
 from scheduler import api
 from scheduler.localcluster import Cluster, RedisServer
 from tests.support.http_server import serving
+from tests.support.kinds import starts
 from worker.cluster.rate_limits import MICROS, RedisLimiter
 from worker.cluster.state.keys import limit_key
 from worker.engine.rate_limits import HEADROOM, LocalLimiter
@@ -174,6 +175,7 @@ def test_tokens_are_charged_after_the_call_and_stop_admissions_past_a_minute_of_
 
 
 @pytest.fixture(scope="module")
+@starts("processes")
 def bucket_redis(tmp_path_factory: pytest.TempPathFactory) -> Iterator[redis.Redis]:
     server = RedisServer(tmp_path_factory.mktemp("buckets"))
     try:

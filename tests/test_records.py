@@ -407,6 +407,7 @@ def write_big(name: str, target_bytes: int) -> int:
 
 
 @pytest.mark.parametrize("name", ["big.jsonl", "big.json", "big.csv"])
+@pytest.mark.processes
 def test_memory_stays_flat_as_the_file_grows(name: str) -> None:
     size = 50 * 1024 * 1024
     expected = write_big(name, size)
@@ -494,6 +495,7 @@ print(got[0], got[2], got[1].error, grown * 1024)  # ru_maxrss is in KiB on Linu
 """
 
 
+@pytest.mark.processes
 def test_skipping_a_200_mb_line_holds_at_most_the_cap_of_it() -> None:
     write_long_line("items.jsonl", 2, 200 * 1024 * 1024)
     env = {**os.environ, "PYTHONPATH": str(ROOT)}

@@ -28,6 +28,7 @@ from scheduler import api
 from scheduler.localcluster import Cluster, ManagedProcess
 from tests.support import counting_nodes  # noqa: F401  (the test node type, in this process too)
 from tests.support.cluster import PLUGINS
+from tests.support.kinds import starts
 from worker import settings
 from worker.cluster import messages, priorities, signing
 from worker.cluster.app import current_app
@@ -40,6 +41,7 @@ ALTERED = "its workflow in Redis does not match its signature (altered?); refuse
 
 
 @pytest.fixture(scope="module")
+@starts("cluster")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     """One solo worker `u1`; a 4 s dead-delivery bound, so a killed worker's message comes back soon."""
     own = Cluster(

@@ -21,6 +21,7 @@ from ir.errors import BackendError
 from scheduler import durable
 from scheduler.localcluster import Cluster
 from tests.support.cluster import PLUGINS
+from tests.support.kinds import starts
 from worker.cluster.state.runstate import RunState
 
 #: How long Redis stays down in the restart test (the issue asks for up to 10 s).
@@ -35,6 +36,7 @@ def slow_batch(seconds: float, chunk_size: int | None = None) -> dict:
 
 
 @pytest.fixture
+@starts("faults")
 def aof_cluster(tmp_path: Path) -> Iterator[Cluster]:
     """Its own redis-server with AOF (fsync on every write), and two workers."""
     cluster = Cluster(tmp_path, plugins=PLUGINS, redis_args=["--appendonly", "yes", "--appendfsync", "always"])
@@ -105,6 +107,7 @@ def in_thread(call: Callable[[], object]) -> tuple[threading.Thread, list[BaseEx
     return thread, raised
 
 
+@pytest.mark.processes
 def test_without_persistence_a_lost_run_is_one_clear_error_not_a_hang(tmp_path: Path) -> None:
     """Both ways of following a run: `wait` on a cluster run, and the client-orchestrated `scheduler.run`."""
     cluster = Cluster(tmp_path, plugins=PLUGINS)  # its own Redis, no persistence, and one worker

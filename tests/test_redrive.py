@@ -108,6 +108,7 @@ def test_redrive_refuses_a_run_a_client_drove_on_the_cluster(celery_cluster: Any
     assert len(lines(tmp_path / "log")) == 1  # nothing ran again
 
 
+@pytest.mark.processes
 def test_cli_redrive_node_shows_what_it_keeps_and_refuses_in_one_line(tmp_path: Path) -> None:
     paths = items(tmp_path, 4)
     path = write_wf(tmp_path, workflow(tmp_path))

@@ -15,11 +15,13 @@ import scheduler
 from scheduler.localcluster import Cluster
 from tests.support import dist_nodes  # noqa: F401  (the test node types, in this process too)
 from tests.support.cluster import PLUGINS, destroyable_cluster, start_slow_cli_run
+from tests.support.kinds import starts
 
 VISIBILITY_TIMEOUT = 6
 
 
 @pytest.fixture
+@starts("faults")
 def own_cluster(tmp_path: Path) -> Iterator[Cluster]:
     with destroyable_cluster(tmp_path, VISIBILITY_TIMEOUT) as cluster:
         yield cluster

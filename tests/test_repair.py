@@ -108,6 +108,7 @@ def test_resume_rolls_the_store_back_to_before_the_changed_node() -> None:
     assert resumed.shared == fresh.shared
 
 
+@pytest.mark.processes
 def test_cli_resume_with_workflow_shows_the_cached_nodes(tmp_path: Path) -> None:
     log = tmp_path / "log"
     wf, edited = tmp_path / "wf.json", tmp_path / "edited.json"
@@ -121,6 +122,7 @@ def test_cli_resume_with_workflow_shows_the_cached_nodes(tmp_path: Path) -> None
     assert lines(log)[4:] == ["n1+3", "n1+3+4"]
 
 
+@pytest.mark.processes
 def test_cli_resume_says_how_many_batch_items_come_from_the_checkpoint(tmp_path: Path) -> None:
     node = side_effect("b", tmp_path / "log", label="${item}")
     node["batch"] = {"items": "${items}"}
@@ -142,6 +144,7 @@ def test_cli_resume_says_how_many_batch_items_come_from_the_checkpoint(tmp_path:
 # -- 2. the repair flow ---------------------------------------------------------------------------------------
 
 
+@pytest.mark.processes
 def test_misspelt_key_is_repaired_and_completes_with_nodes_1_2_executed_once(tmp_path: Path) -> None:
     log, fixed = tmp_path / "log", tmp_path / "fixed.json"
     wf = tmp_path / "wf.json"
@@ -156,6 +159,7 @@ def test_misspelt_key_is_repaired_and_completes_with_nodes_1_2_executed_once(tmp
     assert json.loads(fixed.read_text()) == four_nodes(log, "${n2.label}")
 
 
+@pytest.mark.processes
 def test_without_repair_nothing_changes(tmp_path: Path) -> None:
     log = tmp_path / "log"
     wf = tmp_path / "wf.json"
@@ -173,6 +177,7 @@ def test_without_repair_nothing_changes(tmp_path: Path) -> None:
     ],
     ids=["failing-shell-command", "node-raised"],
 )
+@pytest.mark.processes
 def test_a_non_repairable_error_fails_at_once_without_a_repair_attempt(tmp_path: Path, node: Any, why: str) -> None:
     log = tmp_path / "log"
     wf = tmp_path / "wf.json"
@@ -186,6 +191,7 @@ def test_a_non_repairable_error_fails_at_once_without_a_repair_attempt(tmp_path:
     assert (outcome.status, outcome.attempts) == ("unrepairable", 0)
 
 
+@pytest.mark.processes
 def test_repair_command_repairs_a_run_that_already_failed(tmp_path: Path) -> None:
     log = tmp_path / "log"
     wf = tmp_path / "wf.json"
@@ -202,6 +208,7 @@ def test_repair_command_repairs_a_run_that_already_failed(tmp_path: Path) -> Non
     assert again.returncode == 2 and "only a failed run can be repaired" in again.stderr
 
 
+@pytest.mark.processes
 def test_workflow_that_never_ran_is_repaired_and_run(tmp_path: Path) -> None:
     """A misspelt node type and a misspelt node id fail validation: no run, no checkpoint; the repaired
     workflow (a param name misspelt against the type's declared params too) runs from the start."""
@@ -277,6 +284,7 @@ def test_llm_generator_repairs_with_the_fake_model(tmp_path: Path, monkeypatch: 
     assert lines(log) == ["n1", "n2", "n2+3", "n2+3+4"]
 
 
+@pytest.mark.processes
 def test_the_generator_is_chosen_by_environment_or_option(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     wf = tmp_path / "wf.json"
     wf.write_text(json.dumps(four_nodes(tmp_path / "log")))
@@ -342,6 +350,7 @@ def test_cluster_resume_rolls_the_redis_store_back_to_before_the_changed_node(ce
     assert ClusterRuns().trail(run_id) == ["q0", "q1", "q2", "q3"]
 
 
+@pytest.mark.processes
 def test_the_repair_example_runs_as_its_readme_shows(tmp_path: Path) -> None:
     assert run_cli("run", "examples/repair/greeting.json").returncode == 1
     proc = run_cli("run", "examples/repair/greeting.json", "--repair", "--repair-out", tmp_path / "fixed.json")

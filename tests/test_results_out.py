@@ -40,6 +40,7 @@ def job(tmp_path: Path) -> dict[str, Path]:
     return {"wf": wf, "log": log, "missing": tmp_path / "flag", "out": tmp_path / "out" / "rows.jsonl"}
 
 
+@pytest.mark.processes
 def test_run_out_is_results_out_byte_for_byte_failed_record_included(backend: str, job: dict, tmp_path: Path) -> None:
     items = tmp_path / "items.jsonl"  # non-ASCII ids: the rows hold them as they are, not as \u escapes
     records = ({"id": f"r{i}-é☃", "requires": str(job["missing"]) if i == 13 else ""} for i in range(57))
@@ -64,6 +65,7 @@ def test_run_out_is_results_out_byte_for_byte_failed_record_included(backend: st
     assert leftovers(job["out"].parent, "rows.jsonl") == []
 
 
+@pytest.mark.processes
 def test_wait_out_writes_a_jobs_rows_on_either_backend(backend: str, job: dict, tmp_path: Path) -> None:
     items = write_records(tmp_path / "items.jsonl", 23)
     job["out"].parent.mkdir()
@@ -82,6 +84,7 @@ def test_wait_out_writes_a_jobs_rows_on_either_backend(backend: str, job: dict, 
     assert len(job["out"].read_bytes().splitlines()) == 23
 
 
+@pytest.mark.processes
 def test_a_failed_run_leaves_file_as_it_was_and_no_temp_file(backend: str, job: dict, tmp_path: Path) -> None:
     items = write_records(tmp_path / "items.jsonl", 30, job["missing"], failing=(2, 17))
     job["out"].parent.mkdir()
@@ -99,6 +102,7 @@ def test_a_failed_run_leaves_file_as_it_was_and_no_temp_file(backend: str, job: 
     assert waited.returncode == 1 and not (tmp_path / "waited.jsonl").exists()
 
 
+@pytest.mark.processes
 def test_rows_reach_the_temp_file_in_order_while_a_record_still_runs_and_file_only_at_the_end(
     backend: str, job: dict, tmp_path: Path
 ) -> None:
@@ -164,6 +168,7 @@ def test_wait_out_past_its_timeout_leaves_no_file(celery_cluster: Any, job: dict
     assert len((tmp_path / "rows.jsonl").read_bytes().splitlines()) == 3
 
 
+@pytest.mark.processes
 def test_out_of_a_run_that_is_no_dataset_job_is_a_one_line_usage_error(job: dict, tmp_path: Path) -> None:
     wf = tmp_path / "plain.json"
     wf.write_text(json.dumps({"nodes": [{"id": "u", "type": "test-upper", "params": {"text": "a"}}]}))
@@ -187,6 +192,7 @@ def test_out_of_a_run_that_is_no_dataset_job_is_a_one_line_usage_error(job: dict
     assert nowhere.stderr == expected
 
 
+@pytest.mark.processes
 def test_results_of_a_stopped_job_write_not_run_rows_and_done_only_what_ran(backend: str, job: dict, tmp_path: Path):
     """A count threshold stops the job inside a chunk: `results` (a chunk at a time) gives every record a row, those
     that never ran `not run: ...`; `--done` only the records that ran, as the row-by-row path did."""
@@ -207,6 +213,7 @@ def test_results_of_a_stopped_job_write_not_run_rows_and_done_only_what_ran(back
     assert all(not r["error"].startswith("not run") for r in ran)
 
 
+@pytest.mark.processes
 def test_out_follows_a_symlink_keeps_a_files_mode_and_writes_into_a_pipe(job: dict, tmp_path: Path) -> None:
     """`--out` replaces a regular file whole, but through a symlink (the link stays, its target gets the rows, with
     its mode), and writes straight into what is no regular file (`/dev/stdout` read by a pipe)."""

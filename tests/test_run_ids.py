@@ -10,6 +10,7 @@ import pytest
 
 import scheduler
 from scheduler.localcluster import RedisServer
+from tests.support.kinds import starts
 from tests.test_cli import cli_env, run_cli
 from tests.test_cli_terminal import run_in_terminal
 
@@ -32,6 +33,7 @@ def two_runs(monkeypatch: pytest.MonkeyPatch, tmp_path_factory: pytest.TempPathF
     return ids
 
 
+@pytest.mark.processes
 def test_runs_in_a_pipe_is_a_tab_separated_table_of_whole_values(two_runs: tuple[str, str]) -> None:
     proc = run_cli("runs", "--limit", "100", env=cli_env(CHORDFLOW_BROKER_URL=NO_REDIS))
     assert proc.returncode == 0, proc.stderr
@@ -43,6 +45,7 @@ def test_runs_in_a_pipe_is_a_tab_separated_table_of_whole_values(two_runs: tuple
         assert rows[run_id][1:5] == [WF["name"], "local", "normal", "succeeded"]
 
 
+@pytest.mark.processes
 def test_runs_in_an_80_column_terminal_prints_whole_ids_and_statuses(two_runs: tuple[str, str]) -> None:
     code, screen = run_in_terminal("runs", "--limit", "100", columns=80)
     assert code == 0, screen
@@ -53,6 +56,7 @@ def test_runs_in_an_80_column_terminal_prints_whole_ids_and_statuses(two_runs: t
         assert "succeeded" in line
 
 
+@pytest.mark.processes
 def test_a_unique_prefix_names_the_run_and_an_ambiguous_one_lists_the_matches(two_runs: tuple[str, str]) -> None:
     first, second = two_runs
     env = cli_env(CHORDFLOW_BROKER_URL=NO_REDIS)
@@ -69,6 +73,7 @@ def test_a_unique_prefix_names_the_run_and_an_ambiguous_one_lists_the_matches(tw
 
 
 @pytest.fixture(scope="module")
+@starts("processes")
 def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
     server = RedisServer(tmp_path_factory.mktemp("run-ids"))
     try:

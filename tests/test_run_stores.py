@@ -15,6 +15,7 @@ import redis
 
 from ir.errors import Unrecoverable
 from scheduler.localcluster import RedisServer
+from tests.support.kinds import starts
 from worker.cluster.state.runs import ClusterRuns
 from worker.engine.steps import Step
 from worker.runs.record import RunRecord
@@ -23,6 +24,7 @@ from worker.runs.store import RunStore, rewind
 
 
 @pytest.fixture(scope="module")
+@starts("processes")
 def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
     server = RedisServer(tmp_path_factory.mktemp("run-stores"))
     try:

@@ -35,6 +35,7 @@ from scheduler.backends.celery import broker_errors
 from scheduler.localcluster import Cluster, RedisServer
 from scheduler.reach import preflight
 from tests.support import http_server
+from tests.support.kinds import starts
 from worker import redact, settings
 from worker.cluster.app import current_app
 from worker.runs.sqlite import LocalRuns
@@ -234,6 +235,7 @@ def test_param_values_echoed_in_errors_are_masked_in_fail_fast(backend, token) -
 
 
 @pytest.mark.parametrize("error_handling", ["fail_fast", "continue"])
+@pytest.mark.processes
 def test_cli_run_output_never_shows_the_token(error_handling, base_url, refused_url, token, tmp_path) -> None:
     wf = tmp_path / "wf.json"
     wf.write_text(json.dumps(http_workflow(error_handling)))
@@ -355,6 +357,7 @@ ECHO_BATCH = '{"nodes": [{"id": "b", "type": "echo", "params": {"v": "${item}"},
 
 
 @pytest.fixture(scope="module")
+@starts("processes")
 def locked_redis(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
     """A redis-server that requires PASSWORD (which contains an `@`)."""
     server = RedisServer(tmp_path_factory.mktemp("locked-redis"), ["--requirepass", PASSWORD])

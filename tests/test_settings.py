@@ -23,6 +23,7 @@ def cli(**env: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(VALIDATE, cwd=ROOT, env={**os.environ, **env}, capture_output=True, text=True, timeout=60)
 
 
+@pytest.mark.processes
 def test_a_misspelt_variable_is_one_warning_with_the_one_it_meant_and_the_command_still_runs() -> None:
     proc = cli(CHORDFLOW_BROKER_ULR="redis://elsewhere:6379/0")
     assert proc.returncode == 0, proc.stderr
@@ -31,6 +32,7 @@ def test_a_misspelt_variable_is_one_warning_with_the_one_it_meant_and_the_comman
     assert proc.stderr.splitlines() == [warning]
 
 
+@pytest.mark.processes
 def test_known_variables_give_no_warning() -> None:
     proc = cli(CHORDFLOW_QUEUE="elsewhere", CHORDFLOW_MAX_STEPS="50", CHORDFLOW_FUZZ_EXAMPLES="10")
     assert (proc.returncode, proc.stderr) == (0, "")
@@ -60,6 +62,7 @@ def test_a_bad_integer_is_one_line_naming_the_variable(monkeypatch: pytest.Monke
     assert str(info.value) == "environment variable CHORDFLOW_VISIBILITY_TIMEOUT must be an integer, got 'an hour'"
 
 
+@pytest.mark.processes
 def test_a_bad_value_read_where_used_fails_only_there(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("CHORDFLOW_MAX_STEPS", "x")
     assert settings.load().queue == "chordflow"  # the cluster settings do not need it

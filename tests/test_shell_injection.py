@@ -148,6 +148,7 @@ def test_compile_reports_every_problem_of_a_node_on_one_line() -> None:
     assert "${a}" in problem and "\n" not in problem
 
 
+@pytest.mark.processes
 def test_chordflow_validate_rejects_the_probe(tmp_path: Path) -> None:
     workflow = batch_workflow({"command": ["/bin/sh", "-c", "echo ${item}"]})
     path = tmp_path / "wf.json"

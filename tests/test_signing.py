@@ -27,6 +27,7 @@ from ir.errors import ValidationError
 from ir.models import NodeSpec
 from scheduler.localcluster import Cluster, ManagedProcess
 from tests.support.cluster import PLUGINS
+from tests.support.kinds import starts
 from worker import settings
 from worker.cluster import signing
 from worker.cluster.app import current_app
@@ -38,6 +39,7 @@ ECHO_BATCH = {"id": "b", "type": "echo", "params": {"v": "${item}"}, "batch": {"
 
 
 @pytest.fixture(scope="module")
+@starts("cluster")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     """A redis-server and one solo worker, with a random key this process signs with too."""
     own = Cluster(tmp_path_factory.mktemp("signing"), plugins=PLUGINS)

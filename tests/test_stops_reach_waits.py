@@ -311,6 +311,7 @@ def test_a_local_cancel_kills_a_long_shell_command(tmp_path: Path) -> None:
         os.kill(int(pid_file.read_text()), 0)  # the command is gone, not left sleeping
 
 
+@pytest.mark.processes
 def test_sigint_of_chordflow_run_ends_a_rate_limit_wait(service: tuple[Service, str], tmp_path: Path) -> None:
     """`chordflow run` of a 6/minute batch, Ctrl-C after two calls: the process ends cancelled within a couple of
     seconds and makes no call after the signal (before, it waited out its items' admissions: 41.8 s)."""

@@ -37,6 +37,7 @@ def _env(tmp_path: Path, home: Path) -> dict[str, str]:
     return cli_env(CHORDFLOW_HOME=str(home), PYTHONPATH=pythonpath)
 
 
+@pytest.mark.processes
 def test_a_full_disk_under_the_run_store_is_one_line_naming_the_file(tmp_path: Path) -> None:
     """Four nodes of 400 KB each: the second or third checkpoint no longer fits in 1 MiB."""
     nodes = [{"id": n, "type": "python", "params": {"function": "blobmod:blob", "n": 200_000}} for n in "abcd"]
@@ -54,6 +55,7 @@ def test_a_full_disk_under_the_run_store_is_one_line_naming_the_file(tmp_path: P
         assert json.loads(status.stdout)["steps"] < 4
 
 
+@pytest.mark.processes
 def test_a_full_disk_under_a_dataset_job_is_one_line_naming_the_file(tmp_path: Path) -> None:
     """A local dataset job keeps its chunks' outcomes in the same file (worker/datasets/sqlite.py)."""
     wf = {

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import ast
 import builtins
+import functools
 import pathlib
 from collections import Counter
 
@@ -22,6 +23,12 @@ CLUSTER_CLIENTS = {
     "scheduler.ops.metrics": "reads every run's counts in one pipelined pass per scrape; hooks Celery's worker signals",
     "scheduler.backends.celery": "follows a client-driven batch's progress stream",
 }
+
+
+@functools.cache
+def parsed(path: pathlib.Path) -> ast.Module:
+    """A module's syntax tree, read once for every check."""
+    return ast.parse(path.read_text(), str(path))
 
 
 def module_name(path: pathlib.Path) -> str:
@@ -58,7 +65,7 @@ class Imports:
         self.external: dict[str, set[str]] = {}
         self.private: list[str] = []
         for name, path in modules.items():
-            self.read(name, ast.parse(path.read_text(), str(path)))
+            self.read(name, parsed(path))
 
     def read(self, name: str, tree: ast.AST) -> None:
         skip = type_checking_nodes(tree)
@@ -170,7 +177,7 @@ def test_each_bench_names_the_internal_modules_it_uses(everything: Imports) -> N
     docstring, so a change there knows which bench to run again."""
     unnamed = {}
     for name, path in BENCH.items():
-        doc = ast.get_docstring(ast.parse(path.read_text())) or ""
+        doc = ast.get_docstring(parsed(path)) or ""
         internal = {m for m in everything.edges.get(name, ()) if m in MODULES and m not in PUBLIC}
         internal = {m for m in internal if not any(other.startswith(m + ".") for other in internal)}
         if missing := sorted(m for m in internal if m not in doc and m.replace(".", "/") not in doc):
@@ -223,7 +230,7 @@ def test_every_package_says_what_it_may_import() -> None:
     silent = [
         name
         for name, path in MODULES.items()
-        if path.name == "__init__.py" and "import" not in (ast.get_docstring(ast.parse(path.read_text())) or "")
+        if path.name == "__init__.py" and "import" not in (ast.get_docstring(parsed(path)) or "")
     ]
     assert silent == []
 
@@ -240,7 +247,7 @@ def test_messages_are_built_in_the_messages_module_and_sent_by_the_sending_one()
     names = {messages.ADVANCE, messages.ADVANCE_BRANCH, messages.RUN_CHUNK, messages.MERGE, messages.DATASET_CHUNK}
     naming, sending = [], []
     for name, path in MODULES.items():
-        tree = ast.parse(path.read_text(), str(path))
+        tree = parsed(path)
         if name != "worker.cluster.messages" and string_constants(tree) & names:
             naming.append(name)
         calls = [n for n in ast.walk(tree) if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)]
@@ -271,7 +278,7 @@ def test_every_error_lives_in_ir_errors_under_one_root() -> None:
     for name, path in MODULES.items():
         if name == "ir.errors":
             continue
-        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        for node in ast.walk(parsed(path)):
             if not isinstance(node, ast.ClassDef) or node.name.startswith("_"):
                 continue
             bases = {ast.unparse(base).rpartition(".")[2] for base in node.bases} - {"BaseException"}  # signals

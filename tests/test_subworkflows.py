@@ -507,6 +507,7 @@ def test_param_checks_of_the_sub_workflows_node_types_run_at_validation(tmp_path
 # -- the CLI, and a run that lives in the cluster ---------------------------------------------------------------
 
 
+@pytest.mark.processes
 def test_cli_validates_and_runs_a_parent_and_its_sub_workflow_file(tmp_path: Path) -> None:
     write(tmp_path / "sub" / "shout.json", SHOUT)
     parent = write(
@@ -531,6 +532,7 @@ def test_cli_validates_and_runs_a_parent_and_its_sub_workflow_file(tmp_path: Pat
     )
 
 
+@pytest.mark.processes
 def test_cli_validate_reports_a_sub_workflow_problem_naming_both_files(tmp_path: Path) -> None:
     write(tmp_path / "sub.json", {"nodes": [{"id": "x", "type": "ecko"}]})
     parent = write(tmp_path / "wf.json", {"nodes": [call("sub.json")]})
@@ -544,6 +546,7 @@ def test_cli_validate_reports_a_sub_workflow_problem_naming_both_files(tmp_path:
     ]
 
 
+@pytest.mark.processes
 def test_the_word_counts_by_file_example() -> None:
     proc = run_cli("run", "examples/word_counts_by_file.json", "--input", "folder=examples/texts", "--output", "json")
 

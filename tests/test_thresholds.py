@@ -175,6 +175,7 @@ def test_valid_thresholds_load() -> None:
     assert (batch.tolerated_failure_percent, batch.tolerated_failure_count) == (0, 3)
 
 
+@pytest.mark.processes
 def test_chordflow_validate_reports_every_threshold_problem(tmp_path: Path) -> None:
     wf = workflow(
         batch_node("a", tolerated_failure_count=2),

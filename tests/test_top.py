@@ -16,6 +16,8 @@ import termios
 import time
 from pathlib import Path
 
+import pytest
+
 import scheduler
 from scheduler.localcluster import Cluster, free_port
 from tests.support.cluster import TEST_BROKER
@@ -122,6 +124,7 @@ def test_top_shows_what_a_running_runs_model_calls_cost(celery_cluster: Cluster,
     assert scheduler.wait(run_id, timeout=60).status == "success"
 
 
+@pytest.mark.processes
 def test_top_without_a_terminal_and_redis_away_says_so_in_one_line_and_exits_1() -> None:
     nowhere = f"redis://127.0.0.1:{free_port()}/0"
     shown = run_cli("top", env={**os.environ, "CHORDFLOW_BROKER_URL": nowhere, "CHORDFLOW_RESULT_BACKEND": nowhere})

@@ -20,6 +20,7 @@ from celery import signals
 import scheduler
 from scheduler.localcluster import Cluster, ManagedProcess
 from tests.support import dist_nodes  # noqa: F401  (the test node types, in this process too)
+from tests.support.kinds import starts
 from worker.cluster.batches import chunking
 from worker.cluster.state import heartbeat, keys
 
@@ -28,6 +29,7 @@ HOST = socket.gethostname()
 
 
 @pytest.fixture
+@starts("cluster")
 def fast_cluster(tmp_path: Path) -> Iterator[Cluster]:
     """A cluster of its own whose workers beat every second (an entry lives 3 s), with key-event
     notifications on, so a test can wait for an entry to be deleted or to expire."""

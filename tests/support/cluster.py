@@ -14,6 +14,7 @@ import redis
 
 from scheduler.localcluster import Cluster
 from tests.support import rabbitmq
+from tests.support.kinds import starts
 from worker.cluster.state.runstate import RunState
 
 # The workers' environment: the suite's, as it is when conftest loads this plugin — not whatever a
@@ -28,6 +29,7 @@ TEST_BROKER = os.environ.get("CHORDFLOW_TEST_BROKER", "redis")
 
 
 @pytest.fixture(scope="session")
+@starts("cluster")
 def celery_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     """The suite's shared cluster: its own redis-server on a free port and two solo workers (on RabbitMQ, see
     TEST_BROKER: a vhost of its own and two threads workers)."""
@@ -45,6 +47,7 @@ def celery_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster
 
 
 @pytest.fixture(scope="session")
+@starts("cluster")
 def rabbitmq_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     """The suite's cluster with RabbitMQ as the broker: a vhost of its own on the machine's RabbitMQ
     (tests/support/rabbitmq.py), its own redis-server for the run state and two solo workers. Not applied to the
@@ -61,6 +64,7 @@ def rabbitmq_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Clust
 
 
 @pytest.fixture(params=["redis", "rabbitmq"])
+@starts("cluster")
 def broker(request: pytest.FixtureRequest) -> Iterator[Cluster]:
     """The suite's cluster on each broker, this process pointed at it for the test: broker-dependent cluster
     tests take it instead of `celery_cluster` and run on Redis and on RabbitMQ."""
