@@ -39,7 +39,7 @@ test: install browser
 test-fast: install
 	CHORDFLOW_TEST_FAST=1 CHORDFLOW_FUZZ_EXAMPLES=300 $(BIN)/python -m pytest -q -n $(TEST_JOBS) -m "not processes"
 
-# The dashboard's browser test (tests/test_dashboard.py) drives Debian's chromium through chromedriver:
+# The dashboard's browser test (tests/scheduler/ops/test_dashboard.py) drives Debian's chromium through chromedriver:
 # installed here when missing (as root, else through sudo). `make run` never needs it.
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 browser:
@@ -47,10 +47,10 @@ browser:
 		$(SUDO) apt-get update -q && \
 		$(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium chromium-driver; }
 
-# The IR fuzz property (tests/test_ir_fuzz.py) with many more documents than `make test` runs (5,000).
+# The IR fuzz property (tests/ir/test_ir_fuzz.py) with many more documents than `make test` runs (5,000).
 FUZZ_EXAMPLES ?= 200000
 fuzz: install
-	CHORDFLOW_FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) $(BIN)/python -m pytest -q tests/test_ir_fuzz.py
+	CHORDFLOW_FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) $(BIN)/python -m pytest -q tests/ir/test_ir_fuzz.py
 
 lint: install
 	$(BIN)/ruff check .

@@ -105,7 +105,8 @@ def check_get(app: Any, delay: float = 0.5, timeout: float = 3.0) -> str:
 
     It did not when this bench was written: RunResultBackend skipped every result subscription, so such
     a `.get()` waited until its timeout. Found here and fixed (subscriptions are skipped only inside
-    `backend.quiet()`; tests/test_distributed.py::test_other_tasks_on_the_app_can_still_wait_for_their_results).
+    `backend.quiet()`; tests/worker/cluster/test_distributed.py::
+    test_other_tasks_on_the_app_can_still_wait_for_their_results).
     This stays as a regression check. The task is sent with a countdown so that it cannot be finished when
     `.get()` starts: a `.get()` that looks at the stored state once and never hears of it later times out.
     """

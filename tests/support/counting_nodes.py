@@ -1,4 +1,5 @@
-"""A node type that counts its executions in Redis, for the dead-worker tests (tests/test_dead_workers.py).
+"""A node type that counts its executions in Redis, for the dead-worker tests
+(tests/worker/cluster/faults/test_dead_workers.py).
 
 It runs inside real worker processes (a CHORDFLOW_PLUGINS module), so what it records goes to the cluster's Redis.
 """

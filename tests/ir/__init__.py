@@ -1,0 +1,1 @@
+"""The workflow IR (ir/): loading, validation, templates, the snapshot codec."""

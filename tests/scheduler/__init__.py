@@ -1,0 +1,1 @@
+"""The scheduler (scheduler/): submit, plans, repair, inputs, run ids, examples, deploy files."""

@@ -1,0 +1,1 @@
+"""Operating a cluster (scheduler/ops/): the dashboard, metrics, top."""

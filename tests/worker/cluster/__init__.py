@@ -1,0 +1,1 @@
+"""The cluster (worker/cluster/): tasks, messages, signing, windows, priorities, RabbitMQ."""

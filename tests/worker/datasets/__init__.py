@@ -1,0 +1,1 @@
+"""Dataset jobs (worker/datasets/, scheduler/datasets/): the workflow once per record."""

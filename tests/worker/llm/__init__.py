@@ -1,0 +1,1 @@
+"""Model calls (worker/llm/, the `llm` node): providers, answers kept, budgets, schemas."""

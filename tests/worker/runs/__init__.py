@@ -1,0 +1,1 @@
+"""Run records and checkpoints (worker/runs/): resume, redrive, the embedded store."""
