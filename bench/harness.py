@@ -30,6 +30,7 @@ from typing import Any
 
 from bench.measure import CpuUse, RedisPeak, WorkerLogs, WorkerPeaks, process_tree
 from scheduler.localcluster import Cluster, restore_env
+from worker.cluster.state.keys import RunKeys
 
 HERE = Path(__file__).resolve().parent
 WORKERS = ("w1", "w2")  # two solo workers = 2 worker processes, the same for every bench
@@ -190,7 +191,7 @@ class BenchCluster:
 
     def forget(self, run_id: str | None, task_results: bool = False) -> int:
         """Delete a run's keys (and the Celery task results), so the next phase's memory starts clean."""
-        deleted = self.delete(f"cf:{{{run_id}}}:*") if run_id else 0
+        deleted = self.delete(RunKeys(run_id).prefix + "*") if run_id else 0
         return deleted + (self.delete("celery-task-meta-*") if task_results else 0)
 
     def purge(self) -> None:
