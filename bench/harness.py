@@ -5,7 +5,8 @@ A bench module gives `run_bench` two functions, one that measures and one that r
 markdown; the harness owns the rest (working directory, `CHORDFLOW_HOME`, the cluster's start and stop,
 source fingerprints, writing the report), so every bench's `main()` is the same few lines.
 
-Internal modules it uses beyond the public API: `scheduler.localcluster`, `worker.cluster.app`.
+Internal modules it uses beyond the public API: `scheduler.localcluster`, `worker.cluster.app`,
+`worker.cluster.state.keys`.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from typing import Any
 
 from bench.measure import CpuUse, RedisPeak, WorkerLogs, WorkerPeaks, process_tree
 from scheduler.localcluster import Cluster, restore_env
+from worker.cluster.state.keys import RunKeys
 
 HERE = Path(__file__).resolve().parent
 WORKERS = ("w1", "w2")  # two solo workers = 2 worker processes, the same for every bench
@@ -192,7 +194,7 @@ class BenchCluster:
 
     def forget(self, run_id: str | None, task_results: bool = False) -> int:
         """Delete a run's keys (and the Celery task results), so the next phase's memory starts clean."""
-        deleted = self.delete(f"cf:{{{run_id}}}:*") if run_id else 0
+        deleted = self.delete(RunKeys(run_id).prefix + "*") if run_id else 0
         return deleted + (self.delete("celery-task-meta-*") if task_results else 0)
 
     def purge(self) -> None:

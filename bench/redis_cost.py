@@ -100,7 +100,7 @@ def publish_latency(url: str, wait: bool) -> float:
         started = time.perf_counter()
         state.publish("b#0", outcomes)
         times.append(time.perf_counter() - started)
-    state.redis.delete(state.key("events"))
+    state.redis.delete(state.keys.events)
     os.environ.pop("CHORDFLOW_WAIT_REPLICAS")
     return statistics.median(times)
 

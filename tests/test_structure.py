@@ -8,7 +8,9 @@ from __future__ import annotations
 import ast
 import builtins
 import functools
+import inspect
 import pathlib
+import re
 from collections import Counter
 
 import pytest
@@ -267,8 +269,6 @@ def test_every_error_lives_in_ir_errors_under_one_root() -> None:
     """Every error chordflow raises on purpose is one of ir/errors.py's, all under ChordflowError (a caller catches
     chordflow's errors with one except); elsewhere only private control-flow exceptions of one module (`_Name`) and
     BaseException signals that no node may catch."""
-    import inspect
-
     from ir import errors
 
     builtin = {
@@ -288,3 +288,90 @@ def test_every_error_lives_in_ir_errors_under_one_root() -> None:
     outside = [c.__name__ for _, c in inspect.getmembers(errors, inspect.isclass)
                if issubclass(c, BaseException) and not issubclass(c, errors.ChordflowError)]  # fmt: skip
     assert outside == []
+
+
+#: Stands for a batch, a section or a branch when the test builds every key of a run.
+PART = "\0"
+
+
+def run_key_names() -> list[str]:
+    """Every key of a run as worker/cluster/state/keys.py builds it, after the run's prefix, with PART in the place
+    of each batch, section or branch."""
+    from worker.cluster.state import keys
+
+    run, made = keys.RunKeys("r"), []
+    for name, attr in vars(keys.RunKeys).items():
+        if isinstance(attr, (keys.RunKey, property)):
+            made.append(getattr(run, name))
+        elif inspect.isfunction(attr) and not name.startswith("_"):
+            made.append(attr(run, *[PART] * (len(inspect.signature(attr).parameters) - 1)))
+    flat = [key for one in made for key in ([one] if isinstance(one, str) else one)]
+    assert all(key.startswith(run.prefix) for key in flat)
+    return [key.removeprefix(run.prefix) for key in flat]
+
+
+def test_redis_key_names_are_built_in_the_keys_module_only() -> None:
+    """Every Redis key name is built in worker/cluster/state/keys.py: no other module of ir/, worker/, scheduler/ or
+    bench/ holds a string (f-string parts included; docstrings are prose) that looks like one — a `cf:` name, the
+    start of a family of a run's keys (`abort:`, `win:`...), a run's key name holding `_` or `:` (`queued_msgs`,
+    `ds:out`, a window's `:todo`) — nor calls `run_key` (a run's key by its name, for tests and tools) or another
+    `...key` function with a run's key name (a bare word such as `run` is caught there only); and no Lua script
+    names a key (it gets its keys as KEYS)."""
+    pieces = {piece for name in run_key_names() for piece in name.split(PART) if piece.strip(":")}
+    starts = tuple(piece for piece in pieces if piece.endswith(":"))
+    whole = {piece for piece in pieces if not piece.endswith(":") and ("_" in piece or ":" in piece)}
+    paths = {**MODULES, **{module_name(p): p for p in sorted((ROOT / "bench").rglob("*.py"))}}
+    found = []
+    for name, path in paths.items():
+        if name == "worker.cluster.state.keys":
+            continue
+        tree = ast.parse(path.read_text(), str(path))
+        prose = {
+            id(node.body[0].value)  # type: ignore[attr-defined]
+            for node in ast.walk(tree)
+            if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
+            and node.body
+            and isinstance(node.body[0], ast.Expr)
+            and isinstance(node.body[0].value, ast.Constant)
+        }
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in prose:
+                text = node.value
+                if text and not any(c.isspace() for c in text) and (text.startswith(("cf:", *starts)) or text in whole):
+                    found.append(f"{name}:{node.lineno} {text!r}")
+            elif isinstance(node, ast.Call) and (callee := ast.unparse(node.func).split(".")[-1]).endswith("key"):
+                named = any(isinstance(arg, ast.Constant) and arg.value in pieces for arg in node.args)
+                if callee == "run_key" or named:  # `run_key(run_id, ...)`, `state.key("cancel")`
+                    found.append(f"{name}:{node.lineno} {ast.unparse(node)}")
+    scripts = sorted((ROOT / "worker/cluster/state/lua").glob("*.lua"))
+    found += [f"{p.name} names a key" for p in scripts if "'cf:" in p.read_text() or '"cf:' in p.read_text()]
+    assert found == [], "key names outside worker/cluster/state/keys.py"
+
+
+def test_redis_key_names_stay_byte_identical() -> None:
+    """Runs in flight and tools outside chordflow read these names (and a run's hash tag keeps its keys in one
+    Redis Cluster slot): a change here strands them. Every run's key is in keys.py's docstring table too."""
+    from worker.cluster.state import keys
+
+    run = keys.RunKeys("r1")
+    built = [
+        run.prefix, run.run, run.overrides, run.events, run.queued_messages, run.chunk_ids, run.kept_chunks("n#2"),
+        run.abort("n#2"), run.snapshot("n#2", "ab12"), run.window("n#2").plan, run.window("n#2").begun,
+        run.permits("n#2"), run.branch_lease("s", "b"), run.joined("s"), run.dataset.job, run.dataset.started,
+        run.tombstone, keys.run_key("r1", "store"),
+    ]  # fmt: skip
+    assert built == [
+        "cf:{r1}:", "cf:{r1}:run", "cf:{r1}:overrides", "cf:{r1}:events", "cf:{r1}:queued_msgs", "cf:{r1}:chunks",
+        "cf:{r1}:chunks:n#2", "cf:{r1}:abort:n#2", "cf:{r1}:snap:n#2:ab12", "cf:{r1}:win:n#2",
+        "cf:{r1}:win:n#2:begun", "cf:{r1}:permits:n#2", "cf:{r1}:lease:s:b", "cf:{r1}:joined:s", "cf:{r1}:ds",
+        "cf:{r1}:ds:started", "cf:purged:{r1}", "cf:{r1}:store",
+    ]  # fmt: skip
+    shared = [keys.RUNS, keys.WINDOWS, keys.QUEUED, keys.AGING_SWEEP, keys.worker_key("w1@h"), keys.done_key("t1")]
+    shared += [keys.limit_key("k"), keys.idempotency_key("i"), keys.shared_answer_key("a")]
+    assert shared == [
+        "cf:runs", "cf:{windows}", "cf:{queued}", "cf:{queued}:sweeping", "cf:{workers}:w1@h", "cf:done:t1",
+        "cf:{limit:k}", "cf:{idem:i}", "cf:{answer:a}",
+    ]  # fmt: skip
+    table = (keys.__doc__ or "").split("Outside any run:")[0]
+    untold = {name.split(PART)[0].split(":")[0] for name in run_key_names()}
+    assert sorted(word for word in untold if not re.search(rf"\b{word}\b", table)) == []

@@ -18,7 +18,7 @@ keeping every item's result.
 
 Writes bench/DATASETS.md (or --out). Progress lines go to stderr.
 
-Internal modules it uses beyond the public API: `worker.cluster.state.runs`.
+Internal modules it uses beyond the public API: `worker.cluster.state.keys`, `worker.cluster.state.runs`.
 """
 
 from __future__ import annotations
@@ -39,6 +39,7 @@ import redis
 from bench import harness, stock_group
 from bench.harness import BenchCluster, Child, Phase, Session, log, mb
 from bench.measure import CpuUse
+from worker.cluster.state.keys import RUNS, RunKeys
 
 CHUNK = stock_group.CHUNK  # records per chunk: chordflow's default, and the baseline's chunk
 SUBMIT_RSS_MB = 150  # target: the submitting client's peak RSS at the large N
@@ -107,7 +108,7 @@ class FirstResult:
 
         self.bench = bench
         self.redis = redis.Redis.from_url(bench.url)
-        self.known = {r.decode() for r in self.redis.zrange("cf:runs", 0, -1)}
+        self.known = {r.decode() for r in self.redis.zrange(RUNS, 0, -1)}
         self.t0 = 0.0
         self.run_id: str | None = None
         self.seconds: float | None = None
@@ -128,9 +129,9 @@ class FirstResult:
     def _poll(self) -> None:
         while self.seconds is None and not self._stop.wait(POLL):
             if self.run_id is None:
-                new = [r.decode() for r in self.redis.zrange("cf:runs", 0, -1) if r.decode() not in self.known]
+                new = [r.decode() for r in self.redis.zrange(RUNS, 0, -1) if r.decode() not in self.known]
                 self.run_id = new[0] if new else None
-            if self.run_id is not None and self.redis.hlen(f"cf:{{{self.run_id}}}:ds:out"):
+            if self.run_id is not None and self.redis.hlen(RunKeys(self.run_id).dataset.out):
                 self.seconds = time.perf_counter() - self.t0
         if self.seconds is not None:
             path = self.bench.workdir / "done.jsonl"
@@ -364,12 +365,13 @@ class Jobs:
     def left(self, run_id: str) -> dict[str, Any]:
         """What a finished job leaves in Redis: used_memory, its own keys (and their MEMORY USAGE), the
         Celery task results."""
-        client, prefix = self.bench.redis, f"cf:{{{run_id}}}:"
+        keys = RunKeys(run_id)
+        client, prefix = self.bench.redis, keys.prefix
         run_keys = list(client.scan_iter(match=f"{prefix}*", count=1000))
         usage = {k.decode().removeprefix(prefix): client.memory_usage(k, samples=0) or 0 for k in run_keys}
         metas = list(client.scan_iter(match="celery-task-meta-*", count=1000))
         meta_usage = sum(client.memory_usage(k) or 0 for k in metas)
-        ttl = client.ttl(f"{prefix}ds:out")
+        ttl = client.ttl(keys.dataset.out)
         used = int(client.info("memory")["used_memory"])
         return {"used": used, "usage": usage, "task_results": len(metas), "meta_usage": meta_usage, "ttl": ttl}
 

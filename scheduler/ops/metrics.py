@@ -47,7 +47,7 @@ from worker.cluster.broker.registry import for_settings as broker_for
 from worker.cluster.datasets.store import ClusterDataset
 from worker.cluster.messages import ADVANCE
 from worker.cluster.state import connection, heartbeat
-from worker.cluster.state.keys import RUNS, run_key
+from worker.cluster.state.keys import RUNS, RunKeys
 from worker.cluster.state.progress import BatchProgress, StreamProgress
 from worker.datasets.job import RECORDS
 from worker.llm import usage as llm_usage
@@ -149,7 +149,7 @@ class ClusterView:
         fields = ("status", "node", "created", "updated", "source", "dataset")
         pipe = self.redis.pipeline(transaction=False)
         for run_id in ids:
-            pipe.hmget(run_key(run_id, "run"), fields)
+            pipe.hmget(RunKeys(run_id).run, fields)
         records = {}
         for run_id, values in zip(ids, pipe.execute(), strict=True):
             if values[0] is not None:  # expired since it was indexed
@@ -177,7 +177,7 @@ class ClusterView:
     def _name_runs(self, ids: list[str], records: dict[str, dict[str, str]]) -> None:
         pipe = self.redis.pipeline(transaction=False)
         for run_id in ids:
-            pipe.hget(run_key(run_id, "run"), "workflow")
+            pipe.hget(RunKeys(run_id).run, "workflow")
         for run_id, raw in zip(ids, pipe.execute() if ids else [], strict=True):
             try:
                 workflow = json.loads(raw) if raw else {}
@@ -192,7 +192,7 @@ class ClusterView:
         changed = [run_id for run_id, record in records.items() if seen.get(run_id) != record["updated"]]
         pipe = self.redis.pipeline(transaction=False)
         for run_id in changed:
-            pipe.hget(run_key(run_id, "store"), usage.CALLS)
+            pipe.hget(RunKeys(run_id).store, usage.CALLS)
         for run_id, blob in zip(changed, pipe.execute() if changed else [], strict=True):
             calls = snapshot.decode(blob) if blob is not None else None
             if records[run_id]["dataset"]:  # a dataset job's calls are summed by model as its chunks finish
@@ -210,8 +210,9 @@ class ClusterView:
             progress = self._progress.setdefault(view.run_id, StreamProgress())
             # The stream first: a batch's total is stored before its chunks are sent, so every batch the entries
             # read name has its total in the read after them.
-            pipe.xread({run_key(view.run_id, "events"): progress.position}, count=STREAM_ENTRIES)
-            pipe.hgetall(run_key(view.run_id, "totals"))
+            keys = RunKeys(view.run_id)
+            pipe.xread({keys.events: progress.position}, count=STREAM_ENTRIES)
+            pipe.hgetall(keys.totals)
         replies = pipe.execute() if batch_runs else []
         for position, view in enumerate(batch_runs):
             totals = {k.decode(): int(v) for k, v in replies[2 * position + 1].items()}
@@ -222,9 +223,7 @@ class ClusterView:
         datasets = [v for v in running if v.dataset]
         pipe = self.redis.pipeline(transaction=False)
         for view in datasets:
-            pipe.hmget(
-                run_key(view.run_id, "ds"), ["total", "read", "done", "failed"]
-            )  # worker/cluster/datasets/store.py
+            pipe.hmget(RunKeys(view.run_id).dataset.job, ["total", "read", "done", "failed"])
         for view, (total, read, done, failed) in zip(datasets, pipe.execute() if datasets else [], strict=True):
             view.total_known = total is not None
             known = int(total if total is not None else read or 0)

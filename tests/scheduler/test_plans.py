@@ -156,7 +156,7 @@ def test_same_tool_calls_ready_together_run_as_one_chord_on_the_cluster() -> Non
     result = run_plan(_four_uid_plan(), backend="celery", run_id="plan-one-chord", on_event=events.append)
     assert result["s"] == {"name": "s", "upper": "S"} and result["q"]["tag"] == "independent"
     state = RunState("plan-one-chord")
-    totals = {k.decode(): int(v) for k, v in state.redis.hgetall(state.key("totals")).items()}
+    totals = {k.decode(): int(v) for k, v in state.redis.hgetall(state.keys.totals).items()}
     # One chord dispatched per batch node (its item count recorded once, under the node and its step).
     assert totals == {"test-upper-1#1": 4, "echo-2#4": 1}
     progress = Counter(e["node"] for e in events if e["type"] == "batch_progress")

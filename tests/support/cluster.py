@@ -109,5 +109,5 @@ def start_slow_cli_run(tmp_path: Path, env: dict[str, str], items: int = 400) ->
     assert first_line.startswith("run "), first_line
     run_id = first_line.split()[1]
     state = RunState(run_id, redis.Redis.from_url(env["CHORDFLOW_RESULT_BACKEND"]))
-    assert state.redis.xread({state.key("events"): "0-0"}, block=60_000, count=1), "no item ever ran"
+    assert state.redis.xread({state.keys.events: "0-0"}, block=60_000, count=1), "no item ever ran"
     return proc, run_id

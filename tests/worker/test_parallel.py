@@ -325,7 +325,7 @@ def test_cancelled_parallel_chunk_keeps_a_prefix_and_resume_runs_the_rest_once(c
     node = batch_node(node_type="test-side-effect", params=params, parallel=True, max_concurrent=4, chunk_size=total)
     run_id = scheduler.submit(workflow(node), {"x": list(range(total))})
     state = RunState(run_id)
-    assert state.redis.xread({state.key("events"): "0-0"}, block=60_000, count=1), "no item ever ran"
+    assert state.redis.xread({state.keys.events: "0-0"}, block=60_000, count=1), "no item ever ran"
     api.cancel(run_id)
     assert scheduler.wait(run_id, timeout=60).status == "cancelled"
     ran = sorted(map(int, _lines(log)))

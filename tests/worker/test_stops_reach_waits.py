@@ -148,7 +148,7 @@ def status_within(run_id: str, expected: str, seconds: float) -> float:
 def permits_held(run_id: str) -> int:
     """Permits (max_concurrent) the run's batches hold in Redis."""
     state = RunState(run_id)
-    return sum(state.redis.zcard(key) for key in state.redis.scan_iter(match=state.key("permits:*")))
+    return sum(state.redis.zcard(key) for key in state.redis.scan_iter(match=state.keys.permits("*")))
 
 
 # -- the cluster ---------------------------------------------------------------------------------------------------

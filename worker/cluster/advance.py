@@ -34,7 +34,7 @@ from worker.cluster.batches.dispatch import dispatch_batch, redispatch, send_adv
 from worker.cluster.messages import ADVANCE, ADVANCE_BRANCH, Advance, AdvanceBranch
 from worker.cluster.state import budget as budgets
 from worker.cluster.state.answers import RedisAnswers
-from worker.cluster.state.keys import run_key
+from worker.cluster.state.keys import RunKeys
 from worker.cluster.state.runs import ClusterRuns
 from worker.cluster.state.runstate import RunState
 from worker.engine import context
@@ -86,8 +86,9 @@ class Ending:
 class Lease:
     """One advance at a time per run: a Redis key with a TTL, renewed by a thread while held."""
 
-    def __init__(self, runs: ClusterRuns, run_id: str, name: str = "lease"):
-        self.redis, self.name, self.token = runs.redis, run_key(run_id, name), uuid.uuid4().hex
+    def __init__(self, runs: ClusterRuns, name: str):
+        """`name`: the run's `lease` key, or a branch's (keys.py RunKeys)."""
+        self.redis, self.name, self.token = runs.redis, name, uuid.uuid4().hex
         self.stop = threading.Event()
 
     def acquire(self) -> bool:
@@ -150,7 +151,7 @@ def advance(self: Any, message: Any, *legacy: Any) -> str:
     if record is None or record.status in FINAL or record.step < step:
         return "fenced"
     record.check_format()
-    lease = Lease(runs, run_id)
+    lease = Lease(runs, RunKeys(run_id).lease)
     if not lease.acquire():
         raise self.retry(countdown=LEASE_SECONDS / 3)
     record = runs.get(run_id)  # again, under the lease: the holder before us may have moved the run on
@@ -270,7 +271,7 @@ def advance_branch(self: Any, message: Any, *legacy: Any) -> str:
     if state.status != "running":  # it ended, and this is a redelivery: join again (a duplicate joins once)
         _join(runs, run_id, key, branch, len(_section(record.workflow, key).branches))
         return "joined"
-    lease = Lease(runs, run_id, f"lease:{key}:{branch}")
+    lease = Lease(runs, RunKeys(run_id).branch_lease(key, branch))
     if not lease.acquire():
         raise self.retry(countdown=LEASE_SECONDS / 3)
     rstate = RunState(run_id)

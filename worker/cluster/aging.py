@@ -32,7 +32,7 @@ import redis
 from worker.cluster import priorities
 from worker.cluster.sending import client as _client
 from worker.cluster.sending import forget, resend
-from worker.cluster.state.keys import QUEUED, run_key
+from worker.cluster.state.keys import AGING_SWEEP, QUEUED, RunKeys
 from worker.cluster.state.runstate import script
 from worker.periodic import Periodic
 from worker.runs.record import FINAL
@@ -43,8 +43,6 @@ log = logging.getLogger(__name__)
 TRACKED = re.compile(r"^([0-9a-f]{32})-([0-9])$")
 #: Messages copied per run per sweep, at most (the oldest first); the rest wait for the next sweep.
 PER_SWEEP = 500
-#: Set NX for one interval by the sweeper that sweeps then: at most one sweep starts per interval.
-SWEEP_LOCK = QUEUED + ":sweeping"
 
 
 def begin(client: redis.Redis, run_id: str | None, task_id: str, ttl: int) -> bool:
@@ -54,7 +52,8 @@ def begin(client: redis.Redis, run_id: str | None, task_id: str, ttl: int) -> bo
     if tracked is None or run_id is None:
         return True
     family = [f"{tracked.group(1)}-{rank}" for rank in range(len(priorities.PRIORITIES))]
-    keys = [run_key(run_id, name) for name in ("queued", "queued_msgs", "copies", "begun")]
+    k = RunKeys(run_id)
+    keys = [k.queued, k.queued_messages, k.copies, k.begun]
     return bool(script(client, "begin_message")(keys=keys, args=[task_id, ttl, *family]))
 
 
@@ -65,7 +64,8 @@ def sweep(app: Any, now: float | None = None) -> int:
     copied = 0
     for raw in client.zrange(QUEUED, 0, -1):
         run_id = raw.decode()
-        queued, messages = run_key(run_id, "queued"), run_key(run_id, "queued_msgs")
+        keys = RunKeys(run_id)
+        queued, messages = keys.queued, keys.queued_messages
         due = client.zrangebyscore(queued, "-inf", now - s.priority_aging, start=0, num=PER_SWEEP)
         if not due and not client.exists(queued):
             unlist(client, run_id)
@@ -84,15 +84,15 @@ def unlist(client: redis.Redis, run_id: str) -> None:
     the index next) and the ZREM would take it out again, its message never swept, its run starved: so the queue
     is looked at once more after, and the run put back if it has one."""
     client.zrem(QUEUED, run_id)
-    if client.exists(run_key(run_id, "queued")):
+    if client.exists(RunKeys(run_id).queued):
         client.zadd(QUEUED, {run_id: time.time()})
 
 
 def _stopped(client: redis.Redis, run_id: str) -> bool:
     """The run ended or was cancelled (a cancelled client-driven run has no final status in its record)."""
-    pipe = client.pipeline(transaction=False)
-    pipe.hget(run_key(run_id, "run"), "status")
-    pipe.exists(run_key(run_id, "cancel"))
+    keys, pipe = RunKeys(run_id), client.pipeline(transaction=False)
+    pipe.hget(keys.run, "status")
+    pipe.exists(keys.cancel)
     status, cancelled = pipe.execute()
     return bool(cancelled) or (status is not None and status.decode() in FINAL)
 
@@ -113,7 +113,8 @@ def _copy(app: Any, run_id: str, task_id: str, packed: bytes | None, now: float)
     first, rank = tracked.group(1), priorities.rank(priority, waited, s.priority_aging)
     if rank >= int(tracked.group(2)):
         return 0  # a clock step: nothing to gain yet
-    copies = run_key(run_id, "copies")
+    keys = RunKeys(run_id)
+    copies = keys.copies
     pipe = client.pipeline(transaction=False)
     pipe.hset(copies, mapping={task_id: first, f"{first}-{rank}": first})
     pipe.expire(copies, s.run_ttl)
@@ -124,8 +125,8 @@ def _copy(app: Any, run_id: str, task_id: str, packed: bytes | None, now: float)
         resend(app, name, tuple(args), run_id, priority, kind, waited, first, tuple(args), options)
     except BaseException:  # the copy never went: the original is watched again, to be copied by a later sweep
         pipe = client.pipeline(transaction=False)
-        pipe.zadd(run_key(run_id, "queued"), {task_id: first_sent})
-        pipe.hset(run_key(run_id, "queued_msgs"), task_id, packed)
+        pipe.zadd(keys.queued, {task_id: first_sent})
+        pipe.hset(keys.queued_messages, task_id, packed)
         pipe.zadd(QUEUED, {run_id: now})
         pipe.execute()
         raise
@@ -147,7 +148,7 @@ class Sweeper(Periodic):
 
     def tick(self) -> None:
         try:
-            if _client(self.app).set(SWEEP_LOCK, 1, nx=True, px=int(self.interval * 1000)):
+            if _client(self.app).set(AGING_SWEEP, 1, nx=True, px=int(self.interval * 1000)):
                 with self.app.backend.quiet():  # nobody waits on a copy's Celery result: no subscription per copy
                     sweep(self.app)
         except Exception as exc:  # Redis or the broker away for a moment: the next sweep tries again

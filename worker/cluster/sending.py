@@ -16,7 +16,7 @@ import redis
 
 from worker.cluster import priorities
 from worker.cluster.messages import Message
-from worker.cluster.state.keys import QUEUED, run_key
+from worker.cluster.state.keys import QUEUED, RunKeys
 from worker.cluster.state.runstate import client as state_client
 
 
@@ -40,11 +40,11 @@ def resend(app: Any, name: str, args: tuple[Any, ...], run_id: str, priority: st
     if rank > 0:  # recorded before it is sent: a worker may begin it at once, and its begin forgets it
         now = time.time()
         packed = msgpack.packb([name, list(recorded), priority, kind, now - waited, options])
-        pipe = client(app).pipeline(transaction=False)
-        pipe.zadd(run_key(run_id, "queued"), {task_id: now})
-        pipe.hset(run_key(run_id, "queued_msgs"), task_id, packed)
-        for key in ("queued", "queued_msgs"):
-            pipe.expire(run_key(run_id, key), s.run_ttl)
+        keys, pipe = RunKeys(run_id), client(app).pipeline(transaction=False)
+        pipe.zadd(keys.queued, {task_id: now})
+        pipe.hset(keys.queued_messages, task_id, packed)
+        for key in (keys.queued, keys.queued_messages):
+            pipe.expire(key, s.run_ttl)
         pipe.zadd(QUEUED, {run_id: now})
         pipe.execute()
     try:
@@ -58,9 +58,9 @@ def resend(app: Any, name: str, args: tuple[Any, ...], run_id: str, priority: st
 
 def forget(redis_client: redis.Redis, run_id: str, task_id: str) -> int:
     """Stop watching a message; returns 1 if it was watched."""
-    pipe = redis_client.pipeline(transaction=False)
-    pipe.zrem(run_key(run_id, "queued"), task_id)
-    pipe.hdel(run_key(run_id, "queued_msgs"), task_id)
+    keys, pipe = RunKeys(run_id), redis_client.pipeline(transaction=False)
+    pipe.zrem(keys.queued, task_id)
+    pipe.hdel(keys.queued_messages, task_id)
     return int(pipe.execute()[0])
 
 

@@ -231,7 +231,7 @@ def test_ctrl_c_cancels_a_celery_run(celery_cluster: Any, tmp_path: Any) -> None
     assert "Traceback" not in err
     state = RunState(run_id)
     assert state.cancelled()
-    assert state.redis.hget(state.key("meta"), "status") == b"cancelled"
+    assert state.redis.hget(state.keys.meta, "status") == b"cancelled"
 
 
 def test_flower_refuses_to_start_without_credentials(celery_cluster: Any) -> None:

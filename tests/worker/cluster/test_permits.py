@@ -129,7 +129,7 @@ def test_a_chunk_delivered_again_takes_back_its_dead_deliverys_permits(celery_cl
     state, batch, holders = RunState(f"reclaim-{uuid.uuid4().hex[:8]}"), "b#0", Holders()
     dead = ConcurrencyPermit(state, batch, 3, 0, lease=60)
     other = ConcurrencyPermit(state, batch, 3, 10, lease=60)
-    permits_key = state.key(f"permits:{batch}")
+    permits_key = state.keys.permits(batch)
     try:
         for permits in (dead, dead, other):
             holders.hold(permits)

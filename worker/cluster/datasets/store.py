@@ -14,7 +14,7 @@ from worker import settings
 from worker.batch.aggregate import ChunkResult
 from worker.cluster.batches import chunking
 from worker.cluster.state import connection
-from worker.cluster.state.keys import purged_key, run_key
+from worker.cluster.state.keys import RunKeys
 from worker.cluster.state.runstate import client, script
 from worker.datasets.job import RECORDS, Dataset, outcome_and_calls, pack_records, unpack_records
 
@@ -30,10 +30,12 @@ class ClusterDataset:
         self.run_id = run_id
         self.redis = client()
         self.ttl = settings.load().run_ttl
-        names = ("ds", "ds:todo", "ds:pending", "ds:out", "ds:cov", "ds:fails", "ds:rec", "cancel")
-        self.keys = [run_key(run_id, name) for name in (*names, f"abort:{RECORDS}", "ds:next", "ds:reader", "ds:claim")]
-        self.keys.append(purged_key(run_id))
-        self.started = run_key(run_id, "ds:started")  # chunks a task has begun (see `orphans`)
+        run = RunKeys(run_id)
+        ds = run.dataset
+        self.keys = [ds.job, ds.todo, ds.pending, ds.out, ds.cov, ds.fails, ds.rec, run.cancel, run.abort(RECORDS)]
+        self.keys += [ds.next, ds.reader, ds.claim, run.tombstone]
+        self.started = ds.started  # chunks a task has begun (see `orphans`)
+        self.events = run.events
         self._step = script(self.redis, "dataset_step")
         self._size, self._read = 0, None  # chunk_length's, once the whole file is read
         self._lease = 0  # the reader's lease, in seconds: read once per reader (`start`, `add`)
@@ -145,7 +147,7 @@ class ClusterDataset:
             seconds = deliveries.dead_delivery_seconds(settings.load().visibility_timeout)
         pipe = self.redis.pipeline(transaction=False)
         pipe.time()
-        pipe.xrevrange(run_key(self.run_id, "events"), count=1)
+        pipe.xrevrange(self.events, count=1)
         (now_s, now_us), last = pipe.execute()
         if not last:
             return False

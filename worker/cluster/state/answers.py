@@ -14,7 +14,7 @@ from worker.cluster.state.runstate import RunState, script
 class RedisAnswers:
     def __init__(self, state: RunState):
         self.state = state
-        self.key = state.key("answers")
+        self.key = state.keys.answers
         self._keep = script(state.redis, "keep_answer")
 
     def find(self, key: str, shared: bool) -> dict[str, Any] | None:
@@ -25,6 +25,6 @@ class RedisAnswers:
 
     def keep(self, key: str, answer: dict[str, Any], share_for: int | None) -> None:
         value = json.dumps(answer)
-        self._keep(keys=[self.key, self.state.tombstone], args=[key, value, self.state.ttl])
+        self._keep(keys=[self.key, self.state.keys.tombstone], args=[key, value, self.state.ttl])
         if share_for is not None:
             self.state.redis.set(shared_answer_key(key), value, ex=share_for)

@@ -21,12 +21,12 @@ def micro(usd: float) -> int:
 class RedisBudget:
     def __init__(self, state: RunState):
         self.state = state
-        self.key = state.key("budget")
+        self.key = state.keys.budget
         self._reserve = script(state.redis, "reserve_budget")
         self._settle = script(state.redis, "settle_budget")
 
     def reserve(self, most: Spend) -> None:
-        keys = [self.key, self.state.key("overrides"), self.state.tombstone]
+        keys = [self.key, self.state.keys.overrides, self.state.keys.tombstone]
         found = self._reserve(keys=keys, args=[most.tokens, micro(most.usd), self.state.ttl])
         if found[0] == -1:
             raise RunPurged(f"run {self.state.run_id} was purged: no model call starts")
@@ -38,7 +38,7 @@ class RedisBudget:
 
     def settle(self, reserved: Spend, billed: Spend) -> None:
         args = [reserved.tokens, micro(reserved.usd), billed.tokens, micro(billed.usd)]
-        self._settle(keys=[self.key, self.state.tombstone], args=args)
+        self._settle(keys=[self.key, self.state.keys.tombstone], args=args)
 
 
 def record_caps(state: RunState, caps: Any) -> RedisBudget | None:
@@ -47,12 +47,12 @@ def record_caps(state: RunState, caps: Any) -> RedisBudget | None:
         return None
     fields = {"tokens": caps.tokens, "usd": None if caps.usd is None else micro(caps.usd)}
     pipe = state.redis.pipeline(transaction=False)
-    pipe.hset(state.key("budget"), mapping={k: v for k, v in fields.items() if v is not None})
-    pipe.expire(state.key("budget"), state.ttl)
+    pipe.hset(state.keys.budget, mapping={k: v for k, v in fields.items() if v is not None})
+    pipe.expire(state.keys.budget, state.ttl)
     pipe.execute()
     return RedisBudget(state)
 
 
 def in_redis(state: RunState) -> RedisBudget | None:
     """The run's budget for a chunk of it: there when an advance recorded the workflow's caps."""
-    return RedisBudget(state) if state.redis.exists(state.key("budget")) else None
+    return RedisBudget(state) if state.redis.exists(state.keys.budget) else None

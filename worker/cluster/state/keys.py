@@ -21,6 +21,7 @@ Keys of a run, `cf:{<run_id>}:<name>`; `<batch>` is `<node id>#<step>`:
   branch_events       stream  parallel branches' events, for `wait --stream`
   lease               string  the advance holding the run, with a TTL (lease:<section>:<branch>: a branch's)
   cancel              string  set by `chordflow cancel`
+  resumed             string  when the run was last resumed, by Redis's clock: a chunk that began before it stops
   meta                hash    a client-driven run's description (its backend, status) for `cancel`
   totals              hash    <batch> -> its number of items
   abort:<batch>       string  a fail_fast failure or a threshold crossed: chunks stop between items
@@ -54,11 +55,28 @@ Outside any run:
   cf:purged:{<run_id>} string a purged run's tombstone, for a run TTL (every message of the run expires before it):
                               a task of the run is ignored, its stop checks stop it, and the scripts that write a
                               run's progress refuse to (outside the run's `cf:{<run_id>}:` prefix, in its slot)
+
+Who owns a run's keys (reads and writes them; `ClusterRuns.trim` and `purge` delete across them all):
+  ClusterRuns (worker/cluster/state/runs.py, stateless: every method takes the run id) owns the run's record and
+    history: run, overrides, store, trail, steps, undo, chunks:<batch>, branches:<section>, joined:<section>; it
+    writes the end marker on `events` and cuts `totals` on a rewind; a run's Lease (worker/cluster/advance.py)
+    holds `lease` and `lease:<section>:<branch>` through it.
+  RunState (worker/cluster/state/runstate.py, bound to one run) owns what the run's tasks share while it runs:
+    cancel, resumed, meta, totals, events, branch_events, chunks, abort:, failed:, dispatched:, result:, snap:,
+    permits:<batch>; and through it BatchWindow (windows.py) win:<batch>*, RedisBudget (budget.py) budget and
+    RedisAnswers (answers.py) answers.
+  Aging (worker/cluster/sending.py records, aging.py sweeps): queued, queued_msgs, copies, begun.
+  ClusterDataset (worker/cluster/datasets/store.py): ds, ds:*.
+Every name is built here (`RunKeys`: an attribute per key of a run, a method per family of them) and nowhere else
+(tests/test_structure.py checks it); a Lua script gets its keys as KEYS.
+
 Celery's own: the broker's queues and kombu's `unacked`, `unacked_index`; no `celery-task-meta-<task id>` of a
 chordflow task (every one ignores its result: nothing reads it).
 """
 
 from __future__ import annotations
+
+from typing import NamedTuple
 
 #: Every run id, scored by its created time.
 RUNS = "cf:runs"
@@ -70,6 +88,8 @@ WINDOWS = "cf:{windows}"
 #: The runs with messages sent below the top priority and not yet begun: run id -> when one was last sent
 #: (worker/cluster/aging.py sends again one level up those that waited too long).
 QUEUED = "cf:{queued}"
+#: Set NX for one sweep interval by the sweeper that sweeps then (worker/cluster/aging.py).
+AGING_SWEEP = QUEUED + ":sweeping"
 #: Prefix of the marks of tasks that ran to the end (worker/cluster/signing.py SignedTask); the rest is the task id.
 DONE = "cf:done:"
 
@@ -112,3 +132,111 @@ def idempotency_key(key: str) -> str:
 def shared_answer_key(request: str) -> str:
     """A model answer kept across runs (the `llm` node's `cache`), by its request key."""
     return f"cf:{{answer:{request}}}"
+
+
+class RunKey:
+    """A key of a run named by its place after the run's prefix: `RunKeys.<attribute>` is the whole key."""
+
+    def __init__(self, name: str):
+        self.name = name
+
+    def __get__(self, keys: RunKeys, owner: type) -> str:
+        return keys.prefix + self.name
+
+
+class WindowKeys(NamedTuple):
+    """A batch's window (worker/cluster/state/windows.py), `win:<batch>` and its parts."""
+
+    plan: str  # hash: plan id, limits, chunk header, measured items and seconds, priority, `ended`, `error`
+    todo: str  # list: the blocks left to do
+    pending: str  # hash: chunk start -> the chunk in flight
+    out: str  # hash: chunk start -> the finished chunk's outcomes
+    items: str  # hash: block start -> its items
+    next: str  # hash: delivery -> the chunks its finish claimed
+    begun: str  # hash: `<plan>:<chunk start>` -> the task that began the chunk
+
+
+class DatasetKeys(NamedTuple):
+    """A dataset job's keys (worker/cluster/datasets/store.py), `ds` and `ds:<part>`."""
+
+    job: str  # hash: chunk size, records read and written, done, failed, model calls, total, stopped, resent
+    todo: str  # list: chunks stored and not yet sent
+    pending: str  # set: chunks sent and not finished
+    out: str  # hash: chunk -> its outcomes
+    cov: str  # hash: chunk -> its items covered
+    fails: str  # hash: chunk -> its failed items
+    rec: str  # hash: chunk -> its packed records
+    next: str  # string: the next chunk to send
+    reader: str  # string: the reader's lease, with a TTL
+    claim: str  # hash: chunk -> the claim of the delivery that started it last
+    started: str  # set: the chunks a task has begun
+
+
+class RunKeys:
+    """Every key of one run (the table above): an attribute per key, a method per family (a batch's, a section's)."""
+
+    run = RunKey("run")  # hash: the run record, its exception, workflow signature, updates, priority
+    overrides = RunKey("overrides")  # hash: the batch limits `chordflow update` set
+    store = RunKey("store")  # hash: top-level store key -> snapshot-codec bytes
+    trail = RunKey("trail")  # list: the nodes completed, in order
+    steps = RunKey("steps")  # list: each completed step's [action, config hash, reads hash]
+    undo = RunKey("undo")  # hash: `<step>:<key>` -> what the key held before that step
+    events = RunKey("events")  # stream: batch progress and the end marker
+    branch_events = RunKey("branch_events")  # stream: parallel branches' events
+    lease = RunKey("lease")  # string: the advance holding the run
+    cancel = RunKey("cancel")  # string: set by `chordflow cancel`
+    resumed = RunKey("resumed")  # string: when the run was last resumed, by Redis's clock
+    meta = RunKey("meta")  # hash: a client-driven run's description
+    totals = RunKey("totals")  # hash: batch -> its number of items
+    chunk_ids = RunKey("chunks")  # list: a client-driven run's chunk task ids
+    queued = RunKey("queued")  # zset: messages sent below the top priority, not yet begun -> when sent
+    queued_messages = RunKey("queued_msgs")  # hash: such a message's task id -> the packed message
+    copies = RunKey("copies")  # hash: aging's copies: task id -> its message's first id
+    begun = RunKey("begun")  # hash: a message's first id -> the delivery that began it
+    snapshots = RunKey("snap:")  # prefix of the snapshots (`snapshot`)
+    budget = RunKey("budget")  # hash: the run's model-call budget
+    answers = RunKey("answers")  # hash: model answers already paid for
+
+    def __init__(self, run_id: str):
+        self.run_id = run_id
+        self.prefix = run_prefix(run_id)  # what every key of the run starts with
+        self.tombstone = purged_key(run_id)  # string: the run was purged (outside the prefix, in its slot)
+
+    def branch_lease(self, section: str, branch: str) -> str:  # string: the advance holding a parallel branch
+        return f"{self.prefix}lease:{section}:{branch}"
+
+    def abort(self, batch: str) -> str:  # string: the batch stops (fail_fast, a threshold crossed)
+        return f"{self.prefix}abort:{batch}"
+
+    def failed(self, batch: str) -> str:  # hash: failures counted against the batch's threshold
+        return f"{self.prefix}failed:{batch}"
+
+    def dispatched(self, batch: str) -> str:  # string: the batch was planned
+        return f"{self.prefix}dispatched:{batch}"
+
+    def window(self, batch: str) -> WindowKeys:  # the batch's window
+        plan = f"{self.prefix}win:{batch}"
+        return WindowKeys(plan, *(f"{plan}:{part}" for part in WindowKeys._fields[1:]))
+
+    def result(self, batch: str) -> str:  # string: the merged BatchResult
+        return f"{self.prefix}result:{batch}"
+
+    def kept_chunks(self, batch: str) -> str:  # hash: chunk start -> its outcomes, kept as chunks finish
+        return f"{self.prefix}chunks:{batch}"
+
+    def snapshot(self, batch: str, digest: str) -> str:  # string: a snapshot too large for each chunk message
+        return f"{self.snapshots}{batch}:{digest}"
+
+    def permits(self, batch: str) -> str:  # zset: leased item permits -> lease deadline
+        return f"{self.prefix}permits:{batch}"
+
+    def branches(self, section: str) -> str:  # hash: a parallel section's finished branches
+        return f"{self.prefix}branches:{section}"
+
+    def joined(self, section: str) -> str:  # set: the branches that joined their section
+        return f"{self.prefix}joined:{section}"
+
+    @property
+    def dataset(self) -> DatasetKeys:  # a dataset job's keys
+        job = self.prefix + "ds"
+        return DatasetKeys(job, *(f"{job}:{part}" for part in DatasetKeys._fields[1:]))

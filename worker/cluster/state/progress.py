@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import redis
 
-from worker.cluster.state.keys import run_key
+from worker.cluster.state.keys import RunKeys
 from worker.cluster.state.runstate import RunState
 
 #: Stream entries one read asks for.
@@ -71,12 +71,12 @@ class StreamProgress:
 
 def batches_of(client: redis.Redis, run_id: str) -> list[BatchProgress]:
     """Every batch of the run its stream names, read to the end now."""
-    progress = StreamProgress()
+    progress, keys = StreamProgress(), RunKeys(run_id)
     while True:
         # the stream first: a batch's total is stored before its chunks are sent, so every batch the entries
         # read name has its total in the read after them
-        reply = client.xread({run_key(run_id, "events"): progress.position}, count=ENTRIES_PER_READ)
-        totals = {k.decode(): int(v) for k, v in client.hgetall(run_key(run_id, "totals")).items()}
+        reply = client.xread({keys.events: progress.position}, count=ENTRIES_PER_READ)
+        totals = {k.decode(): int(v) for k, v in client.hgetall(keys.totals).items()}
         entries = [entry for _stream, part in reply or [] for entry in part]
         if not entries:
             return list(progress.batches.values())

@@ -30,7 +30,7 @@ from worker.batch import overrides
 from worker.batch.aggregate import ChunkResult
 from worker.batch.rows import Row, rows_of_aggregate, rows_of_chunks
 from worker.cluster.state.budget import micro
-from worker.cluster.state.keys import QUEUED, RUNS, WINDOWS, purged_key, run_key, run_prefix
+from worker.cluster.state.keys import QUEUED, RUNS, WINDOWS, RunKeys, purged_key
 from worker.cluster.state.runstate import client, script
 from worker.engine.steps import Step
 from worker.runs.record import FINAL, RunRecord, TrailStep, trail_action
@@ -42,7 +42,8 @@ BATCH_STEP = re.compile(r"#(\d+)(?::|$)")
 
 
 class ClusterRuns:
-    """Run records and checkpoints of runs the workers drive (a RunStore, worker/runs/store.py)."""
+    """Run records and checkpoints of runs the workers drive (a RunStore, worker/runs/store.py); the keys it owns:
+    worker/cluster/state/keys.py."""
 
     #: A cluster run goes on without the process that submitted it.
     durable = True
@@ -76,19 +77,19 @@ class ClusterRuns:
             "dataset": json.dumps(record.dataset) if record.dataset else "", "priority": record.priority,
             "format": record.format,
         }  # fmt: skip
-        pipe = self.redis.pipeline()
+        keys, pipe = RunKeys(record.run_id), self.redis.pipeline()
         values = {**(encoded or {}), **{k: snapshot.encode(v, label=k) for k, v in store.items()}}
         if values:
-            pipe.hset(run_key(record.run_id, "store"), mapping=values)
-            pipe.expire(run_key(record.run_id, "store"), self.ttl)
-        pipe.hset(run_key(record.run_id, "run"), mapping=self._signed(record.run_id, fields))
-        pipe.expire(run_key(record.run_id, "run"), self.ttl)
+            pipe.hset(keys.store, mapping=values)
+            pipe.expire(keys.store, self.ttl)
+        pipe.hset(keys.run, mapping=self._signed(record.run_id, fields))
+        pipe.expire(keys.run, self.ttl)
         pipe.zadd(RUNS, {record.run_id: now})
         pipe.delete(purged_key(record.run_id))  # a run id given again (the Python API) after its run was purged
         pipe.execute()
 
     def get(self, run_id: str) -> RunRecord | None:
-        raw = self.redis.hgetall(run_key(run_id, "run"))
+        raw = self.redis.hgetall(RunKeys(run_id).run)
         return _record(raw) if raw else None
 
     def recent(self, status: str | None = None, limit: int = 20) -> list[RunRecord]:
@@ -119,13 +120,14 @@ class ClusterRuns:
         fields: dict[str, Any] = {"status": status, "error": error or "", "updated": time.time()}
         if node is not None:
             fields["node"] = node
+        keys = RunKeys(run_id)
         with self._live(run_id) as pipe:  # MULTI: whoever sees the run ended sees it trimmed
             if status in ("queued", "running"):
-                pipe.hdel(run_key(run_id, "run"), "exception")
-            pipe.hset(run_key(run_id, "run"), mapping=fields)
+                pipe.hdel(keys.run, "exception")
+            pipe.hset(keys.run, mapping=fields)
             if status in FINAL:  # wake whoever follows the run's stream (`wait`) now, not at its next poll
-                pipe.xadd(run_key(run_id, "events"), {"batch": "", "end": status})
-                pipe.expire(run_key(run_id, "events"), self.ttl)
+                pipe.xadd(keys.events, {"batch": "", "end": status})
+                pipe.expire(keys.events, self.ttl)
                 self.trim(run_id, status, pipe)
 
     @contextlib.contextmanager
@@ -147,7 +149,7 @@ class ClusterRuns:
 
     def priority(self, run_id: str) -> str:
         """The run's priority ('normal' for a run recorded without one)."""
-        value = self.redis.hget(run_key(run_id, "run"), "priority")
+        value = self.redis.hget(RunKeys(run_id).run, "priority")
         return value.decode() if value else "normal"
 
     def trim(self, run_id: str, status: str, pipe: redis.client.Pipeline | None = None) -> None:
@@ -157,16 +159,18 @@ class ClusterRuns:
         failure counts, per-item progress, the messages aging watched (worker/cluster/aging.py), and once it
         succeeded the branches kept for a resume mid-section.
         `pipe`: the deletes join it (set_status's transaction), else they are sent at once."""
-        names = ["snap:", "result:", "dispatched:", "failed:", "win:", "queued"]
+        keys = RunKeys(run_id)  # "": every batch's (section's) key of the kind; `queued` covers `queued_msgs` too
+        names = [keys.snapshots, keys.result(""), keys.dispatched(""), keys.failed(""), keys.window("").plan]
+        names.append(keys.queued)
         if status == "succeeded":  # only a resume reads them (a failed run's, mid-section)
-            names += ["branches:", "joined:"]
-        gone = tuple(run_key(run_id, name).encode() for name in names)
+            names += [keys.branches(""), keys.joined("")]
+        gone = tuple(name.encode() for name in names)
         stale = [k for k in self._keys(run_id) if k.startswith(gone)]
         own = pipe is None
         pipe = self.redis.pipeline(transaction=False) if pipe is None else pipe
         for i in range(0, len(stale), DELETE_BATCH):
             pipe.delete(*stale[i : i + DELETE_BATCH])
-        pipe.xtrim(run_key(run_id, "events"), maxlen=1, approximate=False)  # the end marker `wait` wakes on stays
+        pipe.xtrim(keys.events, maxlen=1, approximate=False)  # the end marker `wait` wakes on stays
         if own:
             pipe.execute()
 
@@ -204,7 +208,7 @@ class ClusterRuns:
         self.create(record, {})
 
     def _keys(self, run_id: str) -> Iterator[bytes]:
-        return self.redis.scan_iter(match=_glob(run_prefix(run_id)) + "*", count=1000)
+        return self.redis.scan_iter(match=_glob(RunKeys(run_id).prefix) + "*", count=1000)
 
     def update(self, run_id: str, changes: dict[str, Any]) -> str:
         """Set a queued or running run's changed limits (its `overrides`) and add them to its record's `updates`
@@ -213,16 +217,17 @@ class ClusterRuns:
         pairs = [v for name, value in stored.items() for v in (name, value)]
         ended_too = "1" if overrides.budget_only(changes) else "0"  # a budget raised on a run over it, to resume
         args = [time.time(), self.ttl, json.dumps(changes), ended_too, *pairs]
-        return self._update(keys=[run_key(run_id, "run"), run_key(run_id, "overrides")], args=args).decode()
+        keys = RunKeys(run_id)
+        return self._update(keys=[keys.run, keys.overrides], args=args).decode()
 
     def set_exception(self, run_id: str, exc: BaseException) -> None:
         """What `wait` raises again for a run that failed with an exception (module, type, message)."""
         kind = type(exc)
         with self._live(run_id) as pipe:  # never a record of a purged run, holding this field alone and no TTL
-            pipe.hset(run_key(run_id, "run"), "exception", json.dumps([kind.__module__, kind.__name__, str(exc)]))
+            pipe.hset(RunKeys(run_id).run, "exception", json.dumps([kind.__module__, kind.__name__, str(exc)]))
 
     def exception(self, run_id: str) -> tuple[str, str, str] | None:
-        raw = self.redis.hget(run_key(run_id, "run"), "exception")
+        raw = self.redis.hget(RunKeys(run_id).run, "exception")
         return tuple(json.loads(raw)) if raw else None  # type: ignore[return-value]
 
     def owner(self, run_id: str) -> None:
@@ -237,73 +242,76 @@ class ClusterRuns:
         args += [len(result.deleted), *result.deleted]
         for name, value in result.changed.items():
             args += [name, snapshot.encode(value, label=f"store key '{name}'")]
-        keys = [run_key(run_id, name) for name in ("run", "store", "trail", "steps", "undo")]
-        return bool(self._checkpoint(keys=keys, args=args))
+        k = RunKeys(run_id)
+        return bool(self._checkpoint(keys=[k.run, k.store, k.trail, k.steps, k.undo], args=args))
 
     def load_store(self, run_id: str) -> dict[str, Any]:
-        return {k.decode(): snapshot.decode(v) for k, v in self.redis.hgetall(run_key(run_id, "store")).items()}
+        return {k.decode(): snapshot.decode(v) for k, v in self.redis.hgetall(RunKeys(run_id).store).items()}
 
     def load_key(self, run_id: str, key: str) -> Any:
-        blob = self.redis.hget(run_key(run_id, "store"), key)
+        blob = self.redis.hget(RunKeys(run_id).store, key)
         return None if blob is None else snapshot.decode(blob)
 
     def trail(self, run_id: str) -> list[str]:
-        return [n.decode() for n in self.redis.lrange(run_key(run_id, "trail"), 0, -1)]
+        return [n.decode() for n in self.redis.lrange(RunKeys(run_id).trail, 0, -1)]
 
     def steps(self, run_id: str) -> list[TrailStep]:
         """The steps completed so far, in order, with their actions and hashes (steps recorded before
         checkpoints kept them come first, without)."""
         nodes = self.trail(run_id)
-        found = [json.loads(raw) for raw in self.redis.lrange(run_key(run_id, "steps"), 0, -1)]
+        found = [json.loads(raw) for raw in self.redis.lrange(RunKeys(run_id).steps, 0, -1)]
         unlogged = len(nodes) - len(found)
         return [TrailStep(n) if i < unlogged else TrailStep(n, *found[i - unlogged]) for i, n in enumerate(nodes)]
 
     # -- the primitives of `rewind` (worker/runs/store.py) ------------------------------------------------
     def undo_from(self, run_id: str, step: int) -> dict[str, Any]:
+        undo = RunKeys(run_id).undo
         first: dict[bytes, tuple[int, bytes]] = {}  # key -> (its first step from `step` on, that undo field)
-        for field in self.redis.hkeys(run_key(run_id, "undo")):
+        for field in self.redis.hkeys(undo):
             at, _, name = field.partition(b":")
             if int(at) >= step and (name not in first or int(at) < first[name][0]):
                 first[name] = (int(at), field)
-        olds = self.redis.hmget(run_key(run_id, "undo"), [field for _, field in first.values()]) if first else []
+        olds = self.redis.hmget(undo, [field for _, field in first.values()]) if first else []
         return {
             name.decode(): old[1:] if old is not None and old.startswith(b"v") else None
             for name, old in zip(first, olds, strict=True)
         }
 
     def cut(self, run_id: str, step: int, before: dict[str, Any]) -> None:
-        undo = run_key(run_id, "undo")
+        k = RunKeys(run_id)
+        undo = k.undo
         dropped = [field for field in self.redis.hkeys(undo) if int(field.partition(b":")[0]) >= step]
         batches = self._batch_keys(run_id, step)
         pipe = self.redis.pipeline()
         for name, old in before.items():
             if old is not None:
-                pipe.hset(run_key(run_id, "store"), name, old)
+                pipe.hset(k.store, name, old)
             else:
-                pipe.hdel(run_key(run_id, "store"), name)
+                pipe.hdel(k.store, name)
         if dropped:
             pipe.hdel(undo, *dropped)
-        for name in ("trail", "steps"):
+        for name in (k.trail, k.steps):
             if step:
-                pipe.ltrim(run_key(run_id, name), 0, step - 1)
+                pipe.ltrim(name, 0, step - 1)
             else:
-                pipe.delete(run_key(run_id, name))
+                pipe.delete(name)
         if batches["keys"]:
             pipe.delete(*batches["keys"])
         if batches["totals"]:
-            pipe.hdel(run_key(run_id, "totals"), *batches["totals"])
-        pipe.hset(run_key(run_id, "run"), mapping={"step": step, "updated": time.time()})
+            pipe.hdel(k.totals, *batches["totals"])
+        pipe.hset(k.run, mapping={"step": step, "updated": time.time()})
         pipe.execute()
 
     def _batch_keys(self, run_id: str, step: int) -> dict[str, list[Any]]:
         """The Redis keys (and `totals` fields) of the run's batches keyed `<node>#<n>` with n >= step."""
-        prefix = run_key(run_id, "")
+        keys = RunKeys(run_id)
+        prefix = keys.prefix
         stale = [
             name
             for name in self.redis.scan_iter(match=prefix + "*#*", count=1000)
             if (found := BATCH_STEP.search(name.decode()[len(prefix) :])) and int(found.group(1)) >= step
         ]
-        totals = [f for f in self.redis.hkeys(run_key(run_id, "totals")) if int(f.rsplit(b"#", 1)[1]) >= step]
+        totals = [f for f in self.redis.hkeys(keys.totals) if int(f.rsplit(b"#", 1)[1]) >= step]
         return {"keys": stale, "totals": totals}
 
     def set_workflow(self, run_id: str, workflow: dict[str, Any], source: str | None, node: str | None) -> None:
@@ -312,22 +320,22 @@ class ClusterRuns:
         fields = {"workflow": json.dumps(workflow), "node": node or "", "updated": time.time()}
         if source:
             fields["source"] = source
-        self.redis.hset(run_key(run_id, "run"), mapping=self._signed(run_id, fields))
+        self.redis.hset(RunKeys(run_id).run, mapping=self._signed(run_id, fields))
 
     # -- branches of a parallel section (worker/cluster/advance.py ClusterSections) ---------------------------
     def save_branch(self, run_id: str, section: str, branch: str, value: bytes) -> None:
-        pipe = self.redis.pipeline()
-        pipe.hset(run_key(run_id, f"branches:{section}"), branch, value)
-        pipe.expire(run_key(run_id, f"branches:{section}"), self.ttl)
+        name, pipe = RunKeys(run_id).branches(section), self.redis.pipeline()
+        pipe.hset(name, branch, value)
+        pipe.expire(name, self.ttl)
         pipe.execute()
 
     def load_branches(self, run_id: str, section: str) -> dict[str, Any]:
-        raw = self.redis.hgetall(run_key(run_id, f"branches:{section}"))
+        raw = self.redis.hgetall(RunKeys(run_id).branches(section))
         return {b.decode(): snapshot.decode(v) for b, v in raw.items()}
 
     def reset_join(self, run_id: str, section: str, finished: list[str]) -> None:
         """Before the branches start (again): only the finished ones count as joined."""
-        name = run_key(run_id, f"joined:{section}")
+        name = RunKeys(run_id).joined(section)
         pipe = self.redis.pipeline()
         pipe.delete(name)
         if finished:
@@ -338,7 +346,7 @@ class ClusterRuns:
     def join(self, run_id: str, section: str, branch: str) -> int:
         """An ended branch joins its section; returns how many have (atomic: MULTI/EXEC). A branch counted
         twice (a redelivered task) counts once, so only the last branch to end sees them all."""
-        name = run_key(run_id, f"joined:{section}")
+        name = RunKeys(run_id).joined(section)
         pipe = self.redis.pipeline(transaction=True)
         pipe.sadd(name, branch)
         pipe.scard(name)
@@ -351,7 +359,7 @@ class ClusterRuns:
         """Store a batch's new chunk outcomes (the chunks' results, as they came) beside those an earlier,
         cut-short dispatch kept; returns the chunks the batch's outcomes are made of, in index order: the
         new ones and the earlier ones they do not overlap (those the new ones cover are dropped)."""
-        name = run_key(run_id, f"chunks:{batch}")
+        name = RunKeys(run_id).kept_chunks(batch)
         new = [(chunk, blob) for blob in blobs if (chunk := ChunkResult.from_wire(snapshot.decode(blob))).results]
         spans = [(c.start, c.start + len(c.results)) for c, _ in new]
         kept, stale = [], []
@@ -376,22 +384,21 @@ class ClusterRuns:
         self.keep_chunks(run_id, batch, [snapshot.encode(c.to_wire()) for c in chunks])
 
     def saved_chunks(self, run_id: str, batch: str) -> list[ChunkResult]:
-        blobs = self.redis.hgetall(run_key(run_id, f"chunks:{batch}"))
+        blobs = self.redis.hgetall(RunKeys(run_id).kept_chunks(batch))
         chunks = [ChunkResult.from_wire(snapshot.decode(blob)) for blob in blobs.values()]
         return sorted(chunks, key=lambda c: c.start)
 
     def batch_rows(self, run_id: str, node: str) -> Iterator[Row]:
         """The items of node's last batch, streamed from its stored chunks a few at a time (what finished,
         for a batch cut short); LookupError when the node has no batch results."""
-        dispatches = [
-            b.decode() for b in self.redis.hkeys(run_key(run_id, "totals")) if b.decode().split("#")[0] == node
-        ]
+        keys = RunKeys(run_id)
+        dispatches = [b.decode() for b in self.redis.hkeys(keys.totals) if b.decode().split("#")[0] == node]
         if dispatches:
-            name = run_key(run_id, f"chunks:{max(dispatches, key=lambda b: int(b.rsplit('#', 1)[1]))}")
+            name = keys.kept_chunks(max(dispatches, key=lambda b: int(b.rsplit("#", 1)[1])))
             starts = sorted(int(start) for start in self.redis.hkeys(name))
             if starts:
                 return rows_of_chunks(self._chunks(name, starts))
-        blob = self.redis.hget(run_key(run_id, "store"), node)  # a batch that dispatched nothing (no items)
+        blob = self.redis.hget(keys.store, node)  # a batch that dispatched nothing (no items)
         if blob is None:
             raise LookupError(f"run {run_id} has no batch results for node '{node}'")
         return rows_of_aggregate(lambda: io.BytesIO(blob))

@@ -25,7 +25,7 @@ from worker import settings
 from worker.batch import overrides
 from worker.cluster import outage
 from worker.cluster.state import connection
-from worker.cluster.state.keys import purged_key, run_prefix
+from worker.cluster.state.keys import RunKeys
 
 _LUA = Path(__file__).with_name("lua")
 
@@ -61,12 +61,14 @@ def client(url: str | None = None) -> redis.Redis:
 
 
 class RunState:
+    """What one run's tasks share while it runs: its stop flags, progress streams, results, snapshots, permits (the
+    keys it owns: worker/cluster/state/keys.py)."""
+
     def __init__(self, run_id: str, redis_client: redis.Redis | None = None, ttl: int | None = None):
         self.run_id = run_id
         self.redis = redis_client or client()
         self.ttl = ttl or settings.load().run_ttl
-        self.prefix = run_prefix(run_id)
-        self.tombstone = purged_key(run_id)
+        self.keys = RunKeys(run_id)
         self.began: float | None = None  # when this process's chunk began, by Redis's clock: a later resume stops it
         self.purged = False  # the tombstone was seen: the run was purged while this process held some of it
         self._acquire = self.redis.register_script(_script_source("acquire_permit"))
@@ -75,16 +77,13 @@ class RunState:
         self._finish = self.redis.register_script(_script_source("finish_batch"))
         self._flag = self.redis.register_script(_script_source("raise_flag"))
 
-    def key(self, name: str) -> str:
-        return self.prefix + name
-
     # -- flags ------------------------------------------------------------------------------
     def cancel(self) -> None:
-        self.redis.set(self.key("cancel"), 1, ex=self.ttl)
+        self.redis.set(self.keys.cancel, 1, ex=self.ttl)
 
     def cancelled(self) -> bool:
         """Whether the run was cancelled; RunPurged if it was purged (the caller holds a task of a run that is gone)."""
-        cancel, purged = self.redis.mget(self.key("cancel"), self.tombstone)
+        cancel, purged = self.redis.mget(self.keys.cancel, self.keys.tombstone)
         if purged is not None:
             self._gone()
         return cancel is not None
@@ -95,37 +94,38 @@ class RunState:
 
     def abort(self, batch: str) -> None:
         """fail_fast: the first failed item stops every other chunk of this batch (unless the run was purged)."""
-        self._flag(keys=[self.key(f"abort:{batch}"), self.tombstone], args=[self.ttl])
+        self._flag(keys=[self.keys.abort(batch), self.keys.tombstone], args=[self.ttl])
 
     def mark_dispatched(self, batch: str) -> bool:
         """True the first time for a batch key: a redelivered advance must not plan the batch again."""
-        return bool(self.redis.set(self.key(f"dispatched:{batch}"), 1, nx=True, ex=self.ttl))
+        return bool(self.redis.set(self.keys.dispatched(batch), 1, nx=True, ex=self.ttl))
 
     def clear_stops(self) -> None:
         """Before a resume: no cancel flag, abort flag, dispatch mark, failure count or stored result stays; and
         `resumed` says when, by Redis's clock: a chunk that began before it (still finishing an item, it has not seen
         the flags it stopped for, cleared here) stops before its next item instead of running items the resumed
         plan runs too (and paying for a model call twice)."""
-        stale = [self.key("cancel")]
-        for pattern in ("abort:*", "dispatched:*", "result:*", "failed:*", "win:*"):
-            stale.extend(self.redis.scan_iter(match=self.key(pattern), count=1000))
+        k = self.keys
+        stale = [k.cancel]
+        for pattern in (k.abort("*"), k.dispatched("*"), k.result("*"), k.failed("*"), k.window("*").plan):
+            stale.extend(self.redis.scan_iter(match=pattern, count=1000))
         seconds, micros = self.redis.time()
         pipe = self.redis.pipeline(transaction=False)
-        pipe.set(self.key("resumed"), f"{seconds}.{micros:06d}", ex=self.ttl)
+        pipe.set(self.keys.resumed, f"{seconds}.{micros:06d}", ex=self.ttl)
         pipe.delete(*stale)
         pipe.execute()
 
     def set_batch_total(self, batch: str, total: int) -> None:
         pipe = self.redis.pipeline(transaction=False)  # one round trip: a dataset's submit sets it per chunk
-        pipe.hset(self.key("totals"), batch, total).expire(self.key("totals"), self.ttl)
+        pipe.hset(self.keys.totals, batch, total).expire(self.keys.totals, self.ttl)
         pipe.execute()
 
     def batch_total(self, batch: str) -> int:
-        return int(self.redis.hget(self.key("totals"), batch) or 0)
+        return int(self.redis.hget(self.keys.totals, batch) or 0)
 
     def _stops(self, batch: str) -> list[str]:
-        stops = [self.key("cancel"), self.key(f"abort:{batch}"), self.tombstone]
-        return [*stops, self.key("resumed")] if self.began is not None else stops
+        stops = [self.keys.cancel, self.keys.abort(batch), self.keys.tombstone]
+        return [*stops, self.keys.resumed] if self.began is not None else stops
 
     def should_stop(self, batch: str) -> bool:
         """The run cancelled, the batch aborted, or the run purged (then `purged` is set too): one round trip."""
@@ -140,7 +140,7 @@ class RunState:
 
     def overrides(self) -> dict[str, Any]:
         """The limits `chordflow update` changed (worker/batch/overrides.py), typed; empty when none."""
-        return overrides.parse(self.redis.hgetall(self.key("overrides")))
+        return overrides.parse(self.redis.hgetall(self.keys.overrides))
 
     def chunk_start(self, batch: str) -> tuple[bool, dict[str, Any]]:
         """What a chunk reads as it starts, in one round trip: whether to stop at once (`should_stop`) and the
@@ -148,7 +148,7 @@ class RunState:
         a resume after that stops it)."""
         pipe = self.redis.pipeline(transaction=False)
         pipe.mget(self._stops(batch))
-        pipe.hgetall(self.key("overrides"))
+        pipe.hgetall(self.keys.overrides)
         pipe.time()
         flags, raw, (seconds, micros) = pipe.execute()
         self.began = seconds + micros / 1_000_000
@@ -161,9 +161,9 @@ class RunState:
         """Append outcomes to the run's stream. `failures` (chunk start, the chunk's failed items so far,
         the most the batch tolerates): also count them, and abort the batch once it has more. Nothing is written for a
         purged run (`purged` is set: the chunk stops at its next stop check and reports nothing)."""
-        keys, args = [self.key("events"), self.tombstone], [batch, msgpack.packb(outcomes), self.ttl]
+        keys, args = [self.keys.events, self.keys.tombstone], [batch, msgpack.packb(outcomes), self.ttl]
         if failures is not None:
-            keys += [self.key(f"failed:{batch}"), self.key(f"abort:{batch}")]
+            keys += [self.keys.failed(batch), self.keys.abort(batch)]
             args += list(failures)
         try:
             written = connection.replicated(self.redis, self._publish, keys, args, "a chunk's outcomes")
@@ -178,7 +178,7 @@ class RunState:
         Outcomes stay packed (`unpack_outcomes`) so a scheduler nobody listens to skips decoding them;
         an entry with `None` instead marks the end of that batch: its result is stored.
         """
-        reply = self.redis.xread({self.key("events"): last_id}, block=block_ms or None, count=1000)
+        reply = self.redis.xread({self.keys.events: last_id}, block=block_ms or None, count=1000)
         batches: list[tuple[str, bytes | None]] = []
         for _stream, entries in reply or []:
             for entry_id, fields in entries:
@@ -193,13 +193,13 @@ class RunState:
             k: str(v) for k, v in event.items() if k in ("type", "branch", "node", "error", "ok") and v is not None
         }
         pipe = self.redis.pipeline()
-        pipe.xadd(self.key("branch_events"), fields)
-        pipe.expire(self.key("branch_events"), self.ttl)
+        pipe.xadd(self.keys.branch_events, fields)
+        pipe.expire(self.keys.branch_events, self.ttl)
         pipe.execute()
 
     def read_branch_events(self, last_id: str) -> tuple[str, list[dict[str, Any]]]:
         """Branch events after `last_id` (no wait): (new last id, events)."""
-        reply = self.redis.xread({self.key("branch_events"): last_id}, count=1000)
+        reply = self.redis.xread({self.keys.branch_events: last_id}, count=1000)
         found = []
         for _stream, entries in reply or []:
             for entry_id, fields in entries:
@@ -217,18 +217,18 @@ class RunState:
     def finish_batch(self, batch: str, result: bytes) -> None:
         """Store a batch's merged result, then announce it on the stream (one atomic script); RunPurged (nothing
         written) for a purged run."""
-        keys = [self.key(f"result:{batch}"), self.key("events"), self.tombstone]
+        keys = [self.keys.result(batch), self.keys.events, self.keys.tombstone]
         if not self._finish(keys=keys, args=[result, batch, self.ttl]):
             self._gone()
 
     def batch_result(self, batch: str) -> bytes | None:
-        return self.redis.get(self.key(f"result:{batch}"))
+        return self.redis.get(self.keys.result(batch))
 
     # -- snapshots ---------------------------------------------------------------------------
     def store_snapshot(self, blob: bytes, batch: str = "") -> str:
         """Stores the bytes once per batch under their content hash; chunk messages carry only the key.
         Deleted when the batch is merged (`drop_snapshot`) or the run ends (`drop_snapshots`)."""
-        key = self.key(f"snap:{batch}:{hashlib.sha256(blob).hexdigest()}")
+        key = self.keys.snapshot(batch, hashlib.sha256(blob).hexdigest())
         self.redis.set(key, blob, ex=self.ttl)
         return key
 
@@ -237,7 +237,7 @@ class RunState:
 
     def drop_snapshots(self) -> None:
         """Every snapshot of the run: none is needed once it ended (a resume stores its batch's again)."""
-        stale = list(self.redis.scan_iter(match=self.key("snap:*"), count=1000))
+        stale = list(self.redis.scan_iter(match=self.keys.snapshots + "*", count=1000))
         if stale:
             self.redis.delete(*stale)
 
@@ -250,38 +250,38 @@ class RunState:
     # -- chunks and permits -----------------------------------------------------------------
     def record_chunks(self, task_ids: list[str]) -> None:
         pipe = self.redis.pipeline()
-        pipe.rpush(self.key("chunks"), *task_ids)
-        pipe.expire(self.key("chunks"), self.ttl)
+        pipe.rpush(self.keys.chunk_ids, *task_ids)
+        pipe.expire(self.keys.chunk_ids, self.ttl)
         pipe.execute()
 
     def chunk_ids(self) -> list[str]:
-        return [t.decode() for t in self.redis.lrange(self.key("chunks"), 0, -1)]
+        return [t.decode() for t in self.redis.lrange(self.keys.chunk_ids, 0, -1)]
 
     def acquire_permit(self, batch: str, token: str, limit: int, lease: float, reclaim: str | None = None) -> bool:
         """Take or renew `token`'s permit for `lease` seconds; `reclaim`: a chunk's token prefix, whose earlier
         deliveries' permits are taken back first (acquire_permit.lua)."""
         now = time.time()
-        keys = [self.key(f"permits:{batch}"), self.key("overrides"), self.tombstone]  # overrides: `chordflow update`
+        keys = [self.keys.permits(batch), self.keys.overrides, self.keys.tombstone]  # overrides: `chordflow update`
         args = [token, limit, now + lease, now, self.ttl] + ([reclaim] if reclaim else [])
         return bool(self._acquire(keys=keys, args=args))
 
     def keep_permits(self, batch: str, tokens: list[str], limit: int, lease: float) -> set[str]:
         """Extend the leases of `tokens` (permits whose items may be in flight); the tokens lost (keep_permits.lua)."""
         now = time.time()
-        keys = [self.key(f"permits:{batch}"), self.key("overrides"), self.tombstone]
+        keys = [self.keys.permits(batch), self.keys.overrides, self.keys.tombstone]
         lost = self._keep(keys=keys, args=[now + lease, now, limit, self.ttl, *tokens])
         return {token.decode() if isinstance(token, bytes) else token for token in lost}
 
     def release_permit(self, batch: str, token: str) -> None:
-        self.redis.zrem(self.key(f"permits:{batch}"), token)
+        self.redis.zrem(self.keys.permits(batch), token)
 
     def exists(self) -> bool:
         """Whether the run's state is in Redis (its metadata, written when it dispatches a batch)."""
-        return bool(self.redis.exists(self.key("meta")))
+        return bool(self.redis.exists(self.keys.meta))
 
     def describe(self, **fields: Any) -> None:
         """Run metadata for `chordflow status`."""
         pipe = self.redis.pipeline()
-        pipe.hset(self.key("meta"), mapping={k: str(v) for k, v in fields.items()})
-        pipe.expire(self.key("meta"), self.ttl)
+        pipe.hset(self.keys.meta, mapping={k: str(v) for k, v in fields.items()})
+        pipe.expire(self.keys.meta, self.ttl)
         pipe.execute()

@@ -64,13 +64,13 @@ class BatchWindow:
     def __init__(self, state: RunState, batch: str, plan_id: str | None = None):
         self.state, self.batch = state, batch
         self.plan_id = plan_id or uuid.uuid4().hex
-        self.name = state.key(f"win:{batch}")
+        self.keys = state.keys.window(batch)
         self._step = script(state.redis, "batch_window")
 
     def _keys(self) -> list[str]:
-        parts = [f"{self.name}:{part}" for part in ("todo", "pending", "out", "items")]
-        stops = [self.state.key("cancel"), self.state.key(f"abort:{self.batch}")]
-        return [self.name, *parts, *stops, f"{self.name}:next", self.state.key("run"), self.state.tombstone]
+        w, run = self.keys, self.state.keys
+        stops = [run.cancel, run.abort(self.batch)]
+        return [w.plan, w.todo, w.pending, w.out, w.items, *stops, w.next, run.run, run.tombstone]
 
     def _call(self, mode: str, *args: object) -> WindowStep:
         reply = self._step(keys=self._keys(), args=[mode, self.state.ttl, self.plan_id, *args])
@@ -93,8 +93,8 @@ class BatchWindow:
     ) -> WindowStep:
         """Store the batch's blocks (start, end, encoded items) and header, then claim the first window."""
         pipe = self.state.redis.pipeline(transaction=False)
-        items = f"{self.name}:items"
-        pipe.delete(items, f"{self.name}:begun")
+        items = self.keys.items
+        pipe.delete(items, self.keys.begun)
         for i in range(0, len(blocks), 500):
             pipe.hset(items, mapping={str(a): payload for a, _, payload in blocks[i : i + 500]})
         pipe.expire(items, self.state.ttl)
@@ -123,14 +123,14 @@ class BatchWindow:
         return f"{self.state.run_id}|{self.batch}"
 
     def header(self) -> dict[str, object]:
-        raw = self.state.redis.hget(self.name, "header")
+        raw = self.state.redis.hget(self.keys.plan, "header")
         if raw is None:
             raise LookupError(f"batch {self.batch} of run {self.state.run_id}: its plan is gone from Redis")
         return msgpack.unpackb(raw, raw=False)
 
     def items(self, blocks: list[int]) -> list[bytes]:
         """The encoded items of these blocks (a chunk's message carries them)."""
-        found = self.state.redis.hmget(f"{self.name}:items", [str(b) for b in blocks])
+        found = self.state.redis.hmget(self.keys.items, [str(b) for b in blocks])
         if any(blob is None for blob in found):
             raise LookupError(f"batch {self.batch} of run {self.state.run_id}: items of blocks {blocks} are gone")
         return list(found)
@@ -140,9 +140,9 @@ class BatchWindow:
         redelivered advance) began first. A redelivery of the one that began (same task id: its worker died) begins
         again. False too for a chunk of an earlier plan (a resume planned the batch again: its items are in this
         plan's chunks); a chunk of no window at all (sent by hand) runs, and its finish is `stale`."""
-        begun, field = f"{self.name}:begun", f"{self.plan_id}:{start}"
+        begun, field = self.keys.begun, f"{self.plan_id}:{start}"
         pipe = self.state.redis.pipeline(transaction=False)
-        pipe.hget(self.name, "id")
+        pipe.hget(self.keys.plan, "id")
         pipe.hsetnx(begun, field, task_id)
         pipe.hget(begun, field)
         pipe.expire(begun, self.state.ttl)
@@ -155,9 +155,9 @@ class BatchWindow:
         """The chunks claimed and not finished (sent, or about to be when their sender died), as a step to send
         again; `ended` if the batch has ended. Raises LookupError when the batch was never planned."""
         pipe = self.state.redis.pipeline(transaction=False)
-        pipe.hmget(self.name, "id", "ended", "priority", "waited")
-        pipe.hgetall(f"{self.name}:pending")
-        pipe.hget(self.state.key("run"), "priority")
+        pipe.hmget(self.keys.plan, "id", "ended", "priority", "waited")
+        pipe.hgetall(self.keys.pending)
+        pipe.hget(self.state.keys.run, "priority")
         (plan, ended, priority, waited), pending, run_priority = pipe.execute()
         if plan is None:
             raise LookupError(f"batch {self.batch} of run {self.state.run_id} was never planned")
@@ -172,8 +172,8 @@ class BatchWindow:
     def chunk_items(self, blocks: list[int]) -> list[bytes] | None:
         """The encoded items of these blocks, None if the batch was planned again since this window's plan."""
         pipe = self.state.redis.pipeline(transaction=False)
-        pipe.hget(self.name, "id")
-        pipe.hmget(f"{self.name}:items", [str(b) for b in blocks])
+        pipe.hget(self.keys.plan, "id")
+        pipe.hmget(self.keys.items, [str(b) for b in blocks])
         plan, found = pipe.execute()
         if plan is None or plan.decode() != self.plan_id or any(blob is None for blob in found):
             return None
@@ -181,25 +181,25 @@ class BatchWindow:
 
     def outcomes(self) -> list[bytes]:
         """Every finished chunk's outcome bytes, in index order (what the merge task merges)."""
-        out = self.state.redis.hgetall(f"{self.name}:out")
+        out = self.state.redis.hgetall(self.keys.out)
         return [out[k] for k in sorted(out, key=int)]
 
     def crash(self, error: str) -> None:
         """A chunk raised (not an item failure): the batch can never be merged; a client following it is told, and
         it no longer shares the workers."""
         pipe = self.state.redis.pipeline(transaction=False)
-        pipe.hset(self.name, "error", error)
+        pipe.hset(self.keys.plan, "error", error)
         pipe.zrem(WINDOWS, self.member)
         pipe.execute()
 
     def crashed(self) -> str | None:
-        raw = self.state.redis.hget(self.name, "error")
+        raw = self.state.redis.hget(self.keys.plan, "error")
         return raw.decode() if raw else None
 
     def drop(self) -> None:
         """The window is merged: its keys go (the kept outcomes live on in `chunks:<batch>`), but for `:begun`, kept
         to its TTL: a second message of a chunk (an aging copy, one sent again) delivered after the merge still
         finds its chunk begun, and is skipped instead of running the chunk's items again."""
-        names = ["", ":todo", ":pending", ":out", ":items", ":next"]
-        self.state.redis.delete(*[self.name + n for n in names])
+        w = self.keys
+        self.state.redis.delete(w.plan, w.todo, w.pending, w.out, w.items, w.next)
         self.state.redis.zrem(WINDOWS, self.member)

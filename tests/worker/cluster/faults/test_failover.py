@@ -186,7 +186,7 @@ def test_wait_replicas_holds_a_chunks_outcomes_until_the_replica_has_them(
         replica.kill(signal.SIGCONT)
         state.publish("b#1", [(2, True)])
         replicated = redis.Redis(port=replica.port)
-        assert replicated.xlen(state.key("events")) == 3  # the stopped publish's write reached the replica later
+        assert replicated.xlen(state.keys.events) == 3  # the stopped publish's write reached the replica later
     finally:
         replica.kill(signal.SIGCONT)
         replica.kill()
