@@ -375,3 +375,8 @@ def test_redis_key_names_stay_byte_identical() -> None:
     table = (keys.__doc__ or "").split("Outside any run:")[0]
     untold = {name.split(PART)[0].split(":")[0] for name in run_key_names()}
     assert sorted(word for word in untold if not re.search(rf"\b{word}\b", table)) == []
+
+
+def test_tests_readme_names_every_test_file() -> None:
+    readme = (ROOT / "tests" / "README.md").read_text()
+    assert sorted(p.name for p in (ROOT / "tests").rglob("test_*.py") if f"`{p.name}`" not in readme) == []
