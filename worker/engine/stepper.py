@@ -16,7 +16,7 @@ from collections.abc import Callable
 from typing import Any
 
 import ir
-from ir.branches import Section, is_section
+from ir.branches import Section
 from ir.errors import RunCancelled, StepLimitExceeded
 from ir.templates import resolve_template
 from worker import redact, settings
@@ -81,51 +81,16 @@ def drive(
 ) -> Cursor:
     """Run nodes from `cursor` until the flow ends (or `stop_before(node)` says to hand over); checkpoint
     after each. Past the step limit (`limit`, default `max_steps(flow)`) the run fails naming the nodes that kept
-    looping. Without a journal (a sub-workflow's in-memory run) a node's step reports nothing: no checkpoint reads
-    what changed or the hash of what it read, so neither is computed."""
+    looping; the cancel flag is read before each node. Without a journal (a sub-workflow's in-memory run, once per
+    dataset record) a node runs as its compiled chain (WorkflowFlow.plan): no Step is made, so neither what changed
+    nor the hash of what it read is computed."""
     limit = max_steps(flow) if limit is None else limit
-    if journal is None and stop_before is None and not flow.sections:
-        return _quiet(flow, cursor, store, ctx, limit)
-    recent: deque[str] = deque(maxlen=2 * len(flow.nodes) + 2)
-    while cursor.node is not None:
-        if stop_before is not None and stop_before(cursor.node):  # first: a branch at its fan-in has finished
-            return cursor
-        if ctx.cancelled.is_set():
-            raise RunCancelled("run cancelled")
-        if cursor.step >= limit:
-            raise StepLimitExceeded(
-                f"run stopped after {limit} steps (max_steps): {loop_of(list(recent), cursor.node)} kept looping"
-            )
-        ctx.step = cursor.step
-        if is_section(cursor.node):
-            ctx.last_node = cursor.node  # where a failed run resumes: the section (its finished branches kept)
-            step = _sections(ctx).run(flow, flow.sections[cursor.node], store, ctx)
-            for key in step.deleted:
-                store.pop(key, None)
-            store.update(step.changed)
-        elif journal is None:  # nobody checkpoints: the node's compiled chain, no Step
-            run, after = flow.plan()[cursor.node]
-            action = run(store)
-            recent.append(cursor.node)
-            cursor = Cursor(after.get(action or "default"), cursor.step + 1, action)
-            continue
-        else:
-            step = run_step(flow, cursor.node, store)
-        if journal is not None:
-            journal.checkpoint(cursor.step, step)
-        recent.append(step.node)
-        cursor = Cursor(step.next_node, cursor.step + 1, step.action)
-    return cursor
-
-
-def _quiet(flow: WorkflowFlow, cursor: Cursor, store: dict[str, Any], ctx: RunContext, limit: int) -> Cursor:
-    """`drive` of a run nobody checkpoints, without parallel sections (a sub-workflow's, once per dataset record):
-    each node's compiled chain and its successor (WorkflowFlow.plan), no Step, no Cursor per step. The stops are
-    `drive`'s: the cancel flag before each node, the step limit naming the loop."""
-    plan, cancelled = flow.plan(), ctx.cancelled
+    plan, sections, cancelled = flow.plan(), flow.sections, ctx.cancelled
     recent: deque[str] = deque(maxlen=2 * len(flow.nodes) + 2)
     node, step, action = cursor.node, cursor.step, cursor.last_action
     while node is not None:
+        if stop_before is not None and stop_before(node):  # first: a branch at its fan-in has finished
+            break
         if cancelled.is_set():
             raise RunCancelled("run cancelled")
         if step >= limit:
@@ -133,12 +98,25 @@ def _quiet(flow: WorkflowFlow, cursor: Cursor, store: dict[str, Any], ctx: RunCo
                 f"run stopped after {limit} steps (max_steps): {loop_of(list(recent), node)} kept looping"
             )
         ctx.step = step
-        run, after = plan[node]
-        action = run(store)
-        recent.append(node)
-        node = after.get(action or "default")
-        step += 1
-    return Cursor(None, step, action)
+        if journal is None and node not in sections:
+            run, after = plan[node]
+            action = run(store)
+            recent.append(node)
+            node, step = after.get(action or "default"), step + 1
+            continue
+        if node in sections:
+            ctx.last_node = node  # where a failed run resumes: the section (its finished branches kept)
+            done = _sections(ctx).run(flow, sections[node], store, ctx)
+            for key in done.deleted:
+                store.pop(key, None)
+            store.update(done.changed)
+        else:
+            done = run_step(flow, node, store)
+        if journal is not None:
+            journal.checkpoint(step, done)
+        recent.append(done.node)
+        node, step, action = done.next_node, step + 1, done.action
+    return Cursor(node, step, action)
 
 
 def _sections(ctx: RunContext) -> Any:
