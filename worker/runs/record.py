@@ -60,7 +60,13 @@ def error_at(error: str, node: str | None) -> str:
 
 def resume_refusal(record: RunRecord, workflow: Any = None) -> str | None:
     """Why `resume` refuses the run, or None: it must have ended failed or cancelled (with an edited `workflow`,
-    succeeded too), and not be a dataset job, which goes on with `redrive` (its records have no checkpoint)."""
+    succeeded too), not be a dataset job, which goes on with `redrive` (its records have no checkpoint), and not be
+    recorded by a newer release (its record would be misread)."""
+    if record.format > FORMAT:
+        return (
+            f"run {record.run_id} was recorded by a newer chordflow (record format {record.format}; this one reads "
+            f"up to {FORMAT}): resume it with that release"
+        )
     if record.dataset is not None:
         return (
             f"run {record.run_id} is a dataset job (--items): `chordflow redrive {record.run_id}` runs its failed "

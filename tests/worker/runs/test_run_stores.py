@@ -16,9 +16,10 @@ import redis
 from ir.errors import Unrecoverable
 from scheduler.localcluster import RedisServer
 from tests.support.kinds import starts
+from worker.cluster.state.keys import RunKeys
 from worker.cluster.state.runs import ClusterRuns
 from worker.engine.steps import Step
-from worker.runs.record import RunRecord
+from worker.runs.record import FORMAT, RunRecord, resume_refusal
 from worker.runs.sqlite import LocalRuns
 from worker.runs.store import RunStore, rewind
 
@@ -209,3 +210,24 @@ def test_ids_starting_finds_the_runs_a_prefix_names(runs: RunStore) -> None:
     assert sorted(runs.ids_starting("pfx-", 10)) == ["pfx-one", "pfx-two"]
     assert runs.ids_starting("pfx-o", 10) == ["pfx-one"] and len(runs.ids_starting("pfx-", 1)) == 1
     assert runs.ids_starting("pfx_", 10) == []  # '_' is a character of an id, not a wildcard
+
+
+def test_a_record_keeps_its_format_and_one_of_a_newer_release_is_not_resumed(runs: RunStore) -> None:
+    """Every record carries the format it was written in (0: before formats were numbered); `resume` refuses one a
+    newer release wrote rather than misread it."""
+    runs.create(record("now", "failed"), {})
+    runs.create(RunRecord("newer", {"nodes": []}, "local", "failed", "a", format=FORMAT + 1), {})
+    now, newer = runs.get("now"), runs.get("newer")
+    assert now is not None and newer is not None
+    assert (now.format, newer.format) == (FORMAT, FORMAT + 1)
+    assert resume_refusal(now) is None
+    assert resume_refusal(newer) == (
+        f"run newer was recorded by a newer chordflow (record format {FORMAT + 1}; this one reads up to {FORMAT}): "
+        "resume it with that release"
+    )
+    if isinstance(runs, LocalRuns):  # as a row of a file from before formats were numbered
+        runs.db.execute("UPDATE runs SET format = NULL WHERE run_id = 'now'")
+    else:
+        runs.redis.hdel(RunKeys("now").run, "format")  # type: ignore[attr-defined]
+    old = runs.get("now")
+    assert old is not None and old.format == 0 and resume_refusal(old) is None
