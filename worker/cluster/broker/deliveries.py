@@ -23,6 +23,8 @@ So the timeout is short and live deliveries are kept fresh:
   up) would share its tag with the new delivery: its acknowledgement would delete the new delivery's entry,
   and the new holder, its entry gone, could neither be renewed nor come back if it died. The transport here
   gives a restored message a fresh tag: a stale holder's renewals and acknowledgement touch nothing.
+- **Letting go** (`LetsGo`). An acknowledgement or a give-back that cannot reach Redis (the worker cut off) lets
+  the delivery go anyway: nothing renews it any more, and a sweeper puts it back within the bound.
 - **Fencing** (`held`, `Lease`). A chunk checks its delivery on the way out: if the entry is gone, the message
   was swept and runs (or ran) elsewhere, so the chunk raises Ignore and never reports — only one outcome per
   chunk reaches the merge. Dataset chunks are fenced by their claim (worker/cluster/state/lua/dataset_step.lua).
@@ -47,6 +49,7 @@ from urllib.parse import urlsplit
 from celery.exceptions import Ignore
 from celery.worker import state as worker_state
 from kombu.transport import redis as kombu_redis
+from kombu.transport import virtual
 
 from worker.periodic import Periodic
 
@@ -100,7 +103,32 @@ def broker_options(broker_url: str) -> dict[str, Any]:
 # -- one tag per delivery --------------------------------------------------------------------------------------
 
 
+class LetsGo(kombu_redis.QoS):
+    """kombu's acknowledgement emulation, except that an acknowledgement or a give-back (a reject with requeue, as
+    GivesBack raises when Redis stays out of reach) that cannot reach Redis lets the delivery go here anyway. kombu
+    keeps such a delivery among those this worker holds, so the renewer would keep it fresh forever and no sweeper
+    would ever put it back: the chunk lost. Let go, its entry stays in the unacked index with nothing renewing it,
+    and a sweeper puts the message back within the bound (given back: it runs again; acknowledged: its done mark
+    skips it). The error still goes up (Celery logs it)."""
+
+    def ack(self, delivery_tag: Any) -> None:
+        try:
+            super().ack(delivery_tag)
+        except BaseException:
+            virtual.QoS.ack(self, delivery_tag)
+            raise
+
+    def reject(self, delivery_tag: Any, requeue: bool = False) -> None:
+        try:
+            super().reject(delivery_tag, requeue)
+        except BaseException:
+            virtual.QoS.ack(self, delivery_tag)
+            raise
+
+
 class _Retagging:
+    QoS = LetsGo
+
     def _do_restore_message(self, payload: Any, exchange: Any, routing_key: Any, pipe: Any, leftmost: bool = False):
         """Back on its queue with a fresh delivery tag (kombu keeps the tag given at publish): the next delivery's
         index entry is its own, never the stale holder's."""
@@ -118,7 +146,8 @@ class RetaggingSentinelChannel(_Retagging, kombu_redis.SentinelChannel):
 
 
 class RedisTransport(kombu_redis.Transport):
-    """kombu's Redis transport, restoring each swept message under a new delivery tag."""
+    """kombu's Redis transport, restoring each swept message under a new delivery tag and letting go of a delivery
+    it could not acknowledge or give back (LetsGo)."""
 
     Channel = RetaggingChannel
 
