@@ -9,7 +9,7 @@ DEV_STAMP := $(VENV)/.installed-dev
 # Python would compile every module it imports at every start (the venv's packages are compiled by pip already).
 COMPILE := $(BIN)/python -m compileall -q ir scheduler worker
 
-.PHONY: install run test test-fast lint bench flower worker clean fuzz browser
+.PHONY: install run test test-fast lint docs bench flower worker clean fuzz browser
 
 install: $(DEV_STAMP)
 
@@ -56,6 +56,12 @@ lint: install
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 
+# The docs site: docs/reference/ regenerated from the code (the CLI, settings, node types, IR schema, metrics, Redis
+# keys), then every page built into site/ with --strict (a broken link fails). tests/test_docs.py checks both.
+docs: install
+	$(BIN)/python docs/gen_reference.py
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet
+
 bench: install
 	$(BIN)/python -m bench
 	$(BIN)/python -m bench.fairness
@@ -69,4 +75,4 @@ worker: $(RUN_STAMP)
 	$(BIN)/chordflow worker $(WORKER_ARGS)
 
 clean:
-	rm -rf $(VENV) build *.egg-info .pytest_cache .ruff_cache
+	rm -rf $(VENV) build site *.egg-info .pytest_cache .ruff_cache

@@ -49,8 +49,9 @@ def kinds_of(item: Any) -> set[str]:
 
 
 #: Programs whose start makes a test slow: servers, workers, a Python (a `chordflow` command), a browser, a
-#: network namespace. A short command (`sh -c`, `uname`) is part of an in-process test.
-HEAVY = ("redis", "celery", "chordflow", "chrom", "python", "ip", "rabbitmq", "flower")
+#: network namespace, a docs build. A short command (`sh -c`, `make -n`, `uname`) is part of an in-process test; a
+#: script that starts heavy ones (a quick start through `bash` or `make run`) is marked by hand.
+HEAVY = ("redis", "celery", "chordflow", "chrom", "python", "ip", "rabbitmq", "flower", "mkdocs")
 
 
 class Refused(RuntimeError):
