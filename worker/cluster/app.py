@@ -167,6 +167,8 @@ class KnowsFormat(Task):
 
     #: Seconds before such a message is handed back.
     PAUSE = 1.0
+    #: Messages warned about on this process, at most this many remembered (then forgotten, and warned again).
+    REMEMBERED = 10_000
     _warned: set[str] = set()
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
@@ -177,6 +179,8 @@ class KnowsFormat(Task):
                 raise
             task_id = self.request.id or ""
             if task_id not in self._warned:
+                if len(self._warned) >= self.REMEMBERED:
+                    self._warned.clear()
                 self._warned.add(task_id)
                 log.warning("%s[%s]: %s; handed back for a worker of a newer release", self.name, task_id, exc)
             time.sleep(self.PAUSE)
