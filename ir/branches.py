@@ -10,9 +10,12 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from ir.errors import shown
-from ir.models import Workflow
+
+if TYPE_CHECKING:  # a hint only: `wait` and `status` import this module and need no pydantic
+    from ir.models import Workflow
 
 SUFFIX = ":parallel"
 

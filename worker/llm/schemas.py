@@ -17,9 +17,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-import jsonschema
-import jsonschema.exceptions
-
 from ir.errors import SchemaError, one_line
 from worker.llm.providers import Answer, Request
 
@@ -32,6 +29,8 @@ MESSAGE_CHARS = 200
 def problem(schema: Any) -> str | None:
     """What makes `schema` unusable as an answer's shape (one line), or None: it must be a valid JSON Schema whose
     root is an object, the shape both providers' structured outputs answer."""
+    import jsonschema.exceptions  # here: 0.1 s of every command's start-up, needed only by a workflow with a schema
+
     if not isinstance(schema, dict):
         return f"must be a JSON Schema object, got {type(schema).__name__}"
     try:
@@ -51,6 +50,8 @@ def validator(schema: dict[str, Any]) -> Any:
 
 @functools.lru_cache(maxsize=64)
 def _validator(canonical: str) -> Any:
+    import jsonschema  # as in `problem`
+
     schema = json.loads(canonical)
     cls = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
     cls.check_schema(schema)
@@ -64,6 +65,8 @@ def parsed(schema: dict[str, Any], text: str) -> tuple[Any, SchemaError | None]:
         data = json.loads(text)
     except ValueError as exc:
         return None, SchemaError(f"$: not JSON ({_short(str(exc))})")
+    import jsonschema.exceptions  # as in `problem`; imported once `validator` made one
+
     error = jsonschema.exceptions.best_match(validator(schema).iter_errors(data))
     if error is not None:
         return None, SchemaError(f"{error.json_path}: {_short(error.message)}")
