@@ -58,16 +58,18 @@ class InFlight:
                     seen.most = max(seen.most, seen.now)
                 try:
                     time.sleep(seen.seconds)  # the API's answer time: the thing whose length is under test
-                    body = json.dumps({"ok": True}).encode()
-                    self.send_response(200)
-                    self.send_header("Content-Type", "application/json")
-                    self.send_header("Content-Length", str(len(body)))
-                    self.end_headers()
-                    self.wfile.write(body)
                 finally:
+                    # Out of flight before answering: once the client has the answer its permit may go to the next
+                    # call, which this thread, slowed by a busy machine, must not still count as its own.
                     with seen.lock:
                         seen.now -= 1
                         seen.calls += 1
+                body = json.dumps({"ok": True}).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
 
             def log_message(self, *args: Any) -> None:
                 pass
