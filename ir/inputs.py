@@ -11,7 +11,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from ir.errors import ValidationError
-from ir.limits import check_value
+from ir.limits import check_value, problem_in
 from ir.models import Workflow
 
 
@@ -47,17 +47,17 @@ def apply_inputs(
     bytes): checked as names, given no default, not put in `store`. `how`: how a missing required input
     is given (`{name}` is its name), told in the problem.
     """
-    given = dict(inputs or {})
     declared = wf.inputs or {}
-    if not encoded and given.keys() == declared.keys():  # each declared input given, no other (a dataset record)
-        try:
-            for name, value in given.items():
-                check_value(value, f"inputs.{name}")
-        except ValidationError:
-            pass  # the whole check below names every problem
-        else:
-            store.update(given)
-            return
+    # Each declared input given, no other, none too deep (a dataset record's, once per record): nothing else to do.
+    if (
+        not encoded
+        and inputs is not None
+        and inputs.keys() == declared.keys()
+        and not any(map(problem_in, inputs.values()))
+    ):
+        store.update(inputs)
+        return
+    given = dict(inputs or {})
     names = [*given, *(name for name in encoded if name not in given)] if encoded else given
     problems: list[str] = []
     suggested: set[str | None] = set()

@@ -10,7 +10,7 @@ from __future__ import annotations
 import functools
 import json
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -225,6 +225,24 @@ def resolve_template(text: str, context: Mapping[str, Any], where: str) -> Any:
     resolver = _compiled_text(text)
     value = lookup(context, resolver.payload.path) if resolver.kind == "ref" else MISSING  # as CompiledParams
     return value if value is not MISSING else resolver.resolve(context, where)
+
+
+def template_resolver(text: str, where: str) -> Callable[[Mapping[str, Any]], Any]:
+    """`resolve_template(text, context, where)` as a callable compiled once, for a template resolved per record."""
+    resolver = _compiled_text(text)
+    if resolver.kind != "ref":
+        return functools.partial(_resolve_at, resolver, where)
+    path = resolver.payload.path
+
+    def resolve(context: Mapping[str, Any]) -> Any:
+        value = lookup(context, path)
+        return value if value is not MISSING else resolver.resolve(context, where)
+
+    return resolve
+
+
+def _resolve_at(resolver: _Resolver, where: str, context: Mapping[str, Any]) -> Any:
+    return resolver.resolve(context, where)
 
 
 @functools.lru_cache(maxsize=1024)

@@ -10,6 +10,7 @@ from pocketflow import BaseNode, Flow
 import ir
 from ir import branches
 from ir.branches import Section
+from ir.templates import template_resolver
 from worker.batch.cloning import runner
 from worker.engine.build import build_chain
 
@@ -25,6 +26,9 @@ class WorkflowFlow(Flow):
         self.sections = {s.node_id: s for s in branches.sections(workflow)}  # parallel sections by cursor id
         self._forks = {(s.fork, s.action): s for s in self.sections.values()}
         self._plan: dict[str, tuple[Callable[[Any], Any], dict[Any, str | None]]] | None = None
+        declared = workflow.outputs or {}
+        #: The declared outputs' templates compiled once: a dataset job resolves them for every record.
+        self.outputs = [(name, template_resolver(o.source, f"outputs.{name}")) for name, o in declared.items()]
 
     def get_next_node(self, curr: BaseNode, action: str | None) -> BaseNode | Section | None:
         """The next node, or — after a fork's parallel action — its section (the stepper runs the branches)."""

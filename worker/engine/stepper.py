@@ -237,7 +237,7 @@ def ending(
         namespace = store.get(last_node) if last_node else None
         detail = namespace.get("error") or namespace.get("stderr") if isinstance(namespace, dict) else None
         return "failed", f"node '{last_node}' returned 'error'" + (f": {detail}" if detail else ""), {}
-    return "success", None, outputs(flow.workflow, store)
+    return "success", None, {name: resolve(store) for name, resolve in flow.outputs}
 
 
 def outputs(workflow: ir.Workflow, store: dict[str, Any]) -> dict[str, Any]:
