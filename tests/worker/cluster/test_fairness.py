@@ -6,6 +6,7 @@ not queued behind a big one's whole batch; a higher run's messages go first (wor
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import signal
@@ -13,6 +14,7 @@ import subprocess
 import sys
 import time
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -84,21 +86,39 @@ def test_a_small_run_finishes_while_a_big_one_is_still_running() -> None:
     assert indexes(result) == list(range(BIG))  # the big run: every index once, in order
 
 
-@pytest.mark.usefixtures("celery_cluster")
-def test_a_high_priority_run_passes_a_low_one_queued_before_it() -> None:
+@contextlib.contextmanager
+def own_cluster(workdir: Path, **env: str) -> Iterator[None]:
+    """Two one-process workers on a redis-server of their own, `env` added; this process points at them meanwhile.
+    For tests that need the workers to themselves: on the suite's shared cluster, batches a previous test left in
+    the share of the workers (worker/cluster/state/windows.py) can leave a worker free for any queued run."""
+    cluster = Cluster(workdir, plugins=PLUGINS)
+    cluster.env.update(env)
+    previous = cluster.apply_env()
+    try:
+        cluster.start_worker("k1")
+        cluster.start_worker("k2")
+        yield
+    finally:
+        cluster.restore_env(previous)
+        cluster.stop()
+
+
+@pytest.mark.processes
+def test_a_high_priority_run_passes_a_low_one_queued_before_it(tmp_path: Path) -> None:
     # The normal run's items take 40 s of work (20 s on the two workers): under any load it outlasts the high run's
     # four tasks, so the low run still has normal chunks ahead of it when the high one ends (and it is cancelled
     # then: its chunks running out is what serves the low run).
-    big = api.submit(slow_batch(0.02), {"items": list(range(BIG))})
-    wait_until(lambda: progress(big) > 0, 60, "the big run's first item")
-    low = api.submit(slow_batch(0.001), {"items": [0, 1, 2]}, priority="low")
-    high = api.submit(slow_batch(0.001), {"items": [0, 1, 2]}, priority="high")
-    assert ClusterRuns().get(high).priority == "high"  # type: ignore[union-attr]
-    assert indexes(api.wait(high, timeout=120)) == [0, 1, 2]
-    # The low run went in first but waits behind the normal run's chunks; the high one passed both.
-    assert (status(big), status(low)) == ("running", "queued"), f"{progress(big)} of the big run's items ran"
-    api.cancel(big)
-    assert indexes(api.wait(low, timeout=300)) == [0, 1, 2]  # served once the normal run's chunks ran out
+    with own_cluster(tmp_path):
+        big = api.submit(slow_batch(0.02), {"items": list(range(BIG))})
+        wait_until(lambda: progress(big) > 0, 60, "the big run's first item")
+        low = api.submit(slow_batch(0.001), {"items": [0, 1, 2]}, priority="low")
+        high = api.submit(slow_batch(0.001), {"items": [0, 1, 2]}, priority="high")
+        assert ClusterRuns().get(high).priority == "high"  # type: ignore[union-attr]
+        assert indexes(api.wait(high, timeout=120)) == [0, 1, 2]
+        # The low run went in first but waits behind the normal run's chunks; the high one passed both.
+        assert (status(big), status(low)) == ("running", "queued"), f"{progress(big)} of the big run's items ran"
+        api.cancel(big)
+        assert indexes(api.wait(low, timeout=300)) == [0, 1, 2]  # served once the normal run's chunks ran out
 
 
 @pytest.mark.usefixtures("celery_cluster")
@@ -227,16 +247,8 @@ def low_run_behind_endless_higher_work(tmp_path: Path) -> None:
 
 @pytest.mark.processes
 def test_a_low_run_behind_endless_higher_work_is_sent_again_higher_and_finishes(tmp_path: Path) -> None:
-    cluster = Cluster(tmp_path, plugins=PLUGINS)
-    cluster.env.update(AGING_ENV)
-    previous = cluster.apply_env()
-    try:
-        cluster.start_worker("k1")
-        cluster.start_worker("k2")
+    with own_cluster(tmp_path, **AGING_ENV):
         low_run_behind_endless_higher_work(tmp_path)
-    finally:
-        cluster.restore_env(previous)
-        cluster.stop()
 
 
 @pytest.mark.usefixtures("celery_cluster")
