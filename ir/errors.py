@@ -142,6 +142,10 @@ class SubworkflowFailed(ChordflowError, RuntimeError):
     """A `workflow` node's sub-workflow ended failed (an unhandled `error` action): the node raises this."""
 
 
+class EventTimedOut(ChordflowError, TimeoutError):
+    """A `wait` node's event did not come within its `timeout`: the node's error (an `error` edge takes it)."""
+
+
 class WaitTimeout(ChordflowError, TimeoutError):
     """`wait` gave up before the run ended (the run goes on)."""
 

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from ir.errors import RemoteError, RunCancelled
-    from scheduler.api import redrive, resume, run, status, stream, submit, update, wait
+    from scheduler.api import redrive, resume, run, signal, status, stream, submit, update, wait
     from scheduler.compiler import compile
     from worker.runs.record import RunResult
 
@@ -25,6 +25,7 @@ _PUBLIC = {
     "redrive": "scheduler.api",
     "resume": "scheduler.api",
     "run": "scheduler.api",
+    "signal": "scheduler.api",
     "status": "scheduler.api",
     "stream": "scheduler.api",
     "submit": "scheduler.api",
@@ -39,6 +40,7 @@ __all__ = [
     "redrive",
     "resume",
     "run",
+    "signal",
     "status",
     "stream",
     "submit",

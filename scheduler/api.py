@@ -1,5 +1,5 @@
 """The public entry points: `run`, `stream`, `submit`, `wait`, `status`, `resume`, `redrive`, `update`, `cancel`,
-`purge`, `prune`.
+`signal`, `purge`, `prune`.
 
 The ONE place that routes a call: to a dataset job (`items=`) or a workflow, to a run this process drives
 (scheduler/driver.py) or one the cluster's workers drive (scheduler/durable.py), and to the store that
@@ -9,6 +9,7 @@ workflow run never loads Celery or Redis (a dataset job does: scheduler/datasets
 
 from __future__ import annotations
 
+import json
 import queue
 import threading
 import time
@@ -241,6 +242,21 @@ def cancel(run_id: str) -> int:
     from scheduler import durable
 
     return durable.cancel_run(run_id)
+
+
+def signal(run_id: str, event: str, data: Any = None) -> None:
+    """Send `event` to a run, with `data` (any JSON value): its `wait` node waiting for the event goes on, with
+    `data` in its namespace. Sent before the run waits for it, the event is kept until a wait for it takes it."""
+    if not isinstance(event, str) or not event:
+        raise ValidationError(f"signal: the event must be a non-empty string, got {event!r}")
+    try:
+        json.dumps(data)
+    except (TypeError, ValueError) as exc:
+        raise ValidationError(f"signal {event!r}: data must be a JSON value ({exc})") from None
+    record, runs = lookup.find_run(run_id)
+    if record.status in FINAL:
+        raise ValidationError(f"run {record.run_id} already ended ({record.status}): nothing waits for '{event}'")
+    runs.signal(record.run_id, event, data)
 
 
 def purge(run_id: str) -> None:

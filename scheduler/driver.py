@@ -135,6 +135,7 @@ def _go_on(
     run_id = record.run_id
     cancelled = cancelled or threading.Event()
     ctx = RunContext(sink=on_event, cancelled=cancelled, on_node_start=on_node_start, answers=runs.answers(run_id))
+    ctx.waits = runs.waits(run_id)
     ctx.budget = local_budget(flow.workflow, usage_totals(store))  # a resumed run counts what it billed before
     try:
         ctx.backend = backends.create(record.backend, run_id, ctx)  # may fail at once: Redis unreachable

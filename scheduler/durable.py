@@ -28,7 +28,7 @@ from worker.cluster.batches import chunking
 from worker.cluster.batches.dispatch import send_advance
 from worker.cluster.datasets import tasks
 from worker.cluster.messages import Advance
-from worker.cluster.state import idempotency
+from worker.cluster.state import idempotency, waits
 from worker.cluster.state.runstate import RunState
 from worker.engine.flow import build_flow
 from worker.engine.loader import load, source_of
@@ -151,6 +151,7 @@ def cancel_run(run_id: str) -> int:
         return 0
     state = RunState(run_id)
     state.cancel()
+    waits.wake(state.redis, run_id)  # a waiting run holds no task to see the flag: its next advance goes now
     if record.dataset is not None:
         tasks.settle(run_id)
         return 0

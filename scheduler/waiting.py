@@ -39,11 +39,14 @@ def status(run_id: str) -> dict[str, Any]:
     """The `chordflow status --json` object; its `batches` has the batch running now too (done/total/failed so
     far); a dataset job's has `records` (total, done, failed, rate, eta_s), a run whose store keeps
     `__llm_calls__` has `llm` (calls, input_tokens, output_tokens), a cluster run not ended `workers` (the
-    registered workers' pool sizes, by hostname: who can work on it now)."""
+    registered workers' pool sizes, by hostname: who can work on it now), a run at a `wait` node `waiting` (node,
+    until: epoch seconds or null, event: its name or null, text: `waiting until 06:00:00 UTC`)."""
     record, runs = find_run(run_id)
     info = record.status_dict()
     if runs.durable and record.status not in FINAL:  # the workers drive it: a host cut off or dead drops out in 3 beats
         info["workers"] = heartbeat.pool_sizes(client())
+    if record.status == "running" and (waits := runs.waiting(record.run_id)) is not None:
+        info["waiting"] = {"node": waits.node, "until": waits.due, "event": waits.event, "text": waits.describe()}
     if record.dataset is not None:
         info["records"] = reading.progress(record)
         if calls := reading.model_calls(record):

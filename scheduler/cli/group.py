@@ -76,6 +76,7 @@ COMMANDS = {
     "runs": "runs:runs",
     "update": "runs:update",
     "cancel": "runs:cancel",
+    "signal": "runs:signal",
     "purge": "runs:purge",
     "repair": "runs:repair_run",
     "worker": "ops:worker",

@@ -6,6 +6,7 @@ them: `purge`, `runs --prune`. What only a run's resumption needs (the IR's mode
 from __future__ import annotations
 
 import contextlib
+import json
 import sys
 import time
 from pathlib import Path
@@ -193,6 +194,8 @@ def status(run_id: str, as_json: bool) -> None:
         console.print(plain(f"  steps: {info['steps']}  node: {info['node'] or '-'}  priority: {info['priority']}"))
     for node, counts in info["batches"].items():
         console.print(plain(f"  {node}: {counts['done']}/{counts['total']} items, {counts['failed']} failed"))
+    if "waiting" in info:
+        console.print(plain(f"  {info['waiting']['node']}: {info['waiting']['text']}"))
     if "records" in info:
         r = info["records"]
         total = r["total"] if r["total"] is not None else f"{r['read']}+ (reading)"
@@ -341,6 +344,23 @@ def update(run_id: str, **changes: Any) -> None:
 
     done = api.update(run_id, **changes)
     click.echo(f"updated run {run_id}: " + ", ".join(f"{name}={value}" for name, value in done.items()))
+
+
+@click.command()
+@run_id_argument
+@click.argument("event")
+@click.option("--data", "data", metavar="JSON", default=None, help="The event's data, a JSON value.")
+def signal(run_id: str, event: str, data: str | None) -> None:
+    """Send EVENT to a run: its `wait` node waiting for it goes on, with the data in its namespace; sent before
+    the run waits for it, the event is kept until it does."""
+    from scheduler import api
+
+    try:
+        value = None if data is None else json.loads(data)
+    except ValueError as exc:
+        raise click.BadParameter(f"not JSON: {exc}", param_hint="--data") from None
+    api.signal(run_id, event, value)
+    click.echo(f"sent '{event}' to run {run_id}")
 
 
 @click.command()

@@ -37,22 +37,19 @@ from worker.cluster.state.answers import RedisAnswers
 from worker.cluster.state.keys import RunKeys
 from worker.cluster.state.runs import ClusterRuns
 from worker.cluster.state.runstate import RunState
+from worker.cluster.state.waits import RedisWaits
 from worker.engine import context
 from worker.engine.context import RunContext
 from worker.engine.flow import WorkflowFlow, build_flow
 from worker.engine.loader import load
 from worker.engine.sections import BranchSink, BranchState, BranchSteps, StopFlag, StoredBranches, merged
 from worker.engine.stepper import batch_nodes, drive, ending
-from worker.engine.steps import Cursor, Step
+from worker.engine.steps import Cursor, Step, Suspended
 from worker.runs.record import FINAL, RECORD_STATUS, StepJournal
 
 log = logging.getLogger(__name__)
 #: Seconds a run's lease lasts without renewal (the holder renews it every third of that).
 LEASE_SECONDS = 15
-
-
-class Suspended(BaseException):  # a control-flow signal, not an error: nodes must not catch it
-    """A batch was dispatched; this advance ends and the merge task enqueues the next one."""
 
 
 @dataclass
@@ -172,6 +169,7 @@ def advance(self: Any, message: Any, *legacy: Any) -> str:
         store = runs.load_store(run_id)
         ctx.backend = ClusterBatches(run_id, ctx, runs, state)
         ctx.cancelled = StopFlag(state.cancelled)  # the run's cancel flag in Redis, read between nodes
+        ctx.waits = RedisWaits(state)  # a wait not yet due records its timer and ends this advance
         ctx.sections = ClusterSections(run_id, runs, state)
         runs.set_status(run_id, "running", node=record.node)
         if record.status != "running":

@@ -36,7 +36,7 @@ from celery.utils.nodenames import default_nodename, nodesplit
 
 from ir.errors import NewerFormat, RunPurged
 from worker import settings
-from worker.cluster import aging, logs, messages, outage, priorities, signing
+from worker.cluster import aging, logs, messages, outage, priorities, signing, waits
 from worker.cluster.broker import amqp, deliveries
 from worker.cluster.broker.registry import for_settings as broker_for
 from worker.cluster.rate_limits import RedisLimiter
@@ -428,6 +428,13 @@ def _sweep_for_aging(sender: Any, **_: object) -> None:
     """Messages that waited too long behind higher-priority ones are sent again one level up: every worker
     sweeps, one at a time (worker/cluster/aging.py)."""
     _keep(sender, "aging", lambda: aging.Sweeper(sender.app))
+
+
+@signals.worker_ready.connect
+def _fire_timers(sender: Any, **_: object) -> None:
+    """Waiting runs go on when due or signalled: every worker sweeps the timers, one at a time
+    (worker/cluster/waits.py)."""
+    _keep(sender, "timers", lambda: waits.TimerSweeper(sender.app))
 
 
 @signals.worker_ready.connect

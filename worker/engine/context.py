@@ -34,6 +34,8 @@ class RunContext:
     answers: Any = None
     # The run's budget for model calls (worker/llm/budget.py Budget); None: no budget.
     budget: Any = None
+    # Where the run's waits and signals live (worker/waits.py Waits); None: in memory (a flow run with no record).
+    waits: Any = None
 
     def __post_init__(self) -> None:
         if self.backend is None:

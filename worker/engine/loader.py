@@ -22,10 +22,11 @@ from typing import Any
 import pydantic
 
 import ir
+from ir import branches
 from ir.errors import NodeTypeError, TemplateError, ValidationError, shown_key
 from ir.models import NodeSpec
 from ir.templates import references
-from worker.nodes import registry
+from worker.nodes import registry, wait
 from worker.nodes.params import static_problems
 
 #: Workflows validated per process, by content: every execution of a sub-workflow, every task of a cluster run.
@@ -84,14 +85,32 @@ def _key(workflow: dict[str, Any]) -> str | None:
 
 
 def node_problems(workflow: ir.Workflow) -> list[str]:
-    """What each node's type finds in its params, every node's problems together (an unknown type is ir's problem)."""
+    """What each node's type finds in its params, every node's problems together (an unknown type is ir's problem),
+    and waits where they would hold what runs them."""
     known = registry.all_types()
     return [
         problem
         for i, spec in enumerate(workflow.nodes)
         if spec.type in known
         for problem in param_problems(known[spec.type], spec.params, f"nodes[{i}] (id '{spec.id}').params")
-    ]
+    ] + wait_problems(workflow)
+
+
+def wait_problems(workflow: ir.Workflow) -> list[str]:
+    """A `wait` node runs at the run's top level only: a batch of waits, or a wait in a parallel branch, would
+    hold a worker for as long as it waits (a sub-workflow's: worker/nodes/subworkflow.py)."""
+    waits = [(i, spec) for i, spec in enumerate(workflow.nodes) if spec.type == wait.NODE_TYPE]
+    if not waits:
+        return []
+    in_branch = {n for section in branches.sections(workflow) for nodes in section.members.values() for n in nodes}
+    problems = []
+    for i, spec in waits:
+        where = f"nodes[{i}] (id '{spec.id}'): a wait node waits at the run's top level only"
+        if spec.batch:
+            problems.append(f"{where}, not as a batch node")
+        if spec.id in in_branch:
+            problems.append(f"{where}, not in a parallel branch")
+    return problems
 
 
 def checked_spec(wire: Any) -> NodeSpec:

@@ -7,6 +7,11 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 
+class Suspended(BaseException):  # a control-flow signal, not an error: nodes must not catch it
+    """The run hands over and this stretch of driving it ends: a batch or a section's branches went out (their
+    merge or join sends the next advance), or it waits (a worker's timer thread sends it: worker/cluster/waits.py)."""
+
+
 @dataclass
 class Cursor:
     """Where a run stands: the next node to execute (None: the flow ended) and how many steps ran."""

@@ -74,9 +74,12 @@ class WorkflowNode(Node):
         source = params.get(subworkflows.SOURCE)
         named = f"{source}: " if isinstance(source, str) and source else "sub-workflow: "
         try:
-            loader.load(params.get(subworkflows.WORKFLOW))
+            sub = loader.load(params.get(subworkflows.WORKFLOW))
         except ValidationError as exc:
             return named + "; ".join(exc.problems)
+        waits = [spec.id for spec in sub.nodes if spec.type == "wait"]
+        if waits:  # a sub-workflow runs in its parent's process, to its end: a wait would hold it
+            return named + f"node '{waits[0]}': a wait node waits at the run's top level only, not in a sub-workflow"
         return None
 
     def prep(self, shared: Any) -> Call:

@@ -29,6 +29,7 @@ from worker.batch.rows import Row, rows_of_aggregate, rows_of_chunks
 from worker.engine.steps import Step
 from worker.runs.owner import Owner, current_owner
 from worker.runs.record import FINAL, RunRecord, TrailStep, trail_action
+from worker.waits import Waiting, sleep
 
 COLUMNS = "run_id, workflow, backend, status, node, step, error, created, updated, source, batches, dataset, format"
 SCHEMA = """
@@ -48,6 +49,9 @@ CREATE TABLE IF NOT EXISTS branches (run_id TEXT, section TEXT, branch TEXT, val
   PRIMARY KEY (run_id, section, branch));
 CREATE TABLE IF NOT EXISTS answers (run_id TEXT, key TEXT, value TEXT, PRIMARY KEY (run_id, key));
 CREATE TABLE IF NOT EXISTS kept_answers (key TEXT PRIMARY KEY, value TEXT, until REAL NOT NULL);
+CREATE TABLE IF NOT EXISTS waits (run_id TEXT, key TEXT, began REAL NOT NULL, waiting TEXT, released TEXT,
+  PRIMARY KEY (run_id, key));
+CREATE TABLE IF NOT EXISTS signals (run_id TEXT, event TEXT, data TEXT, PRIMARY KEY (run_id, event));
 """
 
 
@@ -295,6 +299,23 @@ class LocalRuns:
     def answers(self, run_id: str) -> LocalAnswers:
         return LocalAnswers(self, run_id)
 
+    # -- waits and signals (worker/waits.py) ---------------------------------------------------------------------
+    def waits(self, run_id: str) -> LocalWaits:
+        return LocalWaits(self, run_id)
+
+    def waiting(self, run_id: str) -> Waiting | None:
+        """What the run waits for now, if it waits."""
+        with self.lock:
+            row = self.db.execute(
+                "SELECT waiting FROM waits WHERE run_id = ? AND waiting IS NOT NULL", (run_id,)
+            ).fetchone()
+        return None if row is None else Waiting.from_wire(json.loads(row[0]))
+
+    def signal(self, run_id: str, event: str, data: Any) -> None:
+        """Keep `event` with its data until a wait of the run takes it (its process looks every POLL_SECONDS)."""
+        with self.writing() as db:
+            db.execute("INSERT OR REPLACE INTO signals VALUES (?,?,?)", (run_id, event, json.dumps(data)))
+
     # -- branches of a parallel section that has not reached its fan-in (worker/engine/sections.py) -------------
     def save_branch(self, run_id: str, section: str, branch: str, value: bytes) -> None:
         with self.writing():
@@ -393,6 +414,55 @@ class LocalRuns:
             last = max((b for (b,) in batches), key=lambda b: int(b.rsplit("#", 1)[1]))
             return rows_of_chunks(self.saved_chunks(run_id, last))
         raise LookupError(f"run {run_id} has no batch results for node '{node}'")
+
+
+class LocalWaits:
+    """A local run's waits and signals (worker/waits.py Waits): its process sleeps while it waits; a signal from
+    any process (`chordflow signal`) is a row it reads at its next look."""
+
+    def __init__(self, runs: LocalRuns, run_id: str):
+        self.runs, self.run_id = runs, run_id
+        self.shown: str | None = None  # the wait this process has recorded as the run's, once
+
+    def begin(self, key: str, now: float) -> float:
+        with self.runs.writing() as db:
+            db.execute("INSERT OR IGNORE INTO waits (run_id, key, began) VALUES (?,?,?)", (self.run_id, key, now))
+            return float(db.execute(*self._row("began", key)).fetchone()[0])
+
+    def take(self, key: str, event: str) -> tuple[bool, Any]:
+        with self.runs.writing() as db:
+            released = db.execute(*self._row("released", key)).fetchone()
+            if released is not None and released[0] is not None:
+                return True, json.loads(released[0])
+            db.execute("BEGIN IMMEDIATE")
+            found = db.execute(
+                "SELECT data FROM signals WHERE run_id = ? AND event = ?", (self.run_id, event)
+            ).fetchone()
+            if found is None:
+                db.execute("ROLLBACK")
+                return False, None
+            db.execute("UPDATE waits SET released = ? WHERE run_id = ? AND key = ?", (found[0], self.run_id, key))
+            db.execute("DELETE FROM signals WHERE run_id = ? AND event = ?", (self.run_id, event))
+            db.execute("COMMIT")
+        return True, json.loads(found[0])
+
+    def hold(self, waiting: Waiting, cancelled: threading.Event) -> None:
+        if self.shown != waiting.key:
+            with self.runs.writing() as db:
+                db.execute(
+                    "UPDATE waits SET waiting = ? WHERE run_id = ? AND key = ?",
+                    (json.dumps(waiting.to_wire()), self.run_id, waiting.key),
+                )
+            self.shown = waiting.key
+        sleep(waiting, cancelled)
+
+    def end(self, key: str) -> None:
+        with self.runs.writing() as db:
+            db.execute("UPDATE waits SET waiting = NULL WHERE run_id = ? AND key = ?", (self.run_id, key))
+        self.shown = None
+
+    def _row(self, column: str, key: str) -> tuple[str, tuple[str, str]]:
+        return f"SELECT {column} FROM waits WHERE run_id = ? AND key = ?", (self.run_id, key)
 
 
 class LocalAnswers:

@@ -39,6 +39,9 @@ Keys of a run, `cf:{<run_id>}:<name>`; `<batch>` is `<node id>#<step>`:
   snap:<batch>:<sha>  string  a snapshot too large to travel inside each chunk message
   budget              hash    the run's model-call budget (worker/cluster/state/budget.py): caps, spent, reserved
   answers             hash    model answers already paid for: request key -> answer (worker/llm/answers.py)
+  waits               hash    the run's waits (worker/cluster/waits.py): `began:<batch>` -> when a wait began,
+                              `released:<batch>` -> the data of the signal that released it
+  signals             hash    signals sent to the run and not yet taken by a wait: event -> its data (JSON)
   permits:<batch>     zset    leased item permits (max_concurrent), `<chunk>/<delivery>/<n>` -> lease deadline
   branches:<section>  hash    a parallel section's finished branches; joined:<section> set: the join
   ds, ds:*            ...     a dataset job's chunks, outcomes, counts, claims (worker/cluster/datasets/)
@@ -50,6 +53,9 @@ Outside any run:
   cf:done:<task id>   string  a task that ran to the end on a signed cluster: another delivery of it is skipped
   cf:{queued}         zset    runs with messages sent below the top priority not yet begun: run id -> last send
   cf:{queued}:sweeping string  set NX for one sweep interval: at most one aging sweep starts per interval
+  cf:{timers}         zset    waiting runs: `<run id>|<batch>` -> when its next advance is due (0: now, a signal
+                              or a cancel came) (worker/cluster/waits.py)
+  cf:{timers}:sweeping string set NX for one sweep interval: at most one timer sweep starts per interval
   cf:{answer:<key>}   string  a model answer a node keeps across runs (`cache`), for that long
   cf:{idem:<key>}     string  `<run id> <fingerprint>` of the first submit with this idempotency key (a run TTL)
   cf:purged:{<run_id>} string a purged run's tombstone, for a run TTL (every message of the run expires before it):
@@ -67,6 +73,7 @@ Who owns a run's keys (reads and writes them; `ClusterRuns.trim` and `purge` del
     RedisAnswers (answers.py) answers.
   Aging (worker/cluster/sending.py records, aging.py sweeps): queued, queued_msgs, copies, begun.
   ClusterDataset (worker/cluster/datasets/store.py): ds, ds:*.
+  RedisWaits (worker/cluster/waits.py): waits, signals, and the run's `waiting` field of `run`.
 Every name is built here (`RunKeys`: an attribute per key of a run, a method per family of them) and nowhere else
 (tests/test_structure.py checks it); a Lua script gets its keys as KEYS.
 
@@ -90,6 +97,10 @@ WINDOWS = "cf:{windows}"
 QUEUED = "cf:{queued}"
 #: Set NX for one sweep interval by the sweeper that sweeps then (worker/cluster/aging.py).
 AGING_SWEEP = QUEUED + ":sweeping"
+#: Waiting runs, cluster-wide: `<run id>|<batch>` -> when its next advance is due (worker/cluster/waits.py).
+TIMERS = "cf:{timers}"
+#: Set NX for one sweep interval by the sweeper that fires timers then (worker/cluster/waits.py).
+TIMER_SWEEP = TIMERS + ":sweeping"
 #: Prefix of the marks of tasks that ran to the end (worker/cluster/signing.py SignedTask); the rest is the task id.
 DONE = "cf:done:"
 
@@ -196,6 +207,8 @@ class RunKeys:
     snapshots = RunKey("snap:")  # prefix of the snapshots (`snapshot`)
     budget = RunKey("budget")  # hash: the run's model-call budget
     answers = RunKey("answers")  # hash: model answers already paid for
+    waits = RunKey("waits")  # hash: when each wait began, the data that released it
+    signals = RunKey("signals")  # hash: event -> data, until a wait takes it
 
     def __init__(self, run_id: str):
         self.run_id = run_id

@@ -29,11 +29,13 @@ from worker import settings
 from worker.batch import overrides
 from worker.batch.aggregate import ChunkResult
 from worker.batch.rows import Row, rows_of_aggregate, rows_of_chunks
+from worker.cluster.state import waits
 from worker.cluster.state.budget import micro
-from worker.cluster.state.keys import QUEUED, RUNS, WINDOWS, RunKeys, purged_key
+from worker.cluster.state.keys import QUEUED, RUNS, TIMERS, WINDOWS, RunKeys, purged_key
 from worker.cluster.state.runstate import client, script
 from worker.engine.steps import Step
 from worker.runs.record import FINAL, RunRecord, TrailStep, trail_action
+from worker.waits import Waiting
 
 #: Keys deleted per DEL when a run is trimmed or purged.
 DELETE_BATCH = 500
@@ -147,6 +149,14 @@ class ClusterRuns:
             except redis.WatchError:
                 raise RunPurged(f"run {run_id} was purged: nothing of it is written") from None
 
+    def waiting(self, run_id: str) -> Waiting | None:
+        """What the run waits for now, if it waits (worker/cluster/state/waits.py)."""
+        return waits.waiting(self.redis, run_id)
+
+    def signal(self, run_id: str, event: str, data: Any) -> None:
+        """Keep `event` with its data until a wait of the run takes it; a run waiting for it goes on now."""
+        waits.signal(self.redis, run_id, event, data, self.ttl)
+
     def priority(self, run_id: str) -> str:
         """The run's priority ('normal' for a run recorded without one)."""
         value = self.redis.hget(RunKeys(run_id).run, "priority")
@@ -175,10 +185,10 @@ class ClusterRuns:
             pipe.execute()
 
     def purge(self, run_id: str) -> None:
-        """Every key under the run's prefix (found with SCAN) and its entries in `cf:runs`, `cf:{queued}` and
-        `cf:{windows}` (`chordflow purge`). Its tombstone goes first and stays for a run TTL (every message of the
-        run expires before it): from then on a task of the run writes nothing, so nothing comes back after the keys
-        go."""
+        """Every key under the run's prefix (found with SCAN) and its entries in `cf:runs`, `cf:{queued}`,
+        `cf:{windows}` and `cf:{timers}` (`chordflow purge`). Its tombstone goes first and stays for a run TTL (every
+        message of the run expires before it): from then on a task of the run writes nothing, so nothing comes back
+        after the keys go."""
         try:
             self.redis.set(purged_key(run_id), 1, ex=self.ttl)
         except redis.exceptions.OutOfMemoryError:  # Redis full: the keys go first, making room for the tombstone
@@ -196,6 +206,9 @@ class ClusterRuns:
         windows = [m for m, _ in self.redis.zscan_iter(WINDOWS, match=_glob(f"{run_id}|") + "*", count=1000)]
         if windows:  # a batch window still counted open (state/windows.py): it would be, for up to 30 s
             pipe.zrem(WINDOWS, *windows)
+        timers = [m for m, _ in self.redis.zscan_iter(TIMERS, match=_glob(f"{run_id}|") + "*", count=1000)]
+        if timers:  # a cancelled run's wait, not yet swept
+            pipe.zrem(TIMERS, *timers)
         pipe.execute()
 
     def abandon(self, record: RunRecord, status: str, error: str) -> None:
