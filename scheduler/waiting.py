@@ -45,8 +45,6 @@ def status(run_id: str) -> dict[str, Any]:
     info = record.status_dict()
     if runs.durable and record.status not in FINAL:  # the workers drive it: a host cut off or dead drops out in 3 beats
         info["workers"] = heartbeat.pool_sizes(client())
-    if record.status == "running" and (waits := runs.waiting(record.run_id)) is not None:
-        info["waiting"] = {"node": waits.node, "until": waits.due, "event": waits.event, "text": waits.describe()}
     if record.dataset is not None:
         info["records"] = reading.progress(record)
         if calls := reading.model_calls(record):

@@ -275,6 +275,7 @@ def _run_row(r: Any, reading: Any) -> tuple[str, ...]:
         with contextlib.suppress(Exception):
             counts = reading.progress(r)
             progress = f"{counts['done']}/{counts['total'] if counts['total'] is not None else '?'} records"
+    progress = r.waits or progress
     started = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(r.created))
     return r.run_id, r.name, r.backend, r.priority, r.status, progress, started, f"{r.updated - r.created:.1f}s"
 

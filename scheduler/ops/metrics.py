@@ -52,6 +52,7 @@ from worker.cluster.state.progress import BatchProgress, StreamProgress
 from worker.datasets.job import RECORDS
 from worker.llm import usage as llm_usage
 from worker.runs.record import STATUSES
+from worker.waits import Waiting
 
 log = logging.getLogger(__name__)
 
@@ -79,6 +80,7 @@ class RunView:
     batches: list[BatchProgress] = field(default_factory=list)
     total_known: bool = True  # False while a dataset job's file is still being read
     llm: dict[str, Any] | None = None  # `usage_totals` of the run's model calls (None: it keeps no `__llm_calls__`)
+    waiting: Waiting | None = None  # what its `wait` node waits for, if it waits
 
     @property
     def done(self) -> int:
@@ -146,7 +148,7 @@ class ClusterView:
 
     def _runs(self) -> tuple[Counter[tuple[str, str]], list[RunView]]:
         ids = [raw.decode() for raw in self.redis.zrange(RUNS, 0, -1)]
-        fields = ("status", "node", "created", "updated", "source", "dataset")
+        fields = ("status", "node", "created", "updated", "source", "dataset", "waiting")
         pipe = self.redis.pipeline(transaction=False)
         for run_id in ids:
             pipe.hmget(RunKeys(run_id).run, fields)
@@ -165,6 +167,7 @@ class ClusterView:
                 view = RunView(
                     run_id, name, record["status"], record["node"] or None, float(record["created"] or 0),
                     float(record["updated"] or 0), bool(record["dataset"]), llm=self._usage[run_id][1],
+                    waiting=Waiting.from_wire(json.loads(record["waiting"])) if record["waiting"] else None,
                 )  # fmt: skip
                 active.append(view)
         self._read_progress([v for v in active if v.status == "running"])

@@ -124,6 +124,8 @@ def _run_row(view: RunView, rate: float | None) -> list[str | Text | ProgressBar
     if batch is None:
         bar: str | ProgressBar = ""
         items = f"{view.done} done" if view.done else "-"
+        if view.waiting is not None and view.status == "running":
+            items = view.waiting.describe()
         eta = None
     else:
         bar = ProgressBar(total=max(batch.total, 1), completed=batch.done, width=WIDEST_BAR)

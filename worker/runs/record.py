@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ir.errors import Fenced, NewerFormat
+from worker.waits import Waiting
 
 #: The record format this release writes (`format` in every run record); it reads every one up to it. Format 0:
 #: a record written before formats were numbered.
@@ -96,6 +97,16 @@ class RunRecord:
     updates: list[dict[str, Any]] = field(default_factory=list)  # `chordflow update`s: [{at, changes}], oldest first
     priority: str = "normal"  # a cluster run's (ir/priorities.py): its chunks' and advances' place in the queue
     format: int = FORMAT  # the record format it was written in
+    waiting: dict[str, Any] | None = None  # what a `wait` node waits for (worker/waits.py Waiting), if it waits
+
+    def _waiting(self) -> dict[str, Any]:
+        w = self.waiting or {}
+        return {"node": w.get("node"), "until": w.get("due"), "event": w.get("event"), "text": self.waits}
+
+    @property
+    def waits(self) -> str | None:
+        """`waiting until 06:00:00 UTC`, `waiting for event 'approved'`: a running run at a wait, else None."""
+        return Waiting.from_wire(self.waiting).describe() if self.waiting and self.status == "running" else None
 
     def check_format(self) -> None:
         """NewerFormat when a newer release wrote this record: a worker of this one leaves its run alone."""
@@ -122,6 +133,7 @@ class RunRecord:
             "dataset": self.dataset,
             "updates": self.updates,
             "priority": self.priority,
+            **({"waiting": self._waiting()} if self.waits else {}),
         }
 
 

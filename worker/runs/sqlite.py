@@ -32,6 +32,8 @@ from worker.runs.record import FINAL, RunRecord, TrailStep, trail_action
 from worker.waits import Waiting, sleep
 
 COLUMNS = "run_id, workflow, backend, status, node, step, error, created, updated, source, batches, dataset, format"
+#: What a record is read as: its columns, what its `wait` node waits for (if it waits), and its owner (last).
+READ = f"{COLUMNS}, (SELECT waiting FROM waits WHERE waits.run_id = runs.run_id AND waiting IS NOT NULL), owner"
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS runs (
   run_id TEXT PRIMARY KEY, workflow TEXT NOT NULL, backend TEXT NOT NULL, status TEXT NOT NULL,
@@ -141,7 +143,7 @@ class LocalRuns:
     def get(self, run_id: str) -> RunRecord | None:
         with self.lock:
             row = self.db.execute(
-                f"SELECT {COLUMNS}, owner FROM runs WHERE run_id = ?",
+                f"SELECT {READ} FROM runs WHERE run_id = ?",
                 (run_id,),
             ).fetchone()
         return self._alive(row) if row else None
@@ -149,11 +151,11 @@ class LocalRuns:
     def recent(self, status: str | None = None, limit: int = 20) -> list[RunRecord]:
         with self.lock:  # the unfinished runs first (a few): one whose owner is gone is recorded failed
             unfinished = self.db.execute(
-                f"SELECT {COLUMNS}, owner FROM runs WHERE status NOT IN ({','.join('?' * len(FINAL))})", FINAL
+                f"SELECT {READ} FROM runs WHERE status NOT IN ({','.join('?' * len(FINAL))})", FINAL
             ).fetchall()
         for row in unfinished:
             self._alive(row)
-        query = f"SELECT {COLUMNS}, owner FROM runs"
+        query = f"SELECT {READ} FROM runs"
         args: tuple[Any, ...] = ()
         if status:
             query, args = query + " WHERE status = ?", (status,)
@@ -302,14 +304,6 @@ class LocalRuns:
     # -- waits and signals (worker/waits.py) ---------------------------------------------------------------------
     def waits(self, run_id: str) -> LocalWaits:
         return LocalWaits(self, run_id)
-
-    def waiting(self, run_id: str) -> Waiting | None:
-        """What the run waits for now, if it waits."""
-        with self.lock:
-            row = self.db.execute(
-                "SELECT waiting FROM waits WHERE run_id = ? AND waiting IS NOT NULL", (run_id,)
-            ).fetchone()
-        return None if row is None else Waiting.from_wire(json.loads(row[0]))
 
     def signal(self, run_id: str, event: str, data: Any) -> None:
         """Keep `event` with its data until a wait of the run takes it (its process looks every POLL_SECONDS)."""
@@ -506,4 +500,5 @@ def _record(row: tuple[Any, ...]) -> RunRecord:
     return RunRecord(
         run_id, json.loads(workflow), backend, status, node, step, error, created, updated, source,
         json.loads(batches), json.loads(dataset) if dataset else None, format=int(written or 0),
+        waiting=json.loads(row[13]) if row[13] else None,
     )  # fmt: skip

@@ -19,7 +19,6 @@ from worker.batch.rows import Row
 from worker.engine.steps import Step
 from worker.runs.owner import Owner
 from worker.runs.record import FINAL, RunRecord, TrailStep
-from worker.waits import Waiting
 
 
 class RunStore(Protocol):
@@ -62,10 +61,6 @@ class RunStore(Protocol):
 
     def owner(self, run_id: str) -> Owner | None:
         """The process driving the run (a local run: worker/runs/owner.py); None when the workers drive it."""
-        ...
-
-    def waiting(self, run_id: str) -> Waiting | None:
-        """What the run waits for now (a `wait` node: worker/waits.py), if it waits."""
         ...
 
     def signal(self, run_id: str, event: str, data: Any) -> None:

@@ -93,6 +93,7 @@ function bar(done, total, failedCount) {  // succeeded items blue, failed ones r
             el("div", {class: "bad", style: `width:${pct(failedCount)}%`}));
 }
 function progressCell(r) {
+  if (r.waiting) return el("td", {class: "progress"}, r.waiting);
   if (!r.total && !r.done) return el("td", {class: "progress"}, r.steps + " steps");
   const total = r.total === null ? r.read + "+" : r.total;
   const cell = el("td", {class: "progress", "data-done": r.done, "data-total": r.total ?? ""});
@@ -156,7 +157,8 @@ function showRun(runId) {
 function renderRun(data) {
   const r = data.run;
   if (r.run_id !== current) return;
-  $("run-status").textContent = r.status; $("run-status").className = "status " + r.status;
+  $("run-status").textContent = r.status + (r.waiting ? ": " + r.waiting : "");
+  $("run-status").className = "status " + r.status;
   const total = r.total === null ? r.read + "+" : r.total;
   $("run-meta").textContent = `${r.workflow} · ${r.backend} · ${r.priority} priority · `
     + `${r.done}/${total} items · ${r.failed} failed · `

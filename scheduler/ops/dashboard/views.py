@@ -114,7 +114,7 @@ class Views:
             "run_id": record.run_id, "workflow": record.name, "backend": record.backend, "status": record.status,
             "node": record.node, "steps": record.step, "error": record.error, "created": record.created,
             "duration": max(0.0, ended - record.created), "dataset": record.dataset is not None,
-            "rate": None, "eta_s": None, "priority": record.priority,
+            "rate": None, "eta_s": None, "priority": record.priority, "waiting": record.waits,
             "llm": None if record.dataset is not None else self._llm(record, runs),
         }  # fmt: skip
         batches: dict[str, Any] = dict(record.batches)

@@ -97,6 +97,8 @@ def test_chordflow_signal_releases_an_events_wait_with_its_data() -> None:
     run = api.submit(waiting_then_echo(event="approved", timeout="1h"))
     waiting = shown_waiting(run)
     assert waiting["event"] == "approved" and waiting["text"].startswith("waiting for event 'approved' (until ")
+    listed = subprocess.run([sys.executable, "-m", "scheduler.cli", "runs"], capture_output=True, text=True, timeout=60)
+    assert f"{run}\t" in listed.stdout and waiting["text"] in listed.stdout  # `runs` shows the wait as its progress
     argv = [sys.executable, "-m", "scheduler.cli", "signal", run, "approved", "--data", '{"by": "ann"}']
     sent = subprocess.run(argv, capture_output=True, text=True, env=os.environ, timeout=60)
     assert sent.returncode == 0 and sent.stdout.strip() == f"sent 'approved' to run {run}", sent.stderr

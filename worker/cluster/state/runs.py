@@ -35,7 +35,6 @@ from worker.cluster.state.keys import QUEUED, RUNS, TIMERS, WINDOWS, RunKeys, pu
 from worker.cluster.state.runstate import client, script
 from worker.engine.steps import Step
 from worker.runs.record import FINAL, RunRecord, TrailStep, trail_action
-from worker.waits import Waiting
 
 #: Keys deleted per DEL when a run is trimmed or purged.
 DELETE_BATCH = 500
@@ -148,10 +147,6 @@ class ClusterRuns:
                 pipe.execute()
             except redis.WatchError:
                 raise RunPurged(f"run {run_id} was purged: nothing of it is written") from None
-
-    def waiting(self, run_id: str) -> Waiting | None:
-        """What the run waits for now, if it waits (worker/cluster/state/waits.py)."""
-        return waits.waiting(self.redis, run_id)
 
     def signal(self, run_id: str, event: str, data: Any) -> None:
         """Keep `event` with its data until a wait of the run takes it; a run waiting for it goes on now."""
@@ -431,6 +426,7 @@ def _record(raw: dict[bytes, bytes]) -> RunRecord:
         json.loads(f["dataset"]) if f.get("dataset") else None, f.get("workflow_sig") or None,
         json.loads(f["updates"]) if f.get("updates") else [],
         f.get("priority") or "normal", int(f.get("format") or 0),
+        json.loads(f["waiting"]) if f.get("waiting") else None,
     )  # fmt: skip
 
 
