@@ -18,6 +18,9 @@ For the LLM bench (bench/llm.py): `answer_words(last message)` sets how many wor
 padded), so output lengths vary per prompt and no client knows them before the answer; `tokens_per_minute` is a
 quota over a sliding minute of billed tokens: a request whose tokens (input and output) would take the last 60 s
 past it is answered 429 with Retry-After, the seconds until enough of that minute's tokens have aged out.
+
+On the same port, both providers' batch APIs (OpenAI files and batches, Anthropic message batches): see
+tests/support/llm_batches.py, whose lines are answered by this module's `reply` and billed apart.
 """
 
 from __future__ import annotations
@@ -30,15 +33,21 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from email.message import Message
 from http.server import BaseHTTPRequestHandler
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
 from tests.support.http_server import running
 from worker.llm import fake
 
+if TYPE_CHECKING:
+    from tests.support import llm_batches
+
 KEY = "sk-loopback-test"
+#: The batch APIs' paths (tests/support/llm_batches.py): OpenAI's files and batches, Anthropic's message batches.
+BATCH_PATHS = ("/v1/files", "/v1/batches", "/v1/messages/batches")
 
 
 @dataclass
@@ -62,6 +71,21 @@ class Provider:
     billed_at: deque[tuple[float, int]] = field(default_factory=deque)  # (monotonic time, tokens) within the minute
     input_tokens: int = 0
     output_tokens: int = 0
+    # The batch APIs (tests/support/llm_batches.py); the knobs above apply to the sync routes only.
+    batch_delay: float = 0.0  # seconds after a batch's creation at which its lines finish
+    batch_finish: Callable[[int], float] | None = None  # the same by a line's position in its batch (else the above)
+    batch_expire: float | None = None  # seconds after creation at which a batch still unfinished expires (None: 24 h)
+    batch_errors: Callable[[str], str | None] | None = None  # a line's error message, by its last message (None: ok)
+    # (protocol, id, metadata, lines) of every batch created
+    batches_created: list[tuple[str, str, dict[str, str] | None, int]] = field(default_factory=list)
+    batch_cancels: list[str] = field(default_factory=list)  # the batches cancelled, by id
+    answer_creates: threading.Event | None = None  # set: a batch create is answered only once it is set (or never)
+    # (protocol, batch id, custom_id, status: 200 or its error's) of every batch line answered, once each
+    batch_answered: list[tuple[str, str, str, int]] = field(default_factory=list)
+    batch_input_tokens: int = 0  # billed for batch lines, apart from the sync routes' tokens
+    batch_output_tokens: int = 0
+    batch_files: dict[str, llm_batches.File] = field(default_factory=dict)  # OpenAI files, by id
+    batch_jobs: dict[str, llm_batches.Job] = field(default_factory=dict)  # batches of both protocols, oldest first
     lock: threading.Lock = field(default_factory=threading.Lock)
     url: str = ""
 
@@ -90,9 +114,14 @@ class Provider:
         return max(wait, 0.001)
 
     def tokens(self) -> tuple[int, int]:
-        """(input, output) tokens billed in all."""
+        """(input, output) tokens billed in all by the sync routes."""
         with self.lock:
             return self.input_tokens, self.output_tokens
+
+    def batch_tokens(self) -> tuple[int, int]:
+        """(input, output) tokens billed in all for batch lines."""
+        with self.lock:
+            return self.batch_input_tokens, self.batch_output_tokens
 
 
 def _words(text: Any) -> int:
@@ -103,17 +132,33 @@ def handler(provider: Provider) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"  # keep-alive, as providers serve
 
+        def do_GET(self) -> None:
+            self.batches(self.rfile.read(int(self.headers.get("Content-Length") or 0)))
+
         def do_POST(self) -> None:
-            body = json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0)) or b"{}")
+            raw = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            if self.path.startswith(BATCH_PATHS):
+                self.batches(raw)
+                return
+            body = json.loads(raw or b"{}")
             with provider.lock:
                 provider.bodies.append(body)
-            bearer = self.headers.get("Authorization") == f"Bearer {provider.key}"
             if self.path.endswith("/chat/completions"):
-                self.answer("openai", body, bearer)
-            elif self.path.endswith("/messages"):  # Anthropic's clients send x-api-key, or a bearer token
-                self.answer("anthropic", body, bearer or self.headers.get("x-api-key") == provider.key)
+                self.answer("openai", body, authorized(provider, "openai", self.headers))
+            elif self.path.endswith("/messages"):
+                self.answer("anthropic", body, authorized(provider, "anthropic", self.headers))
             else:
                 self.send_json(404, {"error": {"message": f"no route {self.path}"}})
+
+        def batches(self, raw: bytes) -> None:
+            """Answer a batch API's request: a JSON payload, or a file's bytes."""
+            from tests.support import llm_batches  # it imports this module: loaded once this one is whole
+
+            status, content = llm_batches.route(provider, self.command, self.path, self.headers, raw)
+            if isinstance(content, bytes):
+                self.send_content(status, content, "application/octet-stream")
+            else:
+                self.send_json(status, content)
 
         def answer(self, protocol: str, body: dict[str, Any], authorized: bool) -> None:
             model = str(body.get("model"))
@@ -141,18 +186,7 @@ def handler(provider: Provider) -> type[BaseHTTPRequestHandler]:
         def chat(self, protocol: str, model: str, body: dict[str, Any]) -> tuple[int, dict[str, Any], float]:
             """(status, payload, seconds to ask again after a 429 over the quota, else 0)."""
             messages = body.get("messages") or []
-            schema, tool = requested_schema(protocol, body)
-            value = None if schema is None else structured(provider, schema, messages)
-            if schema is None or isinstance(value, str):
-                text = value or "echo: " + str(messages[-1]["content"] if messages else "")
-                if provider.answer_words is not None and schema is None:
-                    words = provider.answer_words(str(messages[-1]["content"] if messages else ""))
-                    text = " ".join([text, *["lorem"] * (words - _words(text))])
-            else:
-                text = json.dumps(value)
-            system = body.get("system") if protocol == "anthropic" else None
-            tokens_in = sum(_words(m.get("content")) for m in messages) + _words(system)
-            tokens_out = _words(text)
+            payload, tokens_in, tokens_out = reply(provider, protocol, model, body)
             with provider.lock:
                 wait = provider.over_quota(tokens_in + tokens_out)
             if wait is not None:
@@ -165,27 +199,16 @@ def handler(provider: Provider) -> type[BaseHTTPRequestHandler]:
             with provider.lock:
                 provider.input_tokens += tokens_in
                 provider.output_tokens += tokens_out
-            if protocol == "openai":
-                return 200, {
-                    "id": "chatcmpl-loopback", "object": "chat.completion", "created": int(time.time()), "model": model,
-                    "choices": [{"index": 0, "finish_reason": "stop",
-                                 "message": {"role": "assistant", "content": text}}],
-                    "usage": {"prompt_tokens": tokens_in, "completion_tokens": tokens_out,
-                              "total_tokens": tokens_in + tokens_out},
-                }, 0.0  # fmt: skip
-            return 200, {
-                "id": "msg_loopback", "type": "message", "role": "assistant", "model": model,
-                "content": [{"type": "text", "text": text}], "stop_reason": "end_turn", "stop_sequence": None,
-                "usage": {"input_tokens": tokens_in, "output_tokens": tokens_out},
-            } | ({} if tool is None else {
-                "content": [{"type": "tool_use", "id": "toolu_loopback", "name": tool, "input": value}],
-                "stop_reason": "tool_use",
-            }), 0.0  # fmt: skip
+            return 200, payload, 0.0
 
         def send_json(self, status: int, payload: dict[str, Any], headers: dict[str, str] | None = None) -> None:
-            data = json.dumps(payload).encode()
+            self.send_content(status, json.dumps(payload).encode(), "application/json", headers)
+
+        def send_content(
+            self, status: int, data: bytes, content_type: str, headers: dict[str, str] | None = None
+        ) -> None:
             self.send_response(status)
-            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Type", content_type)
             self.send_header("Content-Length", str(len(data)))
             for name, value in (headers or {}).items():
                 self.send_header(name, value)
@@ -196,6 +219,45 @@ def handler(provider: Provider) -> type[BaseHTTPRequestHandler]:
             pass
 
     return Handler
+
+
+def authorized(provider: Provider, protocol: str, headers: Message) -> bool:
+    """The request carries the key: a bearer token, or (Anthropic's clients send it) x-api-key."""
+    bearer = headers.get("Authorization") == f"Bearer {provider.key}"
+    return bearer or (protocol == "anthropic" and headers.get("x-api-key") == provider.key)
+
+
+def reply(provider: Provider, protocol: str, model: str, body: dict[str, Any]) -> tuple[dict[str, Any], int, int]:
+    """The answer to a chat request, unbilled: (the API's payload, input tokens, output tokens). The sync routes and
+    the batch lines (tests/support/llm_batches.py) both answer with it."""
+    messages = body.get("messages") or []
+    schema, tool = requested_schema(protocol, body)
+    value = None if schema is None else structured(provider, schema, messages)
+    if schema is None or isinstance(value, str):
+        text = value or "echo: " + str(messages[-1]["content"] if messages else "")
+        if provider.answer_words is not None and schema is None:
+            words = provider.answer_words(str(messages[-1]["content"] if messages else ""))
+            text = " ".join([text, *["lorem"] * (words - _words(text))])
+    else:
+        text = json.dumps(value)
+    system = body.get("system") if protocol == "anthropic" else None
+    tokens_in = sum(_words(m.get("content")) for m in messages) + _words(system)
+    tokens_out = _words(text)
+    if protocol == "openai":
+        return {
+            "id": "chatcmpl-loopback", "object": "chat.completion", "created": int(time.time()), "model": model,
+            "choices": [{"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": text}}],
+            "usage": {"prompt_tokens": tokens_in, "completion_tokens": tokens_out,
+                      "total_tokens": tokens_in + tokens_out},
+        }, tokens_in, tokens_out  # fmt: skip
+    return {
+        "id": "msg_loopback", "type": "message", "role": "assistant", "model": model,
+        "content": [{"type": "text", "text": text}], "stop_reason": "end_turn", "stop_sequence": None,
+        "usage": {"input_tokens": tokens_in, "output_tokens": tokens_out},
+    } | ({} if tool is None else {
+        "content": [{"type": "tool_use", "id": "toolu_loopback", "name": tool, "input": value}],
+        "stop_reason": "tool_use",
+    }), tokens_in, tokens_out  # fmt: skip
 
 
 def requested_schema(protocol: str, body: dict[str, Any]) -> tuple[dict[str, Any] | None, str | None]:
