@@ -146,6 +146,10 @@ class EventTimedOut(ChordflowError, TimeoutError):
     """A `wait` node's event did not come within its `timeout`: the node's error (an `error` edge takes it)."""
 
 
+class LineRefused(ChordflowError, RuntimeError):
+    """A provider batch answered an item's request with an error (the provider's message): the item's error."""
+
+
 class WaitTimeout(ChordflowError, TimeoutError):
     """`wait` gave up before the run ended (the run goes on)."""
 
@@ -214,6 +218,15 @@ class IdempotencyConflict(ValidationError):
             f"use a new key (see `chordflow status {existing}`)"
         )
         self.existing = existing
+
+
+class UnknownSchedule(ValidationError):
+    """No schedule of that name (`chordflow schedule remove|pause|resume`, scheduler/schedules.py): one line, exit 2
+    as every user error (`name`: the name asked for)."""
+
+    def __init__(self, name: str):
+        super().__init__(f"no schedule named {name!r} (`chordflow schedule list` shows them)")
+        self.name = name
 
 
 # -- raised by the run stores, the cluster's signing, the command line, the dashboard and repair -----------

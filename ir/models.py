@@ -39,6 +39,31 @@ class _Model(BaseModel):
     model_config = ConfigDict(extra="forbid", populate_by_name=True, frozen=False, defer_build=True)
 
 
+class ProviderBatchSpec(_Model):
+    """`batch.provider_batch` on an `llm` node: the items' requests go to the provider's batch API (half price,
+    answered within hours), and whatever it has not answered by `deadline` runs synchronously."""
+
+    deadline: str | float = Field(
+        description=f"How long the provider may take, from when the batch starts: a duration {durations.EXAMPLES}, "
+        "or seconds; what it has not answered by then is cancelled and asked synchronously"
+    )
+
+    @field_validator("deadline", mode="before")
+    @classmethod
+    def _deadline(cls, value: Any) -> Any:
+        number = isinstance(value, int | float) and not isinstance(value, bool)
+        if not ((number and value > 0) or (isinstance(value, str) and durations.seconds(value))):
+            raise ValueError(
+                f"batch.provider_batch.deadline must be a duration {durations.EXAMPLES}, or seconds > 0, "
+                f"got {shown(value)}"
+            )
+        return value
+
+    @property
+    def seconds(self) -> float:
+        return float(self.deadline) if not isinstance(self.deadline, str) else float(durations.seconds(self.deadline))
+
+
 class BatchSpec(_Model):
     """`batch` on a node: run the node once per item of `items` (docs/ARCHITECTURE.md, the batch contract)."""
 
@@ -55,6 +80,9 @@ class BatchSpec(_Model):
     )
     tolerated_failure_count: int | None = Field(
         None, ge=0, description="continue only: the batch fails once more than this many items failed"
+    )
+    provider_batch: ProviderBatchSpec | None = Field(
+        None, description="`llm` nodes only: send the items' requests through the provider's batch API"
     )
 
     @field_validator("items", mode="before")

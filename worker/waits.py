@@ -24,22 +24,35 @@ POLL_SECONDS = 0.2
 @dataclass(frozen=True)
 class Waiting:
     """What a waiting run shows (`status`, `runs`, `top`, the dashboard): the node, when it ends at the latest
-    (epoch seconds; None: only its event ends it) and the event it waits for (None: a time)."""
+    (epoch seconds; None: only its event ends it) and the event it waits for (None: a time). A run waiting for
+    provider batches (worker/llm/provider_batches.py) lists them in `batches` ({provider, id, base_url, total,
+    done, failed, status}), `due` its next look at them and `deadline` when it stops waiting for them."""
 
     key: str
     node: str
     due: float | None
     event: str | None
+    batches: tuple[dict[str, Any], ...] = ()
+    deadline: float | None = None
 
     def to_wire(self) -> dict[str, Any]:
-        return {"key": self.key, "node": self.node, "due": self.due, "event": self.event}
+        wire = {"key": self.key, "node": self.node, "due": self.due, "event": self.event}
+        return wire | ({"batches": list(self.batches), "deadline": self.deadline} if self.batches else {})
 
     @classmethod
     def from_wire(cls, wire: dict[str, Any]) -> Waiting:
-        return cls(wire["key"], wire["node"], wire.get("due"), wire.get("event"))
+        batches = tuple(wire.get("batches") or ())
+        return cls(wire["key"], wire["node"], wire.get("due"), wire.get("event"), batches, wire.get("deadline"))
 
     def describe(self) -> str:
-        """`waiting until 06:00 UTC`, `waiting for event 'approved' (until 06:00 UTC)`."""
+        """`waiting until 06:00 UTC`, `waiting for event 'approved' (until 06:00 UTC)`, `waiting for 2 provider
+        batches: 1,200/10,000 answered, deadline 06:00 UTC`."""
+        if self.batches:
+            total = sum(b.get("total") or 0 for b in self.batches)
+            done = sum((b.get("done") or 0) + (b.get("failed") or 0) for b in self.batches)
+            plural = "es" if len(self.batches) > 1 else ""
+            deadline = f", deadline {clock(self.deadline)}" if self.deadline is not None else ""
+            return f"waiting for {len(self.batches)} provider batch{plural}: {done:,}/{total:,} answered{deadline}"
         until = f"until {clock(self.due)}" if self.due is not None else ""
         if self.event is None:
             return f"waiting {until}"

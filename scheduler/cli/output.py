@@ -214,4 +214,7 @@ def llm_line(totals: dict[str, Any]) -> str:
     calls, inputs, outputs = totals["calls"], totals["input_tokens"], totals["output_tokens"]
     cached = f" ({totals['cached_calls']} answered from kept answers)" if totals.get("cached_calls") else ""
     cost = f", ${totals['cost_usd']:.4f}" if "cost_usd" in totals else ""
+    if totals.get("batch_calls"):
+        saved = f", ${totals['saved_usd']:.4f} saved" if "saved_usd" in totals else ""
+        cost += f" ({totals['batch_calls']} in provider batches{saved})"
     return f"llm: {calls} calls{cached}, {inputs} input tokens, {outputs} output tokens{cost}"

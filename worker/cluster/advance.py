@@ -37,7 +37,7 @@ from worker.cluster.state.answers import RedisAnswers
 from worker.cluster.state.keys import RunKeys
 from worker.cluster.state.runs import ClusterRuns
 from worker.cluster.state.runstate import RunState
-from worker.cluster.state.waits import RedisWaits
+from worker.cluster.state.waits import RedisWaits, waiting
 from worker.engine import context
 from worker.engine.context import RunContext
 from worker.engine.flow import WorkflowFlow, build_flow
@@ -45,6 +45,7 @@ from worker.engine.loader import load
 from worker.engine.sections import BranchSink, BranchState, BranchSteps, StopFlag, StoredBranches, merged
 from worker.engine.stepper import batch_nodes, drive, ending
 from worker.engine.steps import Cursor, Step, Suspended
+from worker.nodes import provider_batches
 from worker.runs.record import FINAL, RECORD_STATUS, StepJournal
 
 log = logging.getLogger(__name__)
@@ -160,6 +161,8 @@ def advance(self: Any, message: Any, *legacy: Any) -> str:
 
     def run() -> str:
         if state.cancelled():
+            if (held := waiting(state.redis, run_id)) is not None:  # it waited for provider batches: they go too
+                provider_batches.cancel_listed(held.batches)
             runs.set_status(run_id, "cancelled", "run cancelled")
             _ended(runs, run_id, record.status, "cancelled", record.node)
             return "cancelled"

@@ -51,6 +51,12 @@ class PflowBatchNode(BatchNode):
     def _exec(self, job: BatchJob) -> BatchResult:
         backend = context.current().backend
         assert backend is not None
+        node = self.inner
+        while hasattr(node, "inner"):  # the wrappers
+            node = node.inner
+        before = getattr(node, "before_batch", None)
+        if before is not None:  # the node's type prepares the batch (the `llm` node's provider batches)
+            before(job)
         return backend.run_batch(job)
 
     def post(self, shared: Any, prep_res: BatchJob, exec_res: BatchResult) -> str:

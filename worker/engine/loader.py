@@ -96,18 +96,32 @@ def node_problems(workflow: ir.Workflow) -> list[str]:
     ] + wait_problems(workflow)
 
 
+def waiting_nodes(workflow: ir.Workflow) -> list[tuple[int, NodeSpec, str]]:
+    """(index, spec, what) of each node that makes its run wait: a `wait` node, an `llm` batch with `provider_batch`."""
+    found = []
+    for i, spec in enumerate(workflow.nodes):
+        if spec.type == wait.NODE_TYPE:
+            found.append((i, spec, "a wait node"))
+        elif spec.batch is not None and spec.batch.provider_batch is not None:
+            found.append((i, spec, "a provider batch"))
+    return found
+
+
 def wait_problems(workflow: ir.Workflow) -> list[str]:
-    """A `wait` node runs at the run's top level only: a batch of waits, or a wait in a parallel branch, would
-    hold a worker for as long as it waits (a sub-workflow's: worker/nodes/subworkflow.py)."""
-    waits = [(i, spec) for i, spec in enumerate(workflow.nodes) if spec.type == wait.NODE_TYPE]
-    if not waits:
+    """What waits runs at the run's top level only: a batch of waits, or a wait in a parallel branch, would hold a
+    worker for as long as it waits (a sub-workflow's: worker/nodes/subworkflow.py). `provider_batch` is for `llm`
+    nodes only."""
+    waiting = waiting_nodes(workflow)
+    if not waiting:
         return []
     in_branch = {n for section in branches.sections(workflow) for nodes in section.members.values() for n in nodes}
     problems = []
-    for i, spec in waits:
-        where = f"nodes[{i}] (id '{spec.id}'): a wait node waits at the run's top level only"
-        if spec.batch:
+    for i, spec, what in waiting:
+        where = f"nodes[{i}] (id '{spec.id}'): {what} waits at the run's top level only"
+        if spec.type == wait.NODE_TYPE and spec.batch:
             problems.append(f"{where}, not as a batch node")
+        if spec.type not in (wait.NODE_TYPE, "llm"):
+            problems.append(f"nodes[{i}] (id '{spec.id}'): batch.provider_batch is for llm nodes only, not {spec.type}")
         if spec.id in in_branch:
             problems.append(f"{where}, not in a parallel branch")
     return problems

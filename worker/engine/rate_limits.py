@@ -2,11 +2,12 @@
 "too many requests".
 
 A node's `rate_limit` (ir/models.py RateLimitSpec) names a bucket; every call of every node naming the same
-key draws from it. The bucket is a GCRA (generic cell rate algorithm): it keeps one time, the theoretical
-arrival time (TAT) of the next call; a call is admitted when TAT - now <= the burst's tolerance, and moves TAT
-one emission interval (1/rate) on. `tokens_per_minute` is a second GCRA of the same bucket, charged after
-the call with the tokens it reports (a node's `tokens_used(exec_res)`), so calls are admitted while the
-account owes less than a minute of tokens. Two declarations of one key share the lowest rate while both are
+key draws from it (but an `llm` call the run has the answer to, which sends nothing). The bucket is a GCRA
+(generic cell rate algorithm): it keeps one time, the theoretical arrival time (TAT) of the next call; a call is
+admitted when TAT - now <= the burst's tolerance, and moves TAT one emission interval (1/rate) on.
+`tokens_per_minute` is a second GCRA of the same bucket, charged after the call with the tokens it reports (a
+node's `tokens_used(exec_res)`), so calls are admitted while the account owes less than a minute of tokens. Two
+declarations of one key share the lowest rate while both are
 in use (a declaration lasts DECLARED_SECONDS after its last call).
 
 Where the bucket lives is a Limiter: `LocalLimiter` here, in this process (local runs); on a cluster, one
@@ -213,6 +214,14 @@ def runner(node: BaseNode, limit: RateLimitSpec | None) -> Callable[[Any], Any]:
     return run
 
 
+def _answered(node: BaseNode, prep_res: Any) -> bool:
+    """Whether the node says this attempt sends nothing (`answered(prep_res)`: an `llm` call whose answer the run
+    has kept, a provider batch's): it is not admitted, so a batch answered in a provider batch is not held to the
+    rate its synchronous calls would be."""
+    answered = getattr(node, "answered", None)
+    return answered is not None and answered(prep_res)
+
+
 def _call(node: BaseNode, limit: RateLimitSpec | None, shared: Any) -> Any:
     return call(node, shared, limit)
 
@@ -234,7 +243,7 @@ def _attempts(
             if raised is not None:
                 exc, raised = raised, None
                 raise exc
-            if limiter is not None:
+            if limiter is not None and not _answered(node, prep_res):
                 admit(limit, limiter)  # type: ignore[arg-type]
             exec_res = node.exec(prep_res)
         except Throttled as exc:

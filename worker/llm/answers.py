@@ -18,6 +18,7 @@ import hashlib
 import json
 from typing import Any, Protocol
 
+from ir.errors import LineRefused
 from worker.llm.providers import Answer, Model, Request
 
 
@@ -29,6 +30,26 @@ class Answers(Protocol):
 
     def keep(self, key: str, answer: dict[str, Any], share_for: int | None) -> None: ...
 
+    def known(self, keys: list[str]) -> set[str]:
+        """Which of `keys` this run has answers to (one look for them all: a provider batch asks for thousands)."""
+        ...
+
+
+class MemoryAnswers:
+    """The answers of a flow run with no record (`compile(...).run(shared)`): this process's, while it runs."""
+
+    def __init__(self) -> None:
+        self.kept: dict[str, dict[str, Any]] = {}
+
+    def find(self, key: str, shared: bool) -> dict[str, Any] | None:
+        return self.kept.get(key)
+
+    def keep(self, key: str, answer: dict[str, Any], share_for: int | None) -> None:
+        self.kept[key] = answer
+
+    def known(self, keys: list[str]) -> set[str]:
+        return set(keys) & set(self.kept)
+
 
 def key_of(model: Model, request: Request) -> str:
     """The digest of what shapes the answer: the model, its provider and endpoint, and the request (its timeout,
@@ -38,10 +59,18 @@ def key_of(model: Model, request: Request) -> str:
     return hashlib.sha256(json.dumps(shape, sort_keys=True, default=str).encode()).hexdigest()
 
 
-def to_record(answer: Answer) -> dict[str, Any]:
-    return dataclasses.asdict(answer)
+def to_record(answer: Answer, index: int | None = None) -> dict[str, Any]:
+    """What is kept of `answer`; a provider batch's names the item (`index`) whose line it answers."""
+    return dataclasses.asdict(answer) | ({} if index is None else {"index": index})
 
 
-def from_record(record: dict[str, Any]) -> Answer:
-    """A kept answer, as reused: it cost nothing this time."""
-    return Answer(**{**record, "input_tokens": 0, "output_tokens": 0, "cached": True})
+def from_record(record: dict[str, Any], index: int | None = None) -> Answer:
+    """A kept answer, as reused: it cost nothing this time; but a provider batch's answer, to the item whose line
+    it was (`index`), is that item's call, billed at the batch's price. A line the provider refused (`error`)
+    raises LineRefused with the provider's message: the item's error."""
+    if "error" in record:
+        raise LineRefused(record["error"])
+    fields = {k: v for k, v in record.items() if k != "index"}
+    if fields.get("batch") and record.get("index") == index:
+        return Answer(**fields)
+    return Answer(**{**fields, "input_tokens": 0, "output_tokens": 0, "cached": True, "batch": False})

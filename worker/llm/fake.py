@@ -16,6 +16,7 @@ import threading
 from typing import Any
 
 from ir.errors import Throttled
+from worker import settings
 
 FAKE = "fake"
 THROTTLED = "fake-throttled:"
@@ -29,6 +30,11 @@ _throttled_lock = threading.Lock()
 def is_fake(model: str | None) -> bool:
     """Whether `model` names the offline fake ("fake", "fake-throttled:N")."""
     return model == FAKE or (model or "").startswith(THROTTLED)
+
+
+def offline(model: str) -> bool:
+    """Whether calls of `model` get the fake: it is named, or CHORDFLOW_LLM_MODEL=fake makes every call offline."""
+    return is_fake(model) or settings.get("llm_model") == FAKE
 
 
 def well_formed(model: str) -> bool:

@@ -74,13 +74,15 @@ class Request:
 @dataclass(frozen=True)
 class Answer:
     """The model's text, the model that answered, and the tokens it billed (None where it does not say);
-    `cached`: a kept answer reused (worker/llm/answers.py), billed nothing this time."""
+    `cached`: a kept answer reused (worker/llm/answers.py), billed nothing this time; `batch`: answered in a provider
+    batch (worker/llm/provider_batches.py), billed at its price."""
 
     text: str
     model: str
     input_tokens: int | None
     output_tokens: int | None
     cached: bool = False
+    batch: bool = False
 
 
 def model_of(written: str) -> Model:
@@ -149,15 +151,20 @@ def client(provider: str, base_url: str | None) -> Any:
         return found
 
 
-def _openai(model: Model, request: Request) -> Answer:
+def openai_body(model: Model, request: Request) -> dict[str, Any]:
+    """The chat-completions request body for `request` (what a call sends, and a provider batch's line holds)."""
     messages = ([{"role": "system", "content": request.system}] if request.system else []) + request.messages
-    options = _options(request, temperature=request.temperature, max_tokens=request.max_tokens)
+    body = {"model": model.name, "messages": messages}
+    options = {"temperature": request.temperature, "max_tokens": request.max_tokens}
+    body |= {name: value for name, value in options.items() if value is not None}
     if request.schema is not None:
         shape = {"name": schema_name(request.schema), "schema": request.schema, "strict": strict(request.schema)}
-        options["response_format"] = {"type": "json_schema", "json_schema": shape}
-    response = client("openai", request.base_url).chat.completions.create(
-        model=model.name, messages=messages, **options
-    )
+        body["response_format"] = {"type": "json_schema", "json_schema": shape}
+    return body
+
+
+def openai_answer(response: Any, model: Model) -> Answer:
+    """The Answer in a chat completion (the client's object)."""
     usage = getattr(response, "usage", None)
     message = response.choices[0].message
     text = message.content or getattr(message, "refusal", None) or ""  # a refusal: not JSON, so asked again
@@ -165,25 +172,48 @@ def _openai(model: Model, request: Request) -> Answer:
                   _tokens(usage, "completion_tokens"))  # fmt: skip
 
 
-def _anthropic(model: Model, request: Request) -> Answer:
-    options = _options(request, system=request.system)
-    if request.temperature is not None:  # the messages API takes it; newer clients no longer name it as an argument
-        options["extra_body"] = {"temperature": request.temperature}
+def _openai(model: Model, request: Request) -> Answer:
+    body = openai_body(model, request)
+    timeout = {} if request.timeout is None else {"timeout": request.timeout}
+    response = client("openai", request.base_url).chat.completions.create(**body, **timeout)
+    return openai_answer(response, model)
+
+
+def anthropic_body(model: Model, request: Request) -> dict[str, Any]:
+    """The messages request body for `request` (what a call sends, and a provider batch's line holds)."""
+    body: dict[str, Any] = {
+        "model": model.name, "max_tokens": request.max_tokens or ANTHROPIC_MAX_TOKENS, "messages": request.messages,
+    }  # fmt: skip
+    if request.system is not None:
+        body["system"] = request.system
+    if request.temperature is not None:
+        body["temperature"] = request.temperature
     if request.schema is not None:
         name = schema_name(request.schema)
-        options["tools"] = [{"name": name, "description": TOOL_DESCRIPTION, "input_schema": request.schema}]
-        options["tool_choice"] = {"type": "tool", "name": name}
-    response = client("anthropic", request.base_url).messages.create(
-        model=model.name, max_tokens=request.max_tokens or ANTHROPIC_MAX_TOKENS, messages=request.messages, **options
-    )
+        body["tools"] = [{"name": name, "description": TOOL_DESCRIPTION, "input_schema": request.schema}]
+        body["tool_choice"] = {"type": "tool", "name": name}
+    return body
+
+
+def anthropic_answer(response: Any, model: Model, schema: dict[str, Any] | None) -> Answer:
+    """The Answer in a message (the client's object): with a `schema`, the forced tool call's input as JSON."""
     calls = [block for block in response.content if getattr(block, "type", "") == "tool_use"]
-    if request.schema is not None and calls:
+    if schema is not None and calls:
         text = json.dumps(calls[0].input)
     else:
         text = "".join(getattr(b, "text", "") for b in response.content if getattr(b, "type", "") == "text")
     usage = getattr(response, "usage", None)
     return Answer(text, getattr(response, "model", None) or model.name, _tokens(usage, "input_tokens"),
                   _tokens(usage, "output_tokens"))  # fmt: skip
+
+
+def _anthropic(model: Model, request: Request) -> Answer:
+    body = anthropic_body(model, request)
+    options: dict[str, Any] = {} if request.timeout is None else {"timeout": request.timeout}
+    if "temperature" in body:  # the messages API takes it; newer clients no longer name it as an argument
+        options["extra_body"] = {"temperature": body.pop("temperature")}
+    response = client("anthropic", request.base_url).messages.create(**body, **options)
+    return anthropic_answer(response, model, request.schema)
 
 
 def _llm_package(model: Model, request: Request) -> Answer:
@@ -225,14 +255,6 @@ def strict(schema: Any) -> bool:
 
 
 _ASK = {"openai": _openai, "anthropic": _anthropic, "llm": _llm_package}
-
-
-def _options(request: Request, **values: Any) -> dict[str, Any]:
-    """The options that were set, and the request's timeout."""
-    options = {name: value for name, value in values.items() if value is not None}
-    if request.timeout is not None:
-        options["timeout"] = request.timeout
-    return options
 
 
 def _tokens(usage: Any, name: str) -> int | None:

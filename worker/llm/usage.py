@@ -14,7 +14,8 @@ def _count(value: Any) -> int | None:
 
 
 def usage_totals(store: Mapping[str, Any]) -> dict[str, Any] | None:
-    """{"calls", "cached_calls", "input_tokens", "output_tokens"}, and "cost_usd" when any call was priced, over the
+    """{"calls", "cached_calls", "input_tokens", "output_tokens"}, "cost_usd" when any call was priced, and
+    "batch_calls" and "saved_usd" when some were answered in provider batches (what the batch price saved), over the
     store's `__llm_calls__` (None without that list): what `chordflow status` and `results` report. Entries without
     counts add a call and no tokens; a reused answer (`cached`) is a call that billed nothing; an entry with `calls`
     stands for that many (worker/llm/usage.py `entries`)."""
@@ -30,8 +31,11 @@ def usage_totals(store: Mapping[str, Any]) -> dict[str, Any] | None:
             totals["cached_calls"] += cached
             for key in ("input_tokens", "output_tokens"):
                 totals[key] += _count(entry.get(key)) or 0
-            if isinstance(cost := entry.get("cost_usd"), int | float) and not isinstance(cost, bool):
-                totals["cost_usd"] = totals.get("cost_usd", 0.0) + cost
+            for money in ("cost_usd", "saved_usd"):
+                if isinstance(usd := entry.get(money), int | float) and not isinstance(usd, bool):
+                    totals[money] = totals.get(money, 0.0) + usd
+            if entry.get("provider_batch") is True:
+                totals["batch_calls"] = totals.get("batch_calls", 0) + 1
     return totals
 
 

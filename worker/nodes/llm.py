@@ -29,6 +29,7 @@ from worker import settings
 from worker.engine import context
 from worker.engine.rate_limits import DEFAULT_MAX_WAIT
 from worker.llm import answers, budget, fake, prices, providers, schemas
+from worker.nodes import provider_batches
 from worker.nodes.http import parse_retry_after
 from worker.nodes.params import Param
 from worker.nodes.registry import register
@@ -142,7 +143,9 @@ class Call:
     max_wait: float
     cache: int | None = None  # seconds an answer is kept across runs (`cache`); None: this run only
     schema_retries: int = schemas.DEFAULT_RETRIES
+    index: int | None = None  # the batch item's index: a provider batch's answer to its line is its call
     made: list[tuple[providers.Request, providers.Answer]] = field(default_factory=list, compare=False)
+    found: dict[str, dict[str, Any] | None] = field(default_factory=dict, compare=False)  # looked up, not yet used
 
     @property
     def prompt(self) -> str:
@@ -206,15 +209,10 @@ def check_params(params: dict[str, Any]) -> dict[str, str] | str | None:
     if isinstance(schema, dict) and not references(schema) and (problem := schemas.problem(schema)) is not None:
         problems["schema"] = problem
     model = params.get("model") or settings.get("llm_model")
-    literal = isinstance(model, str) and not references(model) and not offline(model)
+    literal = isinstance(model, str) and not references(model) and not fake.offline(model)
     if literal and (problem := providers.missing_key_message(providers.model_of(model))) is not None:
         problems["model"] = problem
     return problems or None
-
-
-def offline(model: str) -> bool:
-    """Whether calls of `model` get the fake: it is named, or CHORDFLOW_LLM_MODEL=fake makes every call offline."""
-    return fake.is_fake(model) or settings.get("llm_model") == fake.FAKE
 
 
 @register("llm")
@@ -223,6 +221,7 @@ class LlmNode(Node):
 
     PARAMS = PARAMS
     check_params = staticmethod(check_params)  # static validation hook (worker/engine/loader.py)
+    before_batch = staticmethod(provider_batches.collect)  # `provider_batch` (worker/engine/batch_node.py)
 
     def prep(self, shared: Any) -> Call:
         values = {name: PARAMS[name].get("llm", self.params, name) for name in PARAMS}
@@ -244,7 +243,8 @@ class LlmNode(Node):
         if values["schema"] is not None and (problem := schemas.problem(values["schema"])) is not None:
             raise ValueError(f"llm: param 'schema' {problem}")  # a templated one; the validator is made once
         cache = None if values["cache"] is None else durations.seconds(values["cache"])
-        return Call(model, request, float(values["max_throttle_wait"]), cache, values["schema_retries"])
+        index = shared.get("__index__")
+        return Call(model, request, float(values["max_throttle_wait"]), cache, values["schema_retries"], index)
 
     def exec(self, call: Call) -> schemas.Reply:
         """The answer; with a `schema`, asked again while it does not match (worker/llm/schemas.py)."""
@@ -254,25 +254,40 @@ class LlmNode(Node):
 
         return schemas.ask(call.request, call.schema_retries, send, call.made)
 
+    def answered(self, call: Call) -> bool:
+        """Whether the run has the answer to the call's first request (a provider batch's, or one reused): then it
+        sends nothing, and the engine does not hold it to the node's `rate_limit`."""
+        return not call.made and not fake.offline(call.model) and self.kept(call, call.request) is not None
+
+    def kept(self, call: Call, request: providers.Request, *, asking: bool = False) -> dict[str, Any] | None:
+        """The run's kept answer to `request`, else None: one lookup for `answered` and the `asking` that follows."""
+        kept = context.current().answers
+        if kept is None:
+            return None
+        key = answers.key_of(providers.model_of(call.model), request)
+        if key not in call.found:
+            call.found[key] = kept.find(key, shared=call.cache is not None)
+        return call.found.pop(key) if asking else call.found[key]
+
     def answer(self, call: Call) -> providers.Answer:
         """One request's answer: one kept in the run, else a new one (the fake's, or the provider's, then kept),
         reserved against the run's budget."""
-        if offline(call.model):
+        if fake.offline(call.model):
             return spend(call, lambda: ask_fake(call))
         model, kept = providers.model_of(call.model), context.current().answers
         prices.table()  # a bad prices file stops the batch before any call is paid
         key = None if kept is None else answers.key_of(model, call.request)
-        if key is not None and (found := kept.find(key, shared=call.cache is not None)) is not None:
-            return answers.from_record(found)
+        if key is not None and (found := self.kept(call, call.request, asking=True)) is not None:
+            return answers.from_record(found, call.index)
         answer = spend(call, lambda: ask(model, call))
         if key is not None:
             kept.keep(key, answers.to_record(answer), call.cache)  # before the item's outcome: never paid twice
         return answer
 
     def tokens_used(self, reply: schemas.Reply) -> int:
-        """What the call cost, every request of it, for the engine's `tokens_per_minute` bucket (0 when the model
-        does not say)."""
-        return sum((answer.input_tokens or 0) + (answer.output_tokens or 0) for _, answer in reply.exchanges)
+        """What the call cost, every request of it sent now, for the engine's `tokens_per_minute` bucket (0 when the
+        model does not say; a provider batch's answers were not sent now)."""
+        return sum((a.input_tokens or 0) + (a.output_tokens or 0) for _, a in reply.exchanges if not a.batch)
 
     def post(self, shared: Any, call: Call, reply: schemas.Reply) -> str:
         shared["response"] = reply.answer.text
@@ -288,8 +303,13 @@ class LlmNode(Node):
                 if (value := getattr(answer, key)) is not None:
                     usage[key] = value
             usage["cached"] = answer.cached
-            if (priced := prices.cost(call.model, name, answer.input_tokens, answer.output_tokens)) is not None:
+            tokens = (call.model, name, answer.input_tokens, answer.output_tokens)
+            if (priced := prices.cost(*tokens, batch=answer.batch)) is not None:
                 usage["cost_usd"] = priced
+            if answer.batch:
+                usage["provider_batch"] = True
+                if priced is not None:
+                    usage["saved_usd"] = (prices.cost(*tokens) or 0.0) - priced
             calls = shared.get("__llm_calls__")
             if isinstance(calls, list):
                 calls.append(usage)

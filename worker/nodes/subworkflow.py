@@ -77,9 +77,10 @@ class WorkflowNode(Node):
             sub = loader.load(params.get(subworkflows.WORKFLOW))
         except ValidationError as exc:
             return named + "; ".join(exc.problems)
-        waits = [spec.id for spec in sub.nodes if spec.type == "wait"]
-        if waits:  # a sub-workflow runs in its parent's process, to its end: a wait would hold it
-            return named + f"node '{waits[0]}': a wait node waits at the run's top level only, not in a sub-workflow"
+        waiting = loader.waiting_nodes(sub)
+        if waiting:  # a sub-workflow runs in its parent's process, to its end: a wait would hold it
+            _, spec, what = waiting[0]
+            return named + f"node '{spec.id}': {what} waits at the run's top level only, not in a sub-workflow"
         return None
 
     def prep(self, shared: Any) -> Call:

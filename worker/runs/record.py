@@ -101,7 +101,10 @@ class RunRecord:
 
     def _waiting(self) -> dict[str, Any]:
         w = self.waiting or {}
-        return {"node": w.get("node"), "until": w.get("due"), "event": w.get("event"), "text": self.waits}
+        shown = {"node": w.get("node"), "until": w.get("due"), "event": w.get("event"), "text": self.waits}
+        if w.get("batches"):  # provider batches: each one's counts, and the deadline
+            shown |= {"provider_batches": w["batches"], "deadline": w.get("deadline")}
+        return shown
 
     @property
     def waits(self) -> str | None:

@@ -416,7 +416,7 @@ class LocalWaits:
 
     def __init__(self, runs: LocalRuns, run_id: str):
         self.runs, self.run_id = runs, run_id
-        self.shown: str | None = None  # the wait this process has recorded as the run's, once
+        self.shown: Waiting | None = None  # what this process last recorded as the run's wait
 
     def begin(self, key: str, now: float) -> float:
         with self.runs.writing() as db:
@@ -441,13 +441,13 @@ class LocalWaits:
         return True, json.loads(found[0])
 
     def hold(self, waiting: Waiting, cancelled: threading.Event) -> None:
-        if self.shown != waiting.key:
+        if self.shown != waiting:  # a provider batch's counts change as it goes
             with self.runs.writing() as db:
                 db.execute(
                     "UPDATE waits SET waiting = ? WHERE run_id = ? AND key = ?",
                     (json.dumps(waiting.to_wire()), self.run_id, waiting.key),
                 )
-            self.shown = waiting.key
+            self.shown = waiting
         sleep(waiting, cancelled)
 
     def end(self, key: str) -> None:
@@ -476,6 +476,11 @@ class LocalAnswers:
                     "SELECT value FROM kept_answers WHERE key = ? AND until > ?", (key, time.time())
                 ).fetchone()
         return None if row is None else json.loads(row[0])
+
+    def known(self, keys: list[str]) -> set[str]:
+        with self.runs.lock:
+            rows = self.runs.db.execute("SELECT key FROM answers WHERE run_id = ?", (self.run_id,)).fetchall()
+        return set(keys) & {row[0] for row in rows}
 
     def keep(self, key: str, answer: dict[str, Any], share_for: int | None) -> None:
         value = json.dumps(answer)

@@ -23,6 +23,10 @@ class RedisAnswers:
             found = self.state.redis.get(shared_answer_key(key))
         return None if found is None else json.loads(found)
 
+    def known(self, keys: list[str]) -> set[str]:
+        found = self.state.redis.hmget(self.key, keys) if keys else []
+        return {key for key, value in zip(keys, found, strict=True) if value is not None}
+
     def keep(self, key: str, answer: dict[str, Any], share_for: int | None) -> None:
         value = json.dumps(answer)
         self._keep(keys=[self.key, self.state.keys.tombstone], args=[key, value, self.state.ttl])
