@@ -109,6 +109,26 @@ def test_chordflow_signal_releases_an_events_wait_with_its_data() -> None:
 
 
 @pytest.mark.usefixtures("one_slot")
+def test_a_signal_releases_its_run_at_the_next_sweep() -> None:
+    runs = [api.submit(waiting_then_echo(event="go", timeout="1h")) for _ in range(20)]
+    for run in runs:
+        shown_waiting(run)
+    sent = {}
+    for run in runs:
+        sent[run] = time.time()
+        api.signal(run, "go", {"run": run})
+    late = []
+    for run in runs:
+        result = api.wait(run, timeout=60)
+        assert result.shared["w"] == {"event": "go", "data": {"run": run}}
+        late.append(ClusterRuns().get(run).updated - sent[run])  # type: ignore[union-attr]
+    late.sort()
+    # A sweep every 0.5 s sends the released run's advance; one that never did would take REFIRE_SECONDS (60).
+    print(f"\n20 signals: run ended after its signal by median {late[len(late) // 2]:.2f} s, max {late[-1]:.2f} s")
+    assert late[-1] < 30
+
+
+@pytest.mark.usefixtures("one_slot")
 def test_an_event_that_does_not_come_fails_the_node_at_its_timeout_and_an_error_edge_takes_it() -> None:
     wf = waiting_then_echo(event="approved", timeout=2)
     wf["edges"] = [{"from": "w", "to": "e", "action": "error"}]
