@@ -62,6 +62,11 @@ def cli_page() -> str:
         assert command is not None, name
         ctx = click.Context(command, info_name=name, parent=root)
         lines.append(_command_section(command, ctx, f"chordflow {name}", level=2))
+        if isinstance(command, click.Group):  # `chordflow schedule add`...: each subcommand a section of its own
+            for sub in command.list_commands(ctx):
+                each = command.get_command(ctx, sub)
+                sub_ctx = click.Context(each, info_name=sub, parent=ctx)
+                lines.append(_command_section(each, sub_ctx, f"chordflow {name} {sub}", level=3))
     return "".join(lines)
 
 

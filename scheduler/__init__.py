@@ -12,7 +12,22 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from ir.errors import RemoteError, RunCancelled
-    from scheduler.api import redrive, resume, run, signal, status, stream, submit, update, wait
+    from scheduler.api import (
+        list_schedules,
+        pause_schedule,
+        redrive,
+        resume,
+        resume_schedule,
+        run,
+        schedule,
+        signal,
+        status,
+        stream,
+        submit,
+        unschedule,
+        update,
+        wait,
+    )
     from scheduler.compiler import compile
     from worker.runs.record import RunResult
 
@@ -22,13 +37,18 @@ _PUBLIC = {
     "RunCancelled": "ir.errors",
     "RunResult": "worker.runs.record",
     "compile": "scheduler.compiler",
+    "list_schedules": "scheduler.api",
+    "pause_schedule": "scheduler.api",
     "redrive": "scheduler.api",
     "resume": "scheduler.api",
+    "resume_schedule": "scheduler.api",
     "run": "scheduler.api",
+    "schedule": "scheduler.api",
     "signal": "scheduler.api",
     "status": "scheduler.api",
     "stream": "scheduler.api",
     "submit": "scheduler.api",
+    "unschedule": "scheduler.api",
     "update": "scheduler.api",
     "wait": "scheduler.api",
 }
@@ -37,13 +57,18 @@ __all__ = [
     "RunCancelled",
     "RunResult",
     "compile",
+    "list_schedules",
+    "pause_schedule",
     "redrive",
     "resume",
+    "resume_schedule",
     "run",
+    "schedule",
     "signal",
     "status",
     "stream",
     "submit",
+    "unschedule",
     "update",
     "wait",
 ]

@@ -1,5 +1,6 @@
 """The public entry points: `run`, `stream`, `submit`, `wait`, `status`, `resume`, `redrive`, `update`, `cancel`,
-`signal`, `purge`, `prune`.
+`signal`, `purge`, `prune`, and schedules: `schedule`, `list_schedules`, `unschedule`, `pause_schedule`,
+`resume_schedule`.
 
 The ONE place that routes a call: to a dataset job (`items=`) or a workflow, to a run this process drives
 (scheduler/driver.py) or one the cluster's workers drive (scheduler/durable.py), and to the store that
@@ -281,6 +282,56 @@ def prune(older_than: float) -> dict[str, int | None]:
     else:
         pruned[cluster.where] = prune_runs(cluster, before)
     return pruned
+
+
+def schedule(
+    name: str,
+    workflow: Any,
+    cron: str,
+    *,
+    timezone: str = "UTC",
+    inputs: dict[str, Any] | None = None,
+    catchup: str = "last",
+    priority: str | None = None,
+) -> dict[str, Any]:
+    """Run `workflow` on the cluster at every time `cron` names in `timezone`, made by the workers (no other process);
+    a schedule of the same name is replaced. Returns it as `list_schedules` shows it, plus `replaced`.
+    `catchup`: the fires missed while no worker ran: `none`, the latest (`last`) or each (`all`). See
+    scheduler/schedules.py `add`."""
+    use_cwd_modules()
+    from scheduler import schedules
+
+    return schedules.add(
+        name, workflow, cron, timezone=timezone, inputs=inputs, catchup=catchup, priority=priority
+    )  # fmt: skip
+
+
+def list_schedules() -> list[dict[str, Any]]:
+    """Every schedule: cron, timezone, catchup, paused, its next fire, its last fire and run."""
+    from scheduler import schedules
+
+    return schedules.list_schedules()
+
+
+def unschedule(name: str) -> None:
+    """Remove a schedule (UnknownSchedule if there is none); the runs it made are left as they are."""
+    from scheduler import schedules
+
+    schedules.remove(name)
+
+
+def pause_schedule(name: str) -> dict[str, Any]:
+    """A schedule makes no run until resumed: the fires meanwhile are skipped."""
+    from scheduler import schedules
+
+    return schedules.pause(name)
+
+
+def resume_schedule(name: str) -> dict[str, Any]:
+    """A paused schedule fires again, from the first time after now."""
+    from scheduler import schedules
+
+    return schedules.resume(name)
 
 
 #: Events a stream holds for a consumer that has not read them yet; beyond, the run waits for it.

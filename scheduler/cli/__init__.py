@@ -4,7 +4,8 @@ May import `scheduler` (its api and ops), `worker` and `ir`; a command module ne
 command module's names (shared helpers live in a module of their own).
 
 - group.py: the `cli` group and `main`, assembled from the command modules (nothing imports it back)
-- running.py: run, submit, run-plan, plan-to-ir; workflows.py: validate, schema, nodes (they run nothing)
+- running.py: run, submit, schedule (add, list, pause, resume, remove), run-plan, plan-to-ir; workflows.py:
+  validate, schema, nodes (they run nothing)
 - runs.py: status, runs, wait, cancel, resume, redrive, repair (runs found by run id); results.py: results
 - ops.py: worker, flower, metrics, top, dashboard
 - shared helpers: errors.py (exit codes, error lines), output.py (printing), follow.py (following a run),

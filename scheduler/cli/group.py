@@ -65,6 +65,7 @@ def cli(ctx: click.Context, debug: bool) -> None:
 COMMANDS = {
     "run": "running:run",
     "submit": "running:submit",
+    "schedule": "running:schedule",
     "validate": "workflows:validate",
     "schema": "workflows:schema",
     "nodes": "workflows:nodes",

@@ -1,10 +1,12 @@
-"""Starting workflows: `run`, `submit`; and plans: `run-plan` runs one, `plan-to-ir` prints the workflow
-it compiles to (exit 2 for an invalid plan)."""
+"""Starting workflows: `run`, `submit`, and `schedule` (add, list, pause, resume, remove: runs the cluster's workers
+make at the times a cron expression names); and plans: `run-plan` runs one, `plan-to-ir` prints the workflow it
+compiles to (exit 2 for an invalid plan)."""
 
 from __future__ import annotations
 
 import contextlib
 import json
+import sys
 import threading
 import uuid
 from collections.abc import Callable
@@ -26,7 +28,7 @@ from scheduler.cli.options import (
     priority_option,
     with_budget,
 )
-from scheduler.cli.output import escape_surrogates, jsonable, plain, stderr_console, to_json
+from scheduler.cli.output import escape_surrogates, jsonable, plain, stderr_console, stdout_console, to_json
 
 
 @click.command()
@@ -251,3 +253,134 @@ def plan_to_ir(ctx: click.Context, plan: str, debug: bool) -> None:
         ctx.meta[DEBUG_KEY] = True
     workflow = plans.compile_plan(plan)
     click.echo(escape_surrogates(json.dumps(jsonable(workflow), indent=2, ensure_ascii=False)))
+
+
+#: What `schedule add --catchup` takes (worker/cluster/schedules.py CATCHUPS, not imported: it loads the cluster).
+CATCHUPS = ("none", "last", "all")
+
+
+@click.group("schedule")
+def schedule() -> None:
+    """Run a workflow on the cluster at the times a cron expression names: the workers make each run themselves
+    (no other process to keep alive), exactly one per fire however many workers there are."""
+
+
+@schedule.command("add")
+@click.argument("name")
+@click.argument("workflow", metavar="WF.json")
+@click.option("--cron", required=True, metavar="EXPR",
+              help="When: 5 fields (minute hour day month weekday), 6 with seconds first ('*/10 * * * * *'), or "
+              "@hourly, @daily, @weekly, @monthly, @yearly.")  # fmt: skip
+@click.option("--timezone", default="UTC", show_default=True, metavar="TZ",
+              help="The timezone the cron is read in (an IANA name, like Europe/Berlin).")  # fmt: skip
+@click.option("--input", "-i", "pairs", multiple=True, metavar="KEY=VALUE", help="An input (JSON or text).")
+@click.option("--catchup", type=click.Choice(CATCHUPS), default="last", show_default=True,
+              help="The fires missed while no worker ran: none, the latest, or each one (at most 100).")  # fmt: skip
+@priority_option
+def schedule_add(
+    name: str, workflow: str, cron: str, timezone: str, pairs: tuple[str, ...], catchup: str, priority: str | None
+) -> None:
+    """Add schedule NAME: a run of WF.json at every time --cron names. A schedule named NAME already is replaced
+    (said so; the fires it made are not made again). Checked here, like a submit; nothing is written if anything is
+    wrong."""
+    from ir.errors import ValidationError
+    from scheduler import api, durable
+    from worker.cluster.schedules import Cron
+
+    try:
+        Cron(cron, timezone)
+    except ValidationError as exc:  # `cron '...': ...` / `timezone '...': ...`: the option's name first
+        raise CliUsageError(f"--{exc}") from None
+    _, inputs = load_for_run(workflow, pairs, None, None, whole=True)  # an unknown input with a did-you-mean
+    added = api.schedule(
+        name, workflow, cron, timezone=timezone, inputs=inputs, catchup=catchup, priority=priority
+    )  # fmt: skip
+    verb = "replaced" if added["replaced"] else "added"
+    click.echo(
+        f"{verb} schedule '{name}': {added['workflow']} at '{cron}' ({timezone}), catchup {catchup}; next fire "
+        + _fire_text(added["next_fire"], timezone)
+    )
+    if not durable.workers_registered():
+        click.echo(f"warning: no chordflow worker is registered; schedule '{name}' fires once one runs", err=True)
+
+
+#: The columns of `schedule list`.
+SCHEDULE_COLUMNS = ("name", "cron", "timezone", "catchup", "paused", "next fire", "next fire (UTC)", "last run")
+
+
+@schedule.command("list")
+@click.option("--json", "as_json", is_flag=True, help="Print a list of schedule objects.")
+def schedule_list(as_json: bool) -> None:
+    """Every schedule: its cron, timezone, catchup, whether paused, its next fire (in its timezone and in UTC) and
+    the last run it made."""
+    from scheduler import api
+
+    found = api.list_schedules()
+    if as_json:
+        click.echo(to_json(found))
+        return
+    rows = [
+        (
+            each["name"], each["cron"], each["timezone"], each["catchup"], "yes" if each["paused"] else "no",
+            _when(each["next_fire"], each["timezone"]), _when(each["next_fire"], "UTC"), each["last_run"] or "-",
+        )
+        for each in found
+    ]  # fmt: skip
+    if not sys.stdout.isatty():  # a pipe or a file: whole values, one tab-separated line per schedule
+        for row in [SCHEDULE_COLUMNS, *rows]:
+            click.echo("\t".join(cell.replace("\t", " ") for cell in row))
+        return
+    from rich.table import Table
+
+    table = Table(title="schedules", title_justify="left")
+    for column in SCHEDULE_COLUMNS:
+        table.add_column(column, overflow="fold")
+    for row in rows:
+        table.add_row(*(plain(cell) for cell in row))
+    stdout_console().print(table)
+
+
+@schedule.command("remove")
+@click.argument("name")
+def schedule_remove(name: str) -> None:
+    """Remove schedule NAME: no more runs (those it made are left as they are)."""
+    from scheduler import api
+
+    api.unschedule(name)
+    click.echo(f"removed schedule '{name}'")
+
+
+@schedule.command("pause")
+@click.argument("name")
+def schedule_pause(name: str) -> None:
+    """Pause schedule NAME: no run until `schedule resume` (the fires meanwhile are skipped)."""
+    from scheduler import api
+
+    api.pause_schedule(name)
+    click.echo(f"paused schedule '{name}'")
+
+
+@schedule.command("resume")
+@click.argument("name")
+def schedule_resume(name: str) -> None:
+    """Resume schedule NAME: it fires again from its first time after now."""
+    from scheduler import api
+
+    resumed = api.resume_schedule(name)
+    click.echo(f"resumed schedule '{name}': next fire {_fire_text(resumed['next_fire'], resumed['timezone'])}")
+
+
+def _fire_text(epoch: int, timezone: str) -> str:
+    """`2026-12-06 02:00:00 CET (2026-12-06 01:00:00 UTC)`; in UTC once."""
+    shown = _when(epoch, timezone)
+    return shown if shown.endswith(" UTC") else f"{shown} ({_when(epoch, 'UTC')})"
+
+
+def _when(epoch: int | None, timezone: str) -> str:
+    """`2026-12-06 02:00:00 CET`: a fire time in a timezone ('-': none)."""
+    if epoch is None:
+        return "-"
+    from datetime import datetime
+    from zoneinfo import ZoneInfo
+
+    return datetime.fromtimestamp(epoch, ZoneInfo(timezone)).strftime("%Y-%m-%d %H:%M:%S %Z")

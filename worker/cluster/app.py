@@ -438,6 +438,15 @@ def _fire_timers(sender: Any, **_: object) -> None:
 
 
 @signals.worker_ready.connect
+def _fire_schedules(sender: Any, **_: object) -> None:
+    """Schedules make their runs when due, with no beat process: every worker sweeps them, one at a time
+    (worker/cluster/schedules.py; imported here, so a client sending runs never loads croniter)."""
+    from worker.cluster import schedules
+
+    _keep(sender, "schedules", lambda: schedules.ScheduleSweeper(sender.app))
+
+
+@signals.worker_ready.connect
 def _keep_solo_heartbeats(sender: Any, **_: object) -> None:
     """A `-P solo` worker on RabbitMQ runs each task inside its consumer loop, which sends no heartbeat meanwhile:
     without these, RabbitMQ would drop the connection of a worker running a chunk longer than two heartbeat

@@ -16,6 +16,9 @@ worker drops a message whose signature does not verify before any of it is used.
 - Runs: what a worker runs of a run comes from its record in Redis, not from a message. So the record keeps
   a signature of the run's workflow and dataset job (`Signer.sign_run`, when the run is recorded or given an
   edited workflow) and workers refuse a run whose record does not match it (`check_run`).
+- Schedules: a worker makes runs of a schedule's template in Redis (worker/cluster/schedules.py). The client that
+  adds it signs it (`Signer.sign_schedule`); a worker makes no run of a template that does not verify
+  (`schedule_verified`) and signs each run it records with its own key, as a submitting client would.
 - Publish: `SigningAMQP.as_task_v2`, where the app builds every task message. It belongs to the app, not
   to the process (a `before_task_publish` receiver would sign for every Celery app in the process, with
   whatever key the environment holds).
@@ -62,6 +65,8 @@ EXPIRES = "chordflow_expires"
 VERSION = "chordflow-signature-2"
 #: The tag of a run's signature: a text of its own, so a run's signature never verifies as a message's.
 RUN_VERSION = "chordflow-run-1"
+#: The tag of a schedule's signature: a text of its own, never verifying as a run's or a message's.
+SCHEDULE_VERSION = "chordflow-schedule-1"
 #: Why a message was dropped, when its signature does not verify.
 UNSIGNED = (
     "the message has no valid signature (not sent with this cluster's CHORDFLOW_SECRET_KEY, or altered on the way)"
@@ -169,6 +174,11 @@ class Signer:
         holds them once read back (worker/cluster/state/runs.py signs what it wrote, decoded again)."""
         return self._mac([RUN_VERSION, run_id, workflow, dataset])
 
+    def sign_schedule(self, spec: Any) -> str:
+        """The signature a schedule keeps (worker/cluster/state/schedules.py `Schedule.spec`: its name, cron, workflow,
+        initial store...), as a worker reads it back: workers make runs only of a schedule that matches it."""
+        return self._mac([SCHEDULE_VERSION, spec])
+
     def _mac(self, parts: list[Any]) -> str:
         mac = hmac.new(self._key, digestmod=hashlib.sha256)
         _feed(parts, mac.update)
@@ -194,6 +204,12 @@ def check_run(signer: Signer | None, run_id: str, record: RunRecord) -> None:
         return
     if not _matches(lambda: signer.sign_run(run_id, record.workflow, record.dataset), record.signature):
         raise WorkflowAltered(f"run {run_id}: its workflow in Redis does not match its signature (altered?); refused")
+
+
+def schedule_verified(signer: Signer | None, spec: Any, signature: Any) -> bool:
+    """Whether a schedule's template in Redis is what a key holder added (`Signer.sign_schedule`): a worker makes no
+    run of one that is not. An insecure worker (no signer) checks nothing."""
+    return signer is None or _matches(lambda: signer.sign_schedule(spec), signature)
 
 
 def signer_for(s: Settings) -> Signer | None:

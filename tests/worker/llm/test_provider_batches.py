@@ -105,7 +105,8 @@ def test_offline_items_do_not_make_a_provider_batch(provider: Provider) -> None:
 @pytest.mark.parametrize(
     ("node", "problem"),
     [
-        ({"id": "e", "type": "echo", "params": {}, "batch": {"items": "${items}", "provider_batch": {"deadline": "1h"}}},
+        ({"id": "e", "type": "echo", "params": {},
+          "batch": {"items": "${items}", "provider_batch": {"deadline": "1h"}}},
          "batch.provider_batch is for llm nodes only, not echo"),
         ({"id": "e", "type": "llm", "params": {"prompt": "${item}", "model": "fake"},
           "batch": {"items": "${items}", "provider_batch": {"deadline": "soon"}}},

@@ -58,6 +58,10 @@ Outside any run:
   cf:{timers}:sweeping string set NX for one sweep interval: at most one timer sweep starts per interval
   cf:{answer:<key>}   string  a model answer a node keeps across runs (`cache`), for that long
   cf:{idem:<key>}     string  `<run id> <fingerprint>` of the first submit with this idempotency key (a run TTL)
+  cf:{schedules}      hash    schedule name -> its signed template, packed (worker/cluster/state/schedules.py)
+  cf:{schedules}:due  zset    active schedules: name -> its next fire time (a paused one has none); each fire
+                              claims cf:{idem:schedule:<name>:<fire epoch>}, so it makes one run (schedules.py)
+  cf:{schedules}:sweeping string set NX for one sweep interval: at most one schedule sweep starts per interval
   cf:purged:{<run_id>} string a purged run's tombstone, for a run TTL (every message of the run expires before it):
                               a task of the run is ignored, its stop checks stop it, and the scripts that write a
                               run's progress refuse to (outside the run's `cf:{<run_id>}:` prefix, in its slot)
@@ -103,6 +107,12 @@ TIMERS = "cf:{timers}"
 TIMER_SWEEP = TIMERS + ":sweeping"
 #: Prefix of the marks of tasks that ran to the end (worker/cluster/signing.py SignedTask); the rest is the task id.
 DONE = "cf:done:"
+#: Schedules, cluster-wide: name -> its signed template, packed (worker/cluster/state/schedules.py).
+SCHEDULES = "cf:{schedules}"
+#: The active schedules: name -> when it next fires (worker/cluster/schedules.py sweeps the due ones).
+SCHEDULES_DUE = SCHEDULES + ":due"
+#: Set NX for one sweep interval by the sweeper that fires schedules then (worker/cluster/schedules.py).
+SCHEDULE_SWEEP = SCHEDULES + ":sweeping"
 
 
 def run_prefix(run_id: str) -> str:
