@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 import scheduler
-from ir.errors import ValidationError
+from ir.errors import BudgetExhausted, ValidationError
 from tests.support.llm_server import Provider
 from worker.llm.usage import usage_totals
 
@@ -135,3 +135,29 @@ def test_answers_from_a_provider_batch_are_not_held_to_the_rate_limit(provider: 
     result = scheduler.run(wf)
     assert result.status == "success" and result.shared["ask"]["success_count"] == 20
     assert not synced(provider)
+
+
+def test_a_schema_answer_comes_back_from_an_anthropic_batch_as_data(provider: Provider) -> None:
+    wf = batched("anthropic/claude-test", 3)
+    schema = {"type": "object", "properties": {"label": {"type": "string"}}, "required": ["label"]}
+    wf["nodes"][0]["params"]["schema"] = schema
+    result = scheduler.run(wf)
+    assert result.status == "success", result.error
+    assert all(isinstance(r["data"]["label"], str) for r in result.shared["ask"]["results"])
+    assert len(provider.batches_created) == 1 and not synced(provider)
+
+
+def test_lines_a_batch_left_when_it_expired_are_asked_synchronously(provider: Provider) -> None:
+    provider.batch_finish = lambda position: 0.1 if position % 2 == 0 else 3600.0
+    provider.batch_expire = 1.0  # the provider gives up before the deadline
+    result = scheduler.run(batched("openai/gpt-test", 6))
+    assert [r["response"] for r in result.shared["ask"]["results"]] == [f"echo: {p}" for p in prompts(6)]
+    assert sorted(synced(provider)) == sorted(prompts(6)[1::2]) and not provider.batch_cancels
+
+
+def test_a_group_the_budget_cannot_hold_is_not_sent(provider: Provider) -> None:
+    wf = batched("openai/gpt-test", 10)
+    wf["budget"] = {"tokens": 100}  # each line may bill up to ~4,100 tokens (no max_tokens): the group is refused
+    with pytest.raises(BudgetExhausted):
+        scheduler.run(wf)
+    assert not provider.batches_created
