@@ -196,6 +196,9 @@ def status(run_id: str, as_json: bool) -> None:
         console.print(plain(f"  {node}: {counts['done']}/{counts['total']} items, {counts['failed']} failed"))
     if "waiting" in info:
         console.print(plain(f"  {info['waiting']['node']}: {info['waiting']['text']}"))
+        for batch in info["waiting"].get("provider_batches", ()):  # each one's counts
+            console.print(plain(f"    {batch['provider']} {batch['id']}: {batch['done']}/{batch['total']} answered, "
+                                f"{batch['failed']} refused ({batch['state']})"))  # fmt: skip
     if "records" in info:
         r = info["records"]
         total = r["total"] if r["total"] is not None else f"{r['read']}+ (reading)"

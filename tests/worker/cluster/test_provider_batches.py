@@ -6,6 +6,8 @@ shows each provider batch's counts and the deadline."""
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 import threading
 import time
 from collections import Counter
@@ -61,6 +63,9 @@ def test_a_provider_batch_outlives_every_worker_and_is_made_once(served: tuple[P
     assert waiting["text"].startswith("waiting for 1 provider batch: 0/40 answered, deadline ")
     (shown,) = waiting["provider_batches"]
     assert shown["provider"] == "openai" and shown["total"] == 40 and shown["id"] == provider.batches_created[0][1]
+    shown_text = subprocess.run([sys.executable, "-m", "scheduler.cli", "status", run_id], capture_output=True,
+                                text=True, timeout=60).stdout  # fmt: skip
+    assert waiting["text"] in shown_text and f"openai {shown['id']}: 0/40 answered, 0 refused (running)" in shown_text
     worker.kill()  # nothing alive while the provider answers
     until(lambda: time.time() > provider.batch_jobs[shown["id"]].created + provider.batch_delay + 1)
     cluster.start_worker("p2")
