@@ -65,6 +65,7 @@ docs: install
 bench: install
 	$(BIN)/python -m bench
 	$(BIN)/python -m bench.fairness
+	$(BIN)/python -m bench.provider_batches
 
 flower: install
 	$(BIN)/chordflow flower $(FLOWER_ARGS)

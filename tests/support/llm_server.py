@@ -131,6 +131,7 @@ def _words(text: Any) -> int:
 def handler(provider: Provider) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"  # keep-alive, as providers serve
+        disable_nagle_algorithm = True  # a split write must not wait 40 ms for an ACK
 
         def do_GET(self) -> None:
             self.batches(self.rfile.read(int(self.headers.get("Content-Length") or 0)))
