@@ -18,7 +18,7 @@ from ir.loader import given_inputs
 from scheduler import backends
 from scheduler.compiler import compile
 from scheduler.inputs import apply_inputs
-from worker import redact
+from worker import redact, tracing
 from worker.engine import context
 from worker.engine.context import RunContext
 from worker.engine.flow import WorkflowFlow
@@ -142,7 +142,11 @@ def _go_on(
         ctx.sections = ThreadedSections(
             StoredBranches(runs, run_id), lambda c: backends.create(record.backend, run_id, c)
         )
-        with context.using(ctx):
+        with (
+            context.using(ctx),
+            tracing.within(run_id),
+            tracing.span("chordflow run", {"chordflow.backend": record.backend}),
+        ):
             cursor = drive(flow, cursor, store, ctx, StepJournal(runs, run_id, batch_nodes(flow)))
         status, error, outputs = "cancelled", "run cancelled", {}
         if not cancelled.is_set():  # resolving the outputs may fail too: the run is then failed, not running

@@ -20,7 +20,7 @@ from scheduler.inputs_file import read_encoded
 from scheduler.lookup import cluster_runs, find_run
 from scheduler.reach import broker_errors
 from scheduler.waiting import status, wait
-from worker import settings
+from worker import settings, tracing
 from worker.batch import overrides
 from worker.cluster import signing
 from worker.cluster.app import current_app
@@ -85,7 +85,13 @@ def submit(
     record = RunRecord(run_id, wf.wire(), "celery", "queued", wf.start_id(), source=source_of(workflow))
     encoded = {k: v for k, v in from_file.items() if k not in store}
     record.priority = priority or wf.priority or "normal"
-    with broker_errors(settings.load().result_backend):
+    later = tracing.Later.begin()  # the run's span: the advance that ends the run emits it
+    record.trace = later.wire() if later else None
+    with (
+        broker_errors(settings.load().result_backend),
+        tracing.within(run_id, tracing.parent_of(record.trace)),
+        tracing.span("chordflow submit"),
+    ):
         if idempotency_key is not None:
             asked = _fingerprint(record, store, encoded)
             held = idempotency.claim(

@@ -85,6 +85,13 @@ def _choice(first: str, *others: str) -> Reader:
     return read
 
 
+def _ratio(text: str, variable: str) -> float:
+    value = _number(text, variable)
+    if not 0 <= value <= 1:
+        raise ValueError(f"environment variable {variable} must be a ratio from 0 to 1, got {text!r}")
+    return value
+
+
 def _var(variable: str, default: Any, meaning: str, read: Reader = _text, repr: bool = True) -> Any:
     """A field read from the environment variable `variable` (spelt out, so a grep for it finds this line)."""
     return dataclasses.field(
@@ -226,6 +233,12 @@ class Settings:
     )
     repair_generator: str | None = _var("CHORDFLOW_REPAIR_GENERATOR", None, "the repair generator; unset: auto")
     repair_model: str | None = _var("CHORDFLOW_REPAIR_MODEL", None, "the llm repair generator's model; unset: LLM")
+    trace_items: float = _var(
+        "CHORDFLOW_TRACE_ITEMS",
+        0.01,
+        "with tracing on: the share of a batch's items traced (failed ones all are)",
+        read=_ratio,
+    )
     dashboard_basic_auth: str | None = _var(
         "CHORDFLOW_DASHBOARD_BASIC_AUTH", None, "`chordflow dashboard` users: user:password[,...]", repr=False
     )
@@ -241,7 +254,7 @@ FIELDS = tuple(_FIELD_OF)
 #: Fields whose bad value fails only the code that reads them (`get`); `load()` leaves them at their default.
 CHECKED_ON_USE = frozenset({"plugins", "home", "max_steps", "log_format", "http_connections", "llm_model",
                             "llm_prices", "llm_provider", "repair_generator", "repair_model",
-                            "dashboard_basic_auth"})  # fmt: skip
+                            "dashboard_basic_auth", "trace_items"})  # fmt: skip
 #: CHORDFLOW_* variables read by chordflow's own tests and Makefile, not by chordflow: known, so no warning.
 TEST_VARIABLES = frozenset({"CHORDFLOW_FUZZ_EXAMPLES", "CHORDFLOW_TEST_BROKER"})
 VARIABLES = tuple(Settings.variable(name) for name in _FIELD_OF)

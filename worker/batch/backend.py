@@ -16,6 +16,7 @@ from pocketflow import BaseNode
 
 from ir.errors import RunCancelled
 from ir.models import BatchSpec, NodeSpec
+from worker import tracing
 from worker.batch.aggregate import BatchResult, ChunkResult, merge
 from worker.batch.checkpoints import Checkpoints
 from worker.batch.executor import ItemExecutor, run_slice
@@ -96,11 +97,13 @@ class LocalBackend:
         )  # fmt: skip
         chunks = list(job.done)
         keep = self._keeper(job, done_before)
-        for start, end in job.missing():
-            kept = [] if keep is None else [Checkpoints(start, end - start, keep)]
-            chunks.append(run_slice(executor, job.items[start:end], start, [*hooks, *kept]))
-            if self.cancelled.is_set():
-                break
+        attributes = {"chordflow.node": job.node_id, "chordflow.batch": job.key, "chordflow.items": len(job.items)}
+        with tracing.span(f"batch {job.node_id}", attributes):
+            for start, end in job.missing():
+                kept = [] if keep is None else [Checkpoints(start, end - start, keep)]
+                chunks.append(run_slice(executor, job.items[start:end], start, [*hooks, *kept]))
+                if self.cancelled.is_set():
+                    break
         if self.cancelled.is_set():
             raise RunCancelled(f"run cancelled during batch node '{job.node_id}'")
         return merge(chunks, len(job.items), job.batch.fail_fast)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextvars
 import threading
+import time
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -24,7 +25,7 @@ from pocketflow import BaseNode
 
 from ir.errors import Outage, SameForEveryItem
 from ir.models import BatchSpec, NodeSpec
-from worker import redact, stopping
+from worker import redact, stopping, tracing
 from worker.batch.aggregate import ChunkResult
 from worker.batch.cloning import clone_node, runner
 from worker.batch.outcome import ItemOutcome, failure_of
@@ -93,6 +94,7 @@ class ItemExecutor:
         self.attempts, self.wait = spec.batch.max_retries, spec.batch.retry_wait
         self.accumulators = accumulator_keys(shared)
         self.call = runner(chain)  # the chain compiled once: one call per item (worker/batch/cloning.py)
+        self.traced = tracing.item_ratio() if tracing.ON else None  # the share of items with a span
 
     def clone(self) -> ItemExecutor:
         return ItemExecutor(self.spec, clone_node(self.chain), self.shared)
@@ -104,6 +106,22 @@ class ItemExecutor:
     def settle(self, index: int, item: Any) -> tuple[Any, ItemOutcome | None]:
         """Run one item: (its result, None) when it succeeded and appended to no accumulator (the usual item: no
         ItemOutcome built for it), else (its result, its ItemOutcome)."""
+        if self.traced is None:
+            return self._settle(index, item)
+        attributes = {"chordflow.node": self.node_id, "chordflow.index": index}
+        if tracing.sampled(index, self.traced):
+            with tracing.span(f"item {self.node_id}", attributes) as current:
+                result, outcome = self._settle(index, item)
+                if outcome is not None and outcome.error is not None:
+                    tracing.failed(current, outcome.error)
+                return result, outcome
+        start = time.time_ns()  # not sampled: a span only if it fails
+        result, outcome = self._settle(index, item)
+        if outcome is not None and outcome.error is not None and (later := tracing.Later.begin(start)):
+            later.end(f"item {self.node_id}", attributes, outcome.error)
+        return result, outcome
+
+    def _settle(self, index: int, item: Any) -> tuple[Any, ItemOutcome | None]:
         # One fresh list per accumulator for the whole item, across its attempts: every call an item
         # made (e.g. an LLM call before a retry or a raise) is accounted for.
         appended = {key: [] for key in self.accumulators} if self.accumulators else None

@@ -23,7 +23,7 @@ from celery.exceptions import Ignore
 from ir import snapshot
 from ir.branches import Section
 from ir.errors import Fenced, RunCancelled
-from worker import redact
+from worker import redact, tracing
 from worker.batch import overrides
 from worker.batch.aggregate import BatchResult, merge
 from worker.batch.backend import BatchJob
@@ -186,15 +186,16 @@ def advance(self: Any, message: Any, *legacy: Any) -> str:
         return RECORD_STATUS[status]
 
     try:
-        how = Ending.of(run)
-        if how.state == "cancelled":
-            runs.set_status(run_id, "cancelled", "run cancelled", ctx.last_node)
-            _ended(runs, run_id, "running", "cancelled", ctx.last_node)
-        elif how.state == "failed":
-            runs.set_exception(run_id, how.error)  # first: `wait` re-raises it as soon as it sees the status
-            error = redact.mask(f"{type(how.error).__name__}: {how.error}")
-            runs.set_status(run_id, "failed", error, ctx.last_node)
-            _ended(runs, run_id, "running", "failed", ctx.last_node, error)
+        with tracing.within(run_id, tracing.parent_of(record.trace)):
+            how = Ending.of(run)
+            if how.state == "cancelled":
+                runs.set_status(run_id, "cancelled", "run cancelled", ctx.last_node)
+                _ended(runs, run_id, "running", "cancelled", ctx.last_node)
+            elif how.state == "failed":
+                runs.set_exception(run_id, how.error)  # first: `wait` re-raises it as soon as it sees the status
+                error = redact.mask(f"{type(how.error).__name__}: {how.error}")
+                runs.set_status(run_id, "failed", error, ctx.last_node)
+                _ended(runs, run_id, "running", "failed", ctx.last_node, error)
         return how.value or how.state
     finally:
         lease.release()
@@ -302,7 +303,7 @@ def advance_branch(self: Any, message: Any, *legacy: Any) -> str:
         journal = BranchSteps(state, save)
 
         def run() -> Cursor:
-            with context.using(ctx):  # the branch hands over at the fan-in
+            with context.using(ctx), tracing.within(run_id, tracing.parent_of(record.trace)):
                 return drive(flow, Cursor(state.node, state.step), store, ctx, journal, section.fan_in.__eq__)
 
         how = Ending.of(run)

@@ -35,7 +35,7 @@ from celery.local import Proxy
 from celery.utils.nodenames import default_nodename, nodesplit
 
 from ir.errors import NewerFormat, RunPurged
-from worker import settings
+from worker import settings, tracing
 from worker.cluster import aging, logs, messages, outage, priorities, signing, waits
 from worker.cluster.broker import amqp, deliveries
 from worker.cluster.broker.registry import for_settings as broker_for
@@ -376,6 +376,13 @@ def _load_plugins(**_: object) -> None:
 def _share_rate_limits(**_: object) -> None:
     """Rate-limit buckets of every node a worker runs are the cluster's, in Redis (worker/cluster/rate_limits.py)."""
     rate_limits.use(RedisLimiter(runstate.client()))
+
+
+@signals.worker_process_shutdown.connect
+@signals.worker_shutdown.connect
+def _export_spans(**_: object) -> None:
+    """A pool child exits without Python's exit hooks: what it traced is exported before it goes."""
+    tracing.flush()
 
 
 #: The threads a worker keeps while it lives, by (hostname, what): started once at worker_ready, stopped at shutdown.

@@ -10,7 +10,8 @@ Workers write, at INFO:
 With `CHORDFLOW_LOG_FORMAT=json` every log line of a worker is one JSON object (`JsonFormatter`): `time`,
 `level`, `logger`, `message`, the line's fields (`event`, `run`, `node`, ...) and, inside a task, `task` and
 `task_id`. Both formats pass through the secret filter (worker/redact.py) first; JSON field values are
-masked too. `configure` is hooked to Celery's logger signals in worker/cluster/app.py.
+masked too. With tracing on (worker/tracing.py), a line written inside a traced run carries its trace's id
+(` trace=<id>`, JSON `trace_id`). `configure` is hooked to Celery's logger signals in worker/cluster/app.py.
 
 `listeners` are told of every chunk (`chordflow worker --metrics-port` counts items and times chunks from
 the same events, scheduler/ops/metrics.py), so the metrics and the log lines cannot disagree.
@@ -27,7 +28,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from worker import redact, settings
+from worker import redact, settings, tracing
 
 log = logging.getLogger("chordflow")
 # Not Python's last-resort handler in a client (a dataset job's reader ends it): only a worker, whose logging
@@ -55,9 +56,10 @@ def chunk(run: str, node: str, batch: str, start: int, items: int, failed: int, 
     """A chunk of a batch (or of a dataset job's records) finished on this worker."""
     fields = {"event": "chunk", "run": run, "node": node, "batch": batch, "start": start, "items": items,
               "failed": failed, "seconds": round(seconds, 3)}  # fmt: skip
+    trace = _traced(fields)
     log.info(
-        "chunk run=%s node=%s batch=%s items[%d:%d] items=%d failed=%d seconds=%.3f",
-        run, node, batch, start, start + items, items, failed, seconds, extra={FIELDS: fields},
+        "chunk run=%s node=%s batch=%s items[%d:%d] items=%d failed=%d seconds=%.3f%s",
+        run, node, batch, start, start + items, items, failed, seconds, trace, extra={FIELDS: fields},
     )  # fmt: skip
     for listener in listeners:
         listener("chunk", fields)
@@ -79,9 +81,18 @@ def transition(
     counts = {"node": node, "steps": steps, "items": items, "failed": failed, "error": error}
     counts = {k: v for k, v in counts.items() if v is not None}
     fields: dict[str, Any] = {"event": "run", "run": run, "from": before, "to": after, **counts}
-    detail = "".join(f" {k}={v}" for k, v in counts.items())
+    detail = "".join(f" {k}={v}" for k, v in counts.items()) + _traced(fields)
     level = logging.WARNING if after == "failed" else logging.INFO
     log.log(level, "run %s: %s -> %s%s", run, before or "-", after, detail, extra={FIELDS: fields})
+
+
+def _traced(fields: dict[str, Any]) -> str:
+    """With tracing on, the current trace's id in a line's fields (`trace_id`) and its text (` trace=<id>`)."""
+    trace = tracing.trace_id()
+    if trace is None:
+        return ""
+    fields["trace_id"] = trace
+    return f" trace={trace}"
 
 
 def batch_items(batches: dict[str, dict[str, int]] | None) -> tuple[int | None, int | None]:
@@ -107,6 +118,8 @@ class JsonFormatter(logging.Formatter):
         }
         for name, value in (getattr(record, FIELDS, None) or {}).items():
             line.setdefault(name, redact.mask(value) if isinstance(value, str) else value)
+        if (trace := tracing.trace_id()) is not None:
+            line.setdefault("trace_id", trace)
         task = _current_task()
         if task is not None:
             line.setdefault("task", task[0])

@@ -116,6 +116,7 @@ class Merge:
     advance: int | None = None
     branch: tuple[str, str] | None = None
     snapshot: str | None = None
+    trace: str | None = None  # the batch's span (worker/tracing.py Later): the merge ends it
 
     def to_wire(self) -> tuple[dict[str, Any]]:
         return (self.fields(),)
@@ -131,6 +132,8 @@ class Merge:
             wire["branch"] = list(self.branch)
         if self.snapshot is not None:
             wire["snapshot"] = self.snapshot
+        if self.trace is not None:
+            wire["trace"] = self.trace
         return wire
 
     @classmethod
@@ -140,6 +143,7 @@ class Merge:
         return cls(
             wire["run"], wire["batch"], wire["node"], int(wire["count"]), bool(wire["fail_fast"]),
             wire.get("advance"), None if branch is None else (branch[0], branch[1]), wire.get("snapshot"),
+            wire.get("trace"),
         )  # fmt: skip
 
     def next_advance(self) -> Advance | AdvanceBranch | None:
@@ -171,7 +175,8 @@ class Header:
         return cls(wire["node"], wire["snap"], Merge.from_wire(wire["meta"]), wire["plan"])
 
     def chunk(self, start: int, *, items: list[bytes] | None = None, blocks: list[int] | None = None) -> Chunk:
-        return Chunk(self.merge.run, self.merge.batch, self.node, self.snap, start, self.plan, items, blocks)
+        return Chunk(self.merge.run, self.merge.batch, self.node, self.snap, start, self.plan, items, blocks,
+                     self.merge.trace)  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -189,6 +194,7 @@ class Chunk:
     plan: str
     items: list[bytes] | None = None
     blocks: list[int] | None = None
+    trace: str | None = None  # its batch's span (worker/tracing.py Later): the chunk's parent
 
     def to_wire(self) -> tuple[dict[str, Any]]:
         wire: dict[str, Any] = {
@@ -199,6 +205,8 @@ class Chunk:
             wire["items"] = self.items
         else:
             wire["blocks"] = self.blocks
+        if self.trace is not None:
+            wire["trace"] = self.trace
         return (wire,)
 
     @classmethod
@@ -206,7 +214,7 @@ class Chunk:
         check_format(wire, "a chunk")
         return cls(
             wire["run"], wire["batch"], wire["node"], wire["snap"], int(wire["start"]), wire["plan"],
-            wire.get("items"), wire.get("blocks"),
+            wire.get("items"), wire.get("blocks"), wire.get("trace"),
         )  # fmt: skip
 
 

@@ -8,6 +8,7 @@ every step the journal records a checkpoint, so a run can go on from there (`res
 
 from __future__ import annotations
 
+import contextvars
 import copy
 import functools
 import threading
@@ -19,7 +20,7 @@ import ir
 from ir.branches import Section
 from ir.errors import RunCancelled, StepLimitExceeded
 from ir.templates import resolve_template
-from worker import redact, settings
+from worker import redact, settings, tracing
 from worker.batch.backend import Backend, LocalBackend
 from worker.engine import context
 from worker.engine.config_hash import facts_of
@@ -104,14 +105,15 @@ def drive(
             recent.append(node)
             node, step = after.get(action or "default"), step + 1
             continue
-        if node in sections:
-            ctx.last_node = node  # where a failed run resumes: the section (its finished branches kept)
-            done = _sections(ctx).run(flow, sections[node], store, ctx)
-            for key in done.deleted:
-                store.pop(key, None)
-            store.update(done.changed)
-        else:
-            done = run_step(flow, node, store)
+        with tracing.span(f"step {node}", {"chordflow.node": node, "chordflow.step": step}):
+            if node in sections:
+                ctx.last_node = node  # where a failed run resumes: the section (its finished branches kept)
+                done = _sections(ctx).run(flow, sections[node], store, ctx)
+                for key in done.deleted:
+                    store.pop(key, None)
+                store.update(done.changed)
+            else:
+                done = run_step(flow, node, store)
         if journal is not None:
             journal.checkpoint(step, done)
         recent.append(done.node)
@@ -156,8 +158,10 @@ class ThreadedSections:
                 if section.fail_fast:
                     stop.set()
 
-        threads = [
-            threading.Thread(target=go, args=(s,), name=f"branch-{s.branch}", daemon=True)
+        threads = [  # each in a copy of this context: the section's step span is its branches' parent
+            threading.Thread(
+                target=contextvars.copy_context().run, args=(go, s), name=f"branch-{s.branch}", daemon=True
+            )
             for s in states
             if not s.finished
         ]

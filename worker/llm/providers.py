@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ir.errors import SameForEveryItem
-from worker import settings
+from worker import settings, tracing
 
 #: Providers a model name may start with (`<provider>/<model>`), and the one a bare name goes to by default.
 PROVIDERS = ("openai", "anthropic", "llm")
@@ -113,13 +113,40 @@ def call(model: Model, request: Request) -> Answer:
     if (problem := missing_key_message(model)) is not None:
         raise SameForEveryItem(problem)
     try:
-        return _ASK[model.provider](model, request)
+        with tracing.span(f"chat {model.name}", _asked(model, request), kind="client") as current:
+            answer = _ASK[model.provider](model, request)
+            if current is not None:
+                current.set_attributes(_answered(answer))
+            return answer
     except Exception as exc:
         status = getattr(exc, "status_code", None)
         if status in SAME_FOR_EVERY_ITEM:
             raise SameForEveryItem(f"model '{model.written}': the provider {SAME_FOR_EVERY_ITEM[status]} "
                                    f"(HTTP {status}: {_message(exc)})") from exc  # fmt: skip
         raise
+
+
+def _asked(model: Model, request: Request) -> dict[str, Any]:
+    """A model call's span attributes, in OpenTelemetry's GenAI vocabulary: what was asked."""
+    if not tracing.ON:
+        return {}
+    asked = {
+        "gen_ai.operation.name": "chat",
+        "gen_ai.provider.name": model.provider,
+        "gen_ai.request.model": model.name,
+    }
+    if request.max_tokens is not None:
+        asked["gen_ai.request.max_tokens"] = request.max_tokens
+    if request.temperature is not None:
+        asked["gen_ai.request.temperature"] = request.temperature
+    return asked
+
+
+def _answered(answer: Answer) -> dict[str, Any]:
+    """What the provider said it billed, and which model answered."""
+    told = {"gen_ai.response.model": answer.model, "gen_ai.usage.input_tokens": answer.input_tokens,
+            "gen_ai.usage.output_tokens": answer.output_tokens}  # fmt: skip
+    return {k: v for k, v in told.items() if v is not None}
 
 
 def _message(exc: BaseException) -> str:

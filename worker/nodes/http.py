@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 from pocketflow import Node
 
 from ir.errors import Throttled
-from worker import redact, settings
+from worker import redact, settings, tracing
 from worker.engine.rate_limits import DEFAULT_MAX_WAIT
 from worker.nodes.params import Param
 from worker.nodes.registry import register
@@ -230,13 +230,21 @@ def send(call: Call) -> httpx.Response:
     where = f"http: {call.method} {redact.mask_url(call.url)}"  # never the token in a query
     # Waiting for a pooled connection is not the call timing out: only the request's own time counts.
     timeout = httpx.Timeout(call.timeout, pool=None)
+    asked = {"http.request.method": call.method, "url.full": redact.mask_url(call.url)} if tracing.ON else None
     try:
-        try:
-            return client().request(call.method, call.url, headers=call.headers, content=call.content, timeout=timeout)
-        except (httpx.ReadError, httpx.WriteError, httpx.RemoteProtocolError, httpx.CloseError):
-            if call.method not in IDEMPOTENT:
-                raise
-            return client().request(call.method, call.url, headers=call.headers, content=call.content, timeout=timeout)
+        with tracing.span(call.method, asked, kind="client") as current:
+            headers = {**call.headers, **tracing.headers()}  # the server may join the run's trace
+            try:
+                response = client().request(call.method, call.url, headers=headers, content=call.content,
+                                            timeout=timeout)  # fmt: skip
+            except (httpx.ReadError, httpx.WriteError, httpx.RemoteProtocolError, httpx.CloseError):
+                if call.method not in IDEMPOTENT:
+                    raise
+                response = client().request(call.method, call.url, headers=headers, content=call.content,
+                                            timeout=timeout)  # fmt: skip
+            if current is not None:
+                current.set_attribute("http.response.status_code", response.status_code)
+            return response
     except httpx.TimeoutException as exc:
         raise TimeoutError(f"{where} timed out after {call.timeout:g}s") from exc
     except (httpx.InvalidURL, httpx.UnsupportedProtocol, httpx.LocalProtocolError) as exc:

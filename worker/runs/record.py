@@ -98,6 +98,7 @@ class RunRecord:
     priority: str = "normal"  # a cluster run's (ir/priorities.py): its chunks' and advances' place in the queue
     format: int = FORMAT  # the record format it was written in
     waiting: dict[str, Any] | None = None  # what a `wait` node waits for (worker/waits.py Waiting), if it waits
+    trace: str | None = None  # a traced cluster run's span (worker/tracing.py Later), ended with the run
 
     def _waiting(self) -> dict[str, Any]:
         w = self.waiting or {}

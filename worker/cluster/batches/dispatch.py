@@ -21,7 +21,7 @@ import logging
 import math
 
 from ir import snapshot
-from worker import settings
+from worker import settings, tracing
 from worker.batch.backend import BatchJob
 from worker.batch.executor import threads_for
 from worker.cluster import priorities, sending
@@ -72,6 +72,7 @@ def dispatch_batch(
     merge = Merge(
         run_id, job.key, node_id, len(items), job.batch.fail_fast, advance_step, branch,
         None if inline else snap["ref"],  # type: ignore[index]  # the merge deletes it: no chunk needs it then
+        _begun(),
     )  # fmt: skip
     window = BatchWindow(state, job.key)
     # A batch of at most processes + 1 chunks goes whole: it cannot hold the queue, and a window of one would send
@@ -87,6 +88,12 @@ def dispatch_batch(
     follow(window, step, header)
     log.info("run %s: batch %s -> %d blocks of <= %d items, %d in flight", run_id, node_id, len(spans), block, size)
     return window
+
+
+def _begun() -> str | None:
+    """The batch's span, begun as it is planned (under the step's); None when tracing is off."""
+    later = tracing.Later.begin()
+    return later.wire() if later else None
 
 
 def redispatch(job: BatchJob, run_id: str) -> bool:

@@ -19,7 +19,7 @@ from celery.exceptions import Ignore, Reject, Retry
 from ir import snapshot
 from ir.errors import RunPurged, SameForEveryItem
 from ir.models import NodeSpec
-from worker import redact, settings
+from worker import redact, settings, tracing
 from worker.batch import overrides
 from worker.batch.aggregate import ChunkResult
 from worker.batch.aggregate import merge as merge_outcomes
@@ -101,8 +101,14 @@ def run_chunk(self: Any, message: dict[str, Any]) -> str:
     if payloads is None:  # a copy (worker/cluster/aging.py) of a chunk planned again since
         return "stale"
     try:
-        with deliveries.held(self):
+        with (
+            tracing.within(chunk.run, tracing.parent_of(chunk.trace)),
+            tracing.span(f"chunk {chunk.batch.split('#', 1)[0]}", _delivery(self, chunk), quiet=QUIET) as current,
+            deliveries.held(self),  # inside the span: a delivery fenced on the way out is named on it
+        ):
             blob, count = _run(self, chunk, payloads, state, began)
+            if current is not None:
+                current.set_attribute("chordflow.items", count)
     except (*outage.ERRORS, Ignore, Reject, Retry):
         raise
     except Exception as exc:  # not an item failure (those are outcomes): the batch can never be merged
@@ -118,6 +124,23 @@ def run_chunk(self: Any, message: dict[str, Any]) -> str:
     if step.state != "stale":
         follow(window, step)
     return step.state
+
+
+#: How a chunk's delivery ends without failing: fenced (Ignore), handed back (Reject), retried (Retry).
+QUIET = (Ignore, Reject, Retry)
+
+
+def _delivery(task: Any, chunk: Chunk) -> dict[str, Any]:
+    """A chunk span's attributes: which chunk, and which delivery of it (a redelivery, a retry)."""
+    if not tracing.ON:
+        return {}
+    request = task.request
+    info = getattr(request, "delivery_info", None) or {}
+    return {
+        "chordflow.batch": chunk.batch, "chordflow.chunk.start": chunk.start, "messaging.message.id": request.id or "",
+        "chordflow.delivery.redelivered": bool(info.get("redelivered")),
+        "chordflow.delivery.retries": request.retries or 0,
+    }  # fmt: skip
 
 
 def _run(task: Any, chunk: Chunk, payloads: list[bytes], state: RunState, began: float) -> tuple[bytes, int]:
@@ -175,6 +198,7 @@ def aggregate(message: dict[str, Any]) -> str:
     state = RunState(merge.run)
     window = BatchWindow(state, merge.batch)
     if state.batch_result(merge.batch) is None:
+        _end_span(merge)
         if merge.snapshot is not None:  # every chunk has run: the batch's snapshot is needed no more
             state.drop_snapshot(merge.snapshot)
         chunk_results = window.outcomes()
@@ -197,6 +221,16 @@ def aggregate(message: dict[str, Any]) -> str:
     if following is not None:
         send_advance(following)
     return "stored"
+
+
+def _end_span(merge: Merge) -> None:
+    """Emit the batch's span, begun when it was planned: by the merge that stores its result (a second delivery of
+    the merge finds the result stored and emits nothing)."""
+    later = tracing.Later.parse(merge.trace)
+    if later is not None:
+        with tracing.within(merge.run):
+            attributes = {"chordflow.node": merge.node, "chordflow.batch": merge.batch, "chordflow.items": merge.count}
+            later.end(f"batch {merge.node}", attributes)
 
 
 def batch_failed(job: Merge, error: str) -> None:

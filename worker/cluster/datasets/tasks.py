@@ -12,6 +12,7 @@ from typing import Any
 from celery.exceptions import Ignore
 
 from ir.errors import RunPurged, SameForEveryItem
+from worker import tracing
 from worker.batch.aggregate import ChunkResult
 from worker.cluster import logs, priorities, sending, signing
 from worker.cluster.app import current_app, task
@@ -126,7 +127,11 @@ def dataset_chunk(self: Any, message: Any, *legacy: Any) -> str:
     if not state.should_stop(RECORDS):
         executor = chunk_executor(dataset.record_spec(record.workflow).wire(), runs.load_store(run_id))
         try:
-            with context.using(RunContext(answers=RedisAnswers(state), budget=budgets.in_redis(state))):  # model calls
+            with (
+                context.using(RunContext(answers=RedisAnswers(state), budget=budgets.in_redis(state))),  # model calls
+                tracing.within(run_id, tracing.parent_of(record.trace)),
+                tracing.span(f"chunk {RECORDS}", {"chordflow.chunk.start": n * size, "chordflow.items": len(records)}),
+            ):
                 chunk = run_chunk(
                     executor, records, bad, n * size, done,
                     lambda count: chunk_middleware(state, RECORDS, False),

@@ -25,7 +25,7 @@ import redis
 
 from ir import snapshot
 from ir.errors import RunPurged
-from worker import settings
+from worker import settings, tracing
 from worker.batch import overrides
 from worker.batch.aggregate import ChunkResult
 from worker.batch.rows import Row, rows_of_aggregate, rows_of_chunks
@@ -78,6 +78,9 @@ class ClusterRuns:
             "dataset": json.dumps(record.dataset) if record.dataset else "", "priority": record.priority,
             "format": record.format,
         }  # fmt: skip
+        record.trace = record.trace or _begun()
+        if record.trace:
+            fields["trace"] = record.trace
         keys, pipe = RunKeys(record.run_id), self.redis.pipeline()
         values = {**(encoded or {}), **{k: snapshot.encode(v, label=k) for k, v in store.items()}}
         if values:
@@ -122,6 +125,8 @@ class ClusterRuns:
         if node is not None:
             fields["node"] = node
         keys = RunKeys(run_id)
+        if tracing.ON and status in FINAL:
+            self._end_span(run_id, status, error)
         with self._live(run_id) as pipe:  # MULTI: whoever sees the run ended sees it trimmed
             if status in ("queued", "running"):
                 pipe.hdel(keys.run, "exception")
@@ -130,6 +135,14 @@ class ClusterRuns:
                 pipe.xadd(keys.events, {"batch": "", "end": status})
                 pipe.expire(keys.events, self.ttl)
                 self.trim(run_id, status, pipe)
+
+    def _end_span(self, run_id: str, status: str, error: str | None) -> None:
+        """Emit the run's span as it ends: once, by the write that moves it to a final status."""
+        before, trace = self.redis.hmget(RunKeys(run_id).run, "status", "trace")
+        later = tracing.Later.parse(trace)
+        if later is not None and (before or b"").decode() not in FINAL:
+            with tracing.within(run_id):
+                later.end("chordflow run", {"chordflow.status": status}, error if status == "failed" else None)
 
     @contextlib.contextmanager
     def _live(self, run_id: str) -> Iterator[redis.client.Pipeline]:
@@ -426,8 +439,14 @@ def _record(raw: dict[bytes, bytes]) -> RunRecord:
         json.loads(f["dataset"]) if f.get("dataset") else None, f.get("workflow_sig") or None,
         json.loads(f["updates"]) if f.get("updates") else [],
         f.get("priority") or "normal", int(f.get("format") or 0),
-        json.loads(f["waiting"]) if f.get("waiting") else None,
+        json.loads(f["waiting"]) if f.get("waiting") else None, f.get("trace") or None,
     )  # fmt: skip
+
+
+def _begun() -> str | None:
+    """A new run's span, begun as it is recorded; None when tracing is off."""
+    later = tracing.Later.begin()
+    return later.wire() if later else None
 
 
 def _glob(text: str) -> str:
