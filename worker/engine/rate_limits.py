@@ -61,13 +61,16 @@ def interval_of(limit: RateLimitSpec) -> float:
 
 class Limiter(Protocol):
     """Where buckets live. `admit` returns 0.0 when the call may go now, else the seconds to wait before
-    asking again; `hold` makes every caller of the bucket wait `seconds`; `charge` bills tokens a call used."""
+    asking again; `hold` makes every caller of the bucket wait `seconds`; `charge` bills tokens a call used;
+    `observe` tells how long an admitted call ran (the slots a rate keeps busy: scheduler/ops/demand.py)."""
 
     def admit(self, limit: RateLimitSpec) -> float: ...
 
     def hold(self, limit: RateLimitSpec, seconds: float) -> None: ...
 
     def charge(self, limit: RateLimitSpec, tokens: int) -> None: ...
+
+    def observe(self, limit: RateLimitSpec, seconds: float) -> None: ...
 
 
 def _cadence(tat: float, now: float, interval: float) -> float:
@@ -123,6 +126,9 @@ class LocalLimiter:
             now = self.clock()
             bucket = self._bucket(limit, now)
             bucket["tok"] = max(bucket["tok"], now) + tokens * 60.0 / limit.tokens_per_minute
+
+    def observe(self, limit: RateLimitSpec, seconds: float) -> None:
+        """Nothing: a local run's calls size no cluster (only the Redis buckets keep call times)."""
 
 
 _default: Limiter = LocalLimiter()
@@ -186,9 +192,14 @@ def call(node: BaseNode, shared: Any, limit: RateLimitSpec | None) -> Any:
     """Run `node` on `shared` (its `_run`), admitting each attempt through its bucket and waiting out Throttled."""
     limiter = current() if limit is not None else None
     if not _plain(type(node)):
-        if limiter is not None:
-            admit(limit, limiter)  # type: ignore[arg-type]
-        return node._run(shared)
+        if limiter is None:
+            return node._run(shared)
+        admit(limit, limiter)  # type: ignore[arg-type]
+        began = time.monotonic()
+        try:
+            return node._run(shared)
+        finally:
+            limiter.observe(limit, time.monotonic() - began)  # type: ignore[arg-type]
     prep_res = node.prep(shared)
     exec_res = _attempts(node, prep_res, limit, limiter)
     return node.post(shared, prep_res, exec_res)
@@ -226,6 +237,16 @@ def _call(node: BaseNode, limit: RateLimitSpec | None, shared: Any) -> Any:
     return call(node, shared, limit)
 
 
+def _observed(node: BaseNode, prep_res: Any, limit: RateLimitSpec, limiter: Limiter) -> Any:
+    """An admitted attempt's exec, its duration told to the limiter: how long a call holds its slot, whatever it
+    waited to be admitted (a batch behind a limit of 10/s whose calls take t seconds keeps ~10*t slots busy)."""
+    began = time.monotonic()
+    try:
+        return node.exec(prep_res)
+    finally:
+        limiter.observe(limit, time.monotonic() - began)
+
+
 def _attempts(
     node: BaseNode,
     prep_res: Any,
@@ -245,7 +266,9 @@ def _attempts(
                 raise exc
             if limiter is not None and not _answered(node, prep_res):
                 admit(limit, limiter)  # type: ignore[arg-type]
-            exec_res = node.exec(prep_res)
+                exec_res = _observed(node, prep_res, limit, limiter)  # type: ignore[arg-type]
+            else:
+                exec_res = node.exec(prep_res)
         except Throttled as exc:
             delay = exc.retry_after if exc.retry_after is not None else backoff(throttles)
             most = exc.max_wait if exc.max_wait is not None else DEFAULT_MAX_WAIT

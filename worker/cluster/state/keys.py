@@ -49,7 +49,7 @@ Outside any run:
   cf:runs             zset    run id -> created time (`chordflow runs`)
   cf:{workers}:<host> string  a live worker's pool size, kept alive by its heartbeat
   cf:{windows}        zset    open batch windows, `<run id>|<batch>` -> last activity (fair dispatch's share)
-  cf:{limit:<key>}    hash    a rate-limit bucket (worker/cluster/rate_limits.py): tat, tok, iv, iv_at
+  cf:{limit:<key>}    hash    a rate-limit bucket (worker/cluster/rate_limits.py): tat, tok, iv, iv_at, call_us
   cf:done:<task id>   string  a task that ran to the end on a signed cluster: another delivery of it is skipped
   cf:{queued}         zset    runs with messages sent below the top priority not yet begun: run id -> last send
   cf:{queued}:sweeping string  set NX for one sweep interval: at most one aging sweep starts per interval
