@@ -23,6 +23,7 @@ CLUSTER_ONLY = ("celery", "kombu", "redis")
 CLUSTER_CLIENTS = {
     "scheduler.reach": "turns a Redis or broker connection error into one line naming the URL",
     "scheduler.ops.metrics": "reads every run's counts in one pipelined pass per scrape; hooks Celery's worker signals",
+    "scheduler.ops.demand": "reads the active runs' windows and the rate-limit buckets, pipelined, per scrape",
     "scheduler.backends.celery": "follows a client-driven batch's progress stream",
 }
 

@@ -33,14 +33,18 @@ class CannotServe(click.ClickException):
     "--queue", "-Q", "queues", multiple=True, metavar="QUEUE",
     help="A queue to measure (repeat for more; default: CHORDFLOW_QUEUE or chordflow).",
 )  # fmt: skip
-def metrics(port: int, address: str, queues: tuple[str, ...]) -> None:
-    """Serve the cluster's Prometheus metrics on http://ADDRESS:PORT/metrics (runs, items, queues, workers),
-    read from Redis at each scrape."""
+@click.option(
+    "--worker-slots", type=click.IntRange(min=1), default=1, show_default=True,
+    help="Pool processes of one worker (its --concurrency), for chordflow_desired_workers while none is registered.",
+)  # fmt: skip
+def metrics(port: int, address: str, queues: tuple[str, ...], worker_slots: int) -> None:
+    """Serve the cluster's Prometheus metrics on http://ADDRESS:PORT/metrics (runs, items, queues, workers, the
+    workers the work can keep busy), read from Redis at each scrape."""
     from scheduler.ops import metrics as cluster_metrics
     from worker import redact, settings
 
     try:
-        server = cluster_metrics.serve_cluster_metrics(port, address, queues)
+        server = cluster_metrics.serve_cluster_metrics(port, address, queues, worker_slots)
     except OSError as exc:
         raise CannotServe(f"cannot serve metrics on {address}:{port}: {exc.strerror or exc}") from None
     s = settings.load()

@@ -11,6 +11,8 @@ in-process metrics of a worker (`chordflow worker --metrics-port`).
   last snapshot: a finished run's is read once), summed by model into counters that never go down
   (scheduler/ops/usage.py);
 - workers: the worker registry (worker/cluster/state/heartbeat.py);
+- the workers wanted: the pool slots the queued work can keep busy, capped by rate limits and `max_concurrent`
+  (scheduler/ops/demand.py: a few reads per active run and per open batch);
 - the broker: each queue's waiting messages and the age of the next one a worker takes (from the time it was
   sent, `chordflow_sent_at`, stamped by worker/cluster/broker/pool.py), and on Redis the messages delivered and
   not yet acknowledged: read as each broker allows (worker/cluster/broker/redis.py, amqp.py).
@@ -39,7 +41,7 @@ from typing import Any
 import redis
 
 from ir import snapshot
-from scheduler.ops import usage
+from scheduler.ops import demand, usage
 from worker import settings
 from worker.cluster.broker.base import QueueView
 from worker.cluster.broker.pool import SENT_AT_HEADER
@@ -110,6 +112,7 @@ class ClusterSnapshot:
     unacked: int | None  # None: the broker keeps no such count (not Redis, or no ack emulation)
     workers: dict[str, int]  # hostname -> pool processes
     llm: dict[str, dict[str, float]] = field(default_factory=dict)  # model -> counters (usage.FIELDS) of every run
+    desired: demand.Desired = field(default_factory=demand.Desired)  # what KEDA scales the workers on
 
 
 def scrape_client(url: str) -> redis.Redis:
@@ -122,15 +125,24 @@ class ClusterView:
     """Snapshots of the cluster (see the module docstring); one instance keeps the progress it has read.
 
     Parameters: the settings (its result backend holds the run state, its broker the queues), the queues to
-    measure (default: CHORDFLOW_QUEUE), and whether to count every run's model calls (the metrics' counters) or
-    only the active runs' (what `top` shows)."""
+    measure (default: CHORDFLOW_QUEUE), whether to count every run's model calls (the metrics' counters) or
+    only the active runs' (what `top` shows), and the pool slots of a worker while none is registered (the desired
+    workers when scaling from zero)."""
 
-    def __init__(self, s: settings.Settings | None = None, queues: Iterable[str] = (), every_run: bool = True):
+    def __init__(
+        self,
+        s: settings.Settings | None = None,
+        queues: Iterable[str] = (),
+        every_run: bool = True,
+        worker_slots: int = 1,
+    ):
         self.settings = s or settings.load()
         self.redis = scrape_client(self.settings.result_backend)
         self.broker = broker_for(self.settings)
         self.queues = list(queues) or [self.settings.queue]
         self._names: dict[str, str] = {}  # run id -> workflow name (a run's workflow never changes)
+        self._limits: dict[str, dict[str, demand.Limits]] = {}  # run id -> its batch nodes' limits
+        self.worker_slots = worker_slots
         self._progress: dict[str, StreamProgress] = {}
         self._usage: dict[str, tuple[str, dict[str, Any] | None]] = {}  # run id -> (its `updated`, its llm totals)
         self._llm = usage.ModelCounters()
@@ -144,7 +156,8 @@ class ClusterView:
             broker = self.broker.read_queues(self.queues, now)
             llm = {model: dict(counts) for model, counts in self._llm.totals.items()}
             workers = heartbeat.pool_sizes(self.redis)
-            return ClusterSnapshot(now, runs, active, broker.queues, broker.unacked, workers, llm)
+            desired = demand.desired(self.redis, active, self._limits, workers, self.worker_slots)
+            return ClusterSnapshot(now, runs, active, broker.queues, broker.unacked, workers, llm, desired)
 
     def _runs(self) -> tuple[Counter[tuple[str, str]], list[RunView]]:
         ids = [raw.decode() for raw in self.redis.zrange(RUNS, 0, -1)]
@@ -173,6 +186,7 @@ class ClusterView:
         self._read_progress([v for v in active if v.status == "running"])
         for gone in set(self._names) - set(records):
             del self._names[gone]
+            self._limits.pop(gone, None)
         for gone in set(self._progress) - {v.run_id for v in active}:
             del self._progress[gone]
         return counts, sorted(active, key=lambda v: v.created)
@@ -187,6 +201,7 @@ class ClusterView:
             except ValueError:
                 workflow = {}
             self._names[run_id] = str(workflow.get("name") or records[run_id]["source"] or "workflow")
+            self._limits[run_id] = demand.batch_limits(workflow)
 
     def _read_usage(self, records: dict[str, dict[str, str]]) -> None:
         """The model calls of each run whose record changed since the last snapshot (every checkpoint sets its
@@ -315,6 +330,18 @@ class ClusterCollector:
         processes = GaugeMetricFamily("chordflow_worker_processes", "Pool processes of the registered workers.")
         processes.add_metric([], sum(snap.workers.values()))
         yield from (workers, processes)
+        slots = GaugeMetricFamily(
+            "chordflow_desired_pool_slots", "Pool slots the queued and running work can keep busy: chunks waiting and "
+            "running, capped by what rate limits (rate x seconds a call runs) and max_concurrent let run at once; "
+            "1 per queued run or advance; 0 when idle.",
+        )  # fmt: skip
+        slots.add_metric([], snap.desired.slots)
+        wanted = GaugeMetricFamily(
+            "chordflow_desired_workers", "Workers for chordflow_desired_pool_slots: ceil(slots / a registered "
+            "worker's pool processes, else chordflow metrics --worker-slots). What KEDA scales the workers on.",
+        )  # fmt: skip
+        wanted.add_metric([], snap.desired.workers)
+        yield from (slots, wanted)
 
 
 def _llm_metrics(counters: dict[str, dict[str, float]]) -> Iterator[Any]:
@@ -347,12 +374,13 @@ def _llm_metrics(counters: dict[str, dict[str, float]]) -> Iterator[Any]:
     yield from (calls, cached, tokens, cost)
 
 
-def serve_cluster_metrics(port: int, address: str, queues: Iterable[str] = ()) -> Any:
-    """Serve the cluster's metrics on http://address:port/metrics from a daemon thread; returns the server."""
+def serve_cluster_metrics(port: int, address: str, queues: Iterable[str] = (), worker_slots: int = 1) -> Any:
+    """Serve the cluster's metrics on http://address:port/metrics from a daemon thread; returns the server.
+    `worker_slots`: a worker's pool slots while none is registered (desired workers from zero)."""
     from prometheus_client import CollectorRegistry, start_http_server
 
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(ClusterCollector(ClusterView(queues=queues)))
+    registry.register(ClusterCollector(ClusterView(queues=queues, worker_slots=worker_slots)))
     server, _thread = start_http_server(port, address, registry=registry)
     return server
 
