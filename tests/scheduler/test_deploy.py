@@ -12,8 +12,8 @@ only where the file says what they are, so a URL naming a port nothing listens o
 Then a batch runs through them (`chordflow submit` + `wait` with a client's environment from the file),
 Flower and the dashboard are asked with and without their credentials, and the metrics are scraped.
 Static checks (commands and options that `chordflow` accepts, CHORDFLOW_* names the code reads, ports,
-secrets, the KEDA trigger's list, the grace period against the visibility timeout) run first, and
-`test_*_checks_catch` shows that each kind of mistake in a file is caught.
+secrets, the KEDA trigger on the metrics' desired workers, the grace period against the visibility timeout) run
+first, and `test_*_checks_catch` shows that each kind of mistake in a file is caught.
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ import subprocess
 import sys
 import urllib.error
 import urllib.request
+from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -498,7 +499,7 @@ def k8s_deployment(texts: dict[str, str], secrets: dict[str, dict[str, str]], co
 
 
 def _k8s_scaling_problems(docs: list[dict[str, Any]], pods: dict[str, Any], hosts: dict[str, Any]) -> list[str]:
-    """The worker Deployment's grace period, and KEDA's trigger on the list the workers consume."""
+    """The worker Deployment's grace period, and KEDA scaling it from zero on the metrics' desired workers."""
     problems = []
     workers = [w for w, (_, cs, _) in pods.items() if any(c.argv[:2] == ["chordflow", "worker"] for c in cs)]
     if len(workers) != 1:
@@ -512,32 +513,70 @@ def _k8s_scaling_problems(docs: list[dict[str, Any]], pods: dict[str, Any], host
             f"{worker}: terminationGracePeriodSeconds {grace} must exceed the longest chunk, bounded by "
             f"CHORDFLOW_VISIBILITY_TIMEOUT ({timeout}s, deploy/README.md)"
         )
-    queue = container.env.get("CHORDFLOW_QUEUE") or "chordflow"
-    argv = container.argv
-    for flag in ("-Q", "--queues"):
-        if flag in argv:
-            queue = argv[argv.index(flag) + 1]
     scaled = [d for d in docs if d["kind"] == "ScaledObject"]
     if not scaled:
         problems.append("no KEDA ScaledObject for the workers")
-    auths = {d["metadata"]["name"]: d for d in docs if d["kind"] == "TriggerAuthentication"}
     for obj in scaled:
-        if obj["spec"]["scaleTargetRef"]["name"] != worker:
-            problems.append(f"ScaledObject {obj['metadata']['name']} scales {obj['spec']['scaleTargetRef']['name']}")
-        for trigger in obj["spec"]["triggers"]:
-            meta = trigger["metadata"]
-            if trigger["type"] != "redis" or meta.get("listName") != queue:
-                problems.append(f"KEDA trigger watches {trigger['type']} list {meta.get('listName')}, not {queue}")
-            host, _, port = meta.get("address", f"{meta.get('host')}:{meta.get('port')}").partition(":")
-            if int(port or 0) not in hosts.get(host, {}):
-                problems.append(f"KEDA trigger's address {host}:{port} is no Service port")
-            ref = (trigger.get("authenticationRef") or {}).get("name")
-            for target in (auths.get(ref) or {}).get("spec", {}).get("secretTargetRef", []):
-                if target["key"] not in K8S_SECRETS.get(target["name"], {}):
-                    problems.append(f"TriggerAuthentication {ref}: no secret {target['name']} key {target['key']}")
-            if ref not in auths:
-                problems.append(f"KEDA trigger's authenticationRef {ref} is not defined (Redis needs the password)")
+        spec = obj["spec"]
+        if spec["scaleTargetRef"]["name"] != worker:
+            problems.append(f"ScaledObject {obj['metadata']['name']} scales {spec['scaleTargetRef']['name']}")
+        if spec.get("minReplicaCount", 1) != 0:
+            problems.append(f"ScaledObject {obj['metadata']['name']}: minReplicaCount must be 0 (idle: no worker)")
+        for trigger in spec["triggers"]:
+            problems += _trigger_problems(trigger, pods, hosts)
+    problems += _worker_slots_problems(pods, container)
     return problems
+
+
+def _trigger_problems(trigger: dict[str, Any], pods: dict[str, Any], hosts: dict[str, Any]) -> list[str]:
+    """KEDA reads the desired workers from `chordflow metrics` (a metrics-api trigger, Prometheus text), scaled from
+    zero as soon as the gauge is above 0."""
+    meta = trigger.get("metadata") or {}
+    if trigger["type"] != "metrics-api" or meta.get("format") != "prometheus":
+        return [f"KEDA trigger {trigger['type']} (format {meta.get('format')}): not the metrics endpoint's text"]
+    problems = []
+    if meta.get("valueLocation") != "chordflow_desired_workers" or meta.get("valueLocation") not in cluster_metrics():
+        problems.append(f"KEDA trigger reads {meta.get('valueLocation')}, not chordflow_desired_workers")
+    if trigger.get("metricType", "AverageValue") != "AverageValue" or meta.get("targetValue") != "1":
+        problems.append("KEDA trigger: the gauge is in workers: AverageValue with targetValue 1")
+    if float(meta.get("activationTargetValue", 0)) != 0:
+        problems.append("KEDA trigger: activationTargetValue must be 0 (a first worker as soon as there is work)")
+    match = re.fullmatch(r"http://([a-z0-9-]+):(\d+)/metrics", meta.get("url", ""))
+    served = hosts.get(match[1], {}).get(int(match[2])) if match else None
+    if served is None or pods_command(pods, served[0]) != ["chordflow", "metrics"]:
+        problems.append(f"KEDA trigger's url {meta.get('url')} is no Service port of `chordflow metrics`")
+    return problems
+
+
+def _worker_slots_problems(pods: dict[str, Any], worker: Container) -> list[str]:
+    """`chordflow metrics --worker-slots` is the workers' --concurrency: the workers asked for from zero."""
+    concurrency = click_params(worker.argv).get("concurrency")
+    metrics = [c for _, cs, _ in pods.values() for c in cs if c.argv[:2] == ["chordflow", "metrics"]]
+    slots = [click_params(c.argv).get("worker_slots") for c in metrics]
+    if slots != [concurrency]:
+        return [f"chordflow metrics --worker-slots {slots} must be the workers' --concurrency ({concurrency})"]
+    return []
+
+
+def click_params(argv: list[str]) -> dict[str, Any]:
+    """A `chordflow` command line's options as its click command parses them."""
+    return commands()[argv[1]].make_context(argv[1], list(argv[2:])).params
+
+
+def pods_command(pods: dict[str, Any], container: str) -> list[str]:
+    """The command (`chordflow <name>`) of a container by its name."""
+    return next((c.argv[:2] for _, cs, _ in pods.values() for c in cs if c.name == container), [])
+
+
+def cluster_metrics() -> set[str]:
+    """The names `chordflow metrics` serves (its collector, with nothing in the cluster)."""
+    from scheduler.ops import metrics
+
+    class Empty:
+        def snapshot(self) -> metrics.ClusterSnapshot:
+            return metrics.ClusterSnapshot(taken=0.0, runs=Counter(), active=[], queues=[], unacked=0, workers={})
+
+    return {family.name for family in metrics.ClusterCollector(Empty()).collect()}  # type: ignore[arg-type]
 
 
 def _k8s_network_problems(docs: list[dict[str, Any]], pods: dict[str, Any]) -> list[str]:
@@ -628,6 +667,7 @@ def exercise(runner: Runner, client: Container, submit: list[str], auth: dict[st
     cluster = samples(runner.url(d.container("metrics"), "/metrics"))
     assert cluster[("chordflow_up", ())] == 1
     assert cluster[("chordflow_runs", (("status", "succeeded"), ("workflow", "deploy-check")))] == 1
+    assert cluster[("chordflow_desired_workers", ())] == 0  # the batch ran: nothing left to scale for
     worker = d.container("worker")
     processed = 0.0
     for replica in range(worker.replicas):
@@ -660,7 +700,7 @@ def test_k8s_manifests_are_consistent_with_the_code() -> None:
     deployment = k8s_of(k8s_texts())
     assert deployment.problems == []
     kinds = {doc["kind"] for doc in k8s_docs(k8s_texts())}
-    assert {"ScaledObject", "TriggerAuthentication", "NetworkPolicy", "StatefulSet", "Job"} <= kinds
+    assert {"ScaledObject", "NetworkPolicy", "StatefulSet", "Job"} <= kinds
     assert {role(c.argv) for c in deployment.containers.values()} == {
         "redis-server", "worker", "flower", "dashboard", "metrics", "submit"
     }  # fmt: skip
@@ -699,7 +739,12 @@ def test_compose_checks_catch(mistake: str) -> None:
 
 
 K8S_MISTAKES = {
-    "KEDA watching another list": ("keda.yaml", "listName: chordflow", "listName: celery", "not chordflow"),
+    "KEDA reading another metric": ("keda.yaml", "valueLocation: chordflow_desired_workers",
+                                    "valueLocation: chordflow_queue_messages", "not chordflow_desired_workers"),
+    "KEDA never scaling to zero": ("keda.yaml", "minReplicaCount: 0", "minReplicaCount: 2", "minReplicaCount"),
+    "KEDA reading no metrics service": ("keda.yaml", "chordflow-metrics:9808", "chordflow-metrics:9809", "no Service"),
+    "worker slots unlike the workers'": ("metrics.yaml", '"--worker-slots", "2"', '"--worker-slots", "4"',
+                                         "--worker-slots"),
     "a grace period shorter than a chunk": ("worker.yaml", "terminationGracePeriodSeconds: 660",
                                             "terminationGracePeriodSeconds: 300", "terminationGracePeriodSeconds"),
     "a containerPort the command does not use": ("dashboard.yaml", "containerPort: 5556", "containerPort: 5557",
