@@ -46,13 +46,15 @@ class Chunk:
 
 @dataclass(frozen=True)
 class WindowStep:
-    """What a step of the window says: `state` ('go', 'end', 'dup', 'dupend', 'stale', 'purged'), the run's priority,
-    how long the batch's last finished chunk waited in the queue (seconds), and the chunks to send now."""
+    """What a step of the window says: `state` ('go', 'end', 'dup', 'dupend', 'stale', 'purged'; a finish: 'short',
+    its outcome passes the chunk's `end`; a split: 'gone', nothing to hand back), the run's priority, how long the
+    batch's last finished chunk waited in the queue (seconds), and the chunks to send now."""
 
     state: str
     priority: str = "normal"
     waited: float = 0.0
     chunks: list[Chunk] = field(default_factory=list)
+    end: int | None = None
 
     @property
     def ended(self) -> bool:
@@ -75,8 +77,10 @@ class BatchWindow:
     def _call(self, mode: str, *args: object) -> WindowStep:
         reply = self._step(keys=self._keys(), args=[mode, self.state.ttl, self.plan_id, *args])
         state = reply[0].decode()
-        if state in ("stale", "purged"):
+        if state in ("stale", "purged", "gone"):
             return WindowStep(state)
+        if state == "short":
+            return WindowStep(state, end=int(reply[1]))
         chunks = [Chunk.parse(c) for c in reply[3:]]
         return WindowStep(state, reply[1].decode(), float(reply[2]), chunks)
 
@@ -105,9 +109,26 @@ class BatchWindow:
             "plan", window, max_items, min_items, chunk_seconds, header_bytes, priority, time.time(), *spans
         )
 
-    def finish(self, start: int, outcome: bytes, items: int, seconds: float, window: int) -> WindowStep:
-        """Record a chunk's outcome once and claim what its place in the window (now `window` chunks) lets go."""
-        return self._call("finish", start, outcome, items, f"{seconds:.6f}", window, time.time())
+    def finish(
+        self, start: int, outcome: bytes, items: int, seconds: float, window: int, end: int | None = None
+    ) -> WindowStep:
+        """Record a chunk's outcome once and claim what its place in the window (now `window` chunks) lets go.
+        `end`: the first index past the outcome; 'short' if the chunk now ends before it (split meanwhile)."""
+        return self._call("finish", start, outcome, items, f"{seconds:.6f}", window, time.time(), end or "")
+
+    def split(self, start: int, at: int, end: int, block: bytes | None) -> WindowStep:
+        """Items [at, end) of chunk `start` (as its holder read it: `claimed`) become a chunk of their own, claimed
+        to be sent (`block`: the items from `at` to the next block, when `at` starts none). 'gone' when the chunk
+        finished or was split meanwhile."""
+        return self._call("split", start, at, end, block or b"", time.time())
+
+    def claimed(self, start: int) -> Chunk | None:
+        """Chunk `start` as the window holds it now (a split shortens it), None once it finished (or never was)."""
+        held = self.state.redis.hget(self.keys.pending, str(start))
+        if held is None:
+            return None
+        end, blocks = held.decode().split("@", 1)[0].split(":", 1)
+        return Chunk.parse(f"{start}:{end}:{blocks}")
 
     def open_windows(self) -> int:
         """Mark this batch's window open (now) and count the open ones across the cluster, this one included."""

@@ -11,14 +11,20 @@
 --       10 the run's tombstone (keys.py purged_key): a purged run's step writes nothing and returns {'purged'}
 -- ARGV: 1 mode, 2 ttl, 3 plan id, then per mode:
 --   plan    4 window, 5 max_items, 6 min_items, 7 chunk_seconds, 8 header bytes, 9 priority, 10 now, 11.. blocks
---   finish  4 chunk start, 5 outcome bytes, 6 items run, 7 seconds it took, 8 the window now, 9 now
+--   finish  4 chunk start, 5 outcome bytes, 6 items run, 7 seconds it took, 8 the window now, 9 now,
+--           10 the first index past the outcome (or '')
+--   split   4 chunk start, 5 `at`, 6 the chunk's end as its holder read it, 7 the items [at, next block) encoded
+--           as a block of their own, or '' when `at` starts a block, 8 now: items [at, end) of a chunk become a
+--           chunk of their own (its unstarted items, handed back by a draining worker: worker/cluster/batches/handback.py)
 -- Returns {state, priority, waited (seconds the last finished chunk waited in the queue: claimed to begun),
 -- claimed "start:end:block,block"...}; state: 'go', 'end' (this step ended the batch), 'dup' (a finish already
 -- counted: those of its claims not finished yet, again; 'dupend' if the batch has ended), 'stale' (a chunk of an
--- earlier plan of this batch: a resume planned it again).
+-- earlier plan of this batch: a resume planned it again), 'short' (a finish whose outcome passes the chunk's end:
+-- its end was split off meanwhile; the end follows, to cut the outcome at), 'gone' (a split of a chunk finished, or
+-- split, meanwhile: nothing to hand back).
 local mode, ttl, id = ARGV[1], tonumber(ARGV[2]), ARGV[3]
 if redis.call('EXISTS', KEYS[10]) == 1 then return {'purged'} end
-local now = (mode == 'plan') and ARGV[10] or ARGV[9]
+local now = ({plan = ARGV[10], finish = ARGV[9], split = ARGV[8]})[mode]
 
 local function keep()
   for i = 1, 5 do redis.call('EXPIRE', KEYS[i], ttl) end
@@ -47,6 +53,9 @@ elseif mode == 'finish' then
   if redis.call('HGET', KEYS[1], 'id') ~= id then return {'stale'} end
   local start = ARGV[4]
   local held = redis.call('HGET', KEYS[3], start)
+  if held and ARGV[10] ~= '' and tonumber(string.sub(held, 1, string.find(held, ':') - 1)) < tonumber(ARGV[10]) then
+    return {'short', string.sub(held, 1, string.find(held, ':') - 1)}
+  end
   if not held then
     local again = {}  -- the claims of its counted finish still in flight (a finished one's items are gone)
     for _, c in ipairs(split(redis.call('HGET', KEYS[8], start) or '', ';')) do
@@ -68,6 +77,30 @@ elseif mode == 'finish' then
     redis.call('HINCRBY', KEYS[1], 'items', ARGV[6])
     redis.call('HINCRBYFLOAT', KEYS[1], 'seconds', ARGV[7])
   end
+elseif mode == 'split' then
+  if redis.call('HGET', KEYS[1], 'id') ~= id then return {'stale'} end
+  local start, at = ARGV[4], ARGV[5]
+  local held = redis.call('HGET', KEYS[3], start)
+  if not held or string.sub(held, 1, string.find(held, ':') - 1) ~= ARGV[6] or tonumber(at) >= tonumber(ARGV[6]) then
+    return {'gone'}
+  end
+  local at_sign = string.find(held, '@')
+  local before, after = {}, {}
+  for _, b in ipairs(split(string.sub(held, string.find(held, ':') + 1, at_sign - 1), ',')) do
+    table.insert(tonumber(b) < tonumber(at) and before or after, b)
+  end
+  if after[1] ~= at then
+    redis.call('HSET', KEYS[5], at, ARGV[7])
+    table.insert(after, 1, at)
+  end
+  redis.call('HSET', KEYS[3], start, at .. ':' .. table.concat(before, ',') .. string.sub(held, at_sign))
+  local claim = ARGV[6] .. ':' .. table.concat(after, ',')
+  redis.call('HSET', KEYS[3], at, claim .. '@' .. now)
+  -- kept with the chunk's claims: its finish (or a duplicate of it) sends it again if its sender died first
+  local kept = redis.call('HGET', KEYS[8], start)
+  redis.call('HSET', KEYS[8], start, (kept and kept ~= '' and (kept .. ';') or '') .. at .. ':' .. claim)
+  keep()
+  return reply('go', {at .. ':' .. claim})
 end
 
 -- The chunk size: measured seconds per item so far, else one block (a probe).
@@ -104,6 +137,12 @@ if not stopped then
   end
 end
 if mode == 'finish' then
+  -- the chunks split off it still in flight go again with its claims (one whose sender died is sent at last)
+  for _, c in ipairs(split(redis.call('HGET', KEYS[8], ARGV[4]) or '', ';')) do
+    if redis.call('HEXISTS', KEYS[3], string.sub(c, 1, string.find(c, ':') - 1)) == 1 then
+      table.insert(claimed, c)
+    end
+  end
   redis.call('HSET', KEYS[8], ARGV[4], table.concat(claimed, ';'))
 end
 keep()
