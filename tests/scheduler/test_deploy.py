@@ -723,7 +723,7 @@ COMPOSE_MISTAKES = {
     "a broker on the wrong port": ("@redis:6379/0\n      CHORDFLOW_SECRET_KEY_FILE: /run/secrets/chordflow_secret_key"
                                    "\n      CHORDFLOW_VISIB", "@redis:6380/0\n      CHORDFLOW_SECRET_KEY_FILE: "
                                    "/run/secrets/chordflow_secret_key\n      CHORDFLOW_VISIB", "redis:6380"),
-    "a published port nothing listens on": ('"5556:5556"', '"5557:5557"', "publishes container port 5557"),
+    "a published port nothing listens on": (':-5556}:5556"', ':-5556}:5557"', "publishes container port 5557"),
     "a key file that is not mounted": ("secrets: [chordflow_secret_key]\n    # Each", "# Each", "no file mounted"),
     "a grace period shorter than a chunk": ("stop_grace_period: 660s", "stop_grace_period: 60s", "stop_grace_period"),
 }  # fmt: skip
