@@ -175,6 +175,12 @@ class Settings:
         "seconds between a worker's registry refreshes (its entry lives 3 beats)",
         read=_integer(at_least=1),
     )
+    drain_grace: float = _var(
+        "CHORDFLOW_DRAIN_GRACE",
+        25.0,
+        "seconds a worker told to stop (SIGTERM) gives its items in flight; those not started go back at once",
+        read=_number,
+    )
     outage_seconds: int = _var(
         "CHORDFLOW_OUTAGE_SECONDS",
         60,

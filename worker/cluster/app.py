@@ -36,7 +36,7 @@ from celery.utils.nodenames import default_nodename, nodesplit
 
 from ir.errors import NewerFormat, RunPurged
 from worker import settings, tracing
-from worker.cluster import aging, logs, messages, outage, priorities, signing, waits
+from worker.cluster import aging, draining, logs, messages, outage, priorities, signing, waits
 from worker.cluster.broker import amqp, deliveries
 from worker.cluster.broker.registry import for_settings as broker_for
 from worker.cluster.rate_limits import RedisLimiter
@@ -383,6 +383,13 @@ def _share_rate_limits(**_: object) -> None:
 def _export_spans(**_: object) -> None:
     """A pool child exits without Python's exit hooks: what it traced is exported before it goes."""
     tracing.flush()
+
+
+#: A warm shutdown drains every process running chunks: their items not started go back at once, those in flight
+#: get CHORDFLOW_DRAIN_GRACE (worker/cluster/draining.py).
+signals.worker_init.connect(draining.listen, weak=False)
+signals.worker_ready.connect(draining.keep_pool, weak=False)
+signals.worker_shutting_down.connect(draining.tell_pool, weak=False)
 
 
 #: The threads a worker keeps while it lives, by (hostname, what): started once at worker_ready, stopped at shutdown.

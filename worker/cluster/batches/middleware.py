@@ -209,8 +209,8 @@ class ConcurrencyPermit(ItemMiddleware):
         delay = self.poll
         while not self.state.acquire_permit(self.batch, token, self.limit, self.lease, reclaim):
             reclaim = None
-            if self.state.should_stop(self.batch):
-                return False
+            if self.state.should_stop(self.batch) or ((stop := stopping.current()) is not None and stop.is_set()):
+                return False  # the run stopped, or this chunk did (its worker drains: worker/cluster/draining.py)
             time.sleep(delay)  # waiting for another chunk or thread to let go of one; nothing to subscribe to
             delay = min(delay * 2, 1.0)
         with self.lock:

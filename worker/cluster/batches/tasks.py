@@ -9,6 +9,7 @@ stores a Celery result (`ignore_result`): what they return is only their log lin
 from __future__ import annotations
 
 import functools
+import itertools
 import json
 import time
 from collections import OrderedDict
@@ -23,11 +24,11 @@ from worker import redact, settings, tracing
 from worker.batch import overrides
 from worker.batch.aggregate import ChunkResult
 from worker.batch.aggregate import merge as merge_outcomes
-from worker.batch.executor import ItemExecutor, run_slice
+from worker.batch.executor import ItemExecutor, run_slice, stop_of
 from worker.batch.middleware import tolerance_of
-from worker.cluster import logs, outage
+from worker.cluster import draining, logs, outage
 from worker.cluster.app import task
-from worker.cluster.batches import chunking
+from worker.cluster.batches import chunking, handback
 from worker.cluster.batches.dispatch import follow, send_advance, window_size
 from worker.cluster.batches.middleware import chunk_middleware
 from worker.cluster.batches.snapshot_cache import SnapshotCache
@@ -90,14 +91,21 @@ def run_chunk(self: Any, message: dict[str, Any]) -> str:
     a delivery taken over meanwhile (this worker paused past the bound) raises Ignore and records nothing, so the
     window counts the chunk once, from the delivery that holds it (worker/cluster/broker/deliveries.py). A
     delivery of a chunk already counted (its worker died after recording it) sends again what that finish
-    claimed: the window never loses a chunk to a SIGKILL between its two steps."""
+    claimed: the window never loses a chunk to a SIGKILL between its two steps.
+
+    Its worker draining (worker/cluster/draining.py), it hands back its items not started (handback.py); one that
+    begins then goes back whole."""
+    if draining.began():
+        raise Reject("the worker drains: handed back before it began", requeue=True)
     chunk = Chunk.from_wire(message)
     began = time.monotonic()
     state = RunState(chunk.run)
     window = BatchWindow(state, chunk.batch, chunk.plan)
     if not window.begin(chunk.start, self.request.id or "called directly"):
         return "duplicate"  # another message of this chunk began first (a copy), or the batch was planned again
-    payloads = chunk.items if chunk.items is not None else window.chunk_items(chunk.blocks or [])
+    held = window.claimed(chunk.start)  # shortened if a drain split it; None once finished (a duplicate's outcome)
+    blocks = held.blocks if held is not None else chunk.blocks or []
+    payloads = chunk.items if chunk.items is not None else window.chunk_items(blocks)
     if payloads is None:  # a copy (worker/cluster/aging.py) of a chunk planned again since
         return "stale"
     try:
@@ -106,7 +114,7 @@ def run_chunk(self: Any, message: dict[str, Any]) -> str:
             tracing.span(f"chunk {chunk.batch.split('#', 1)[0]}", _delivery(self, chunk), quiet=QUIET) as current,
             deliveries.held(self),  # inside the span: a delivery fenced on the way out is named on it
         ):
-            blob, count = _run(self, chunk, payloads, state, began)
+            blob, count = _run(self, chunk, payloads, state, began, held.end if held is not None else None)
             if current is not None:
                 current.set_attribute("chordflow.items", count)
     except (*outage.ERRORS, Ignore, Reject, Retry):
@@ -118,7 +126,7 @@ def run_chunk(self: Any, message: dict[str, Any]) -> str:
         raise RunPurged(f"run {chunk.run} was purged: its chunk at {chunk.start} stopped and reports nothing")
     processes = chunking.registered_processes(settings.load().result_backend) or chunking.FALLBACK_PROCESSES
     size = window_size(processes, window.open_windows())
-    step = window.finish(chunk.start, blob, count, time.monotonic() - began, size)
+    step = handback.finish(window, chunk.start, blob, count, time.monotonic() - began, size)
     if step.state == "purged":
         raise RunPurged(f"run {chunk.run} was purged: its chunk at {chunk.start} reports nothing")
     if step.state != "stale":
@@ -143,8 +151,11 @@ def _delivery(task: Any, chunk: Chunk) -> dict[str, Any]:
     }  # fmt: skip
 
 
-def _run(task: Any, chunk: Chunk, payloads: list[bytes], state: RunState, began: float) -> tuple[bytes, int]:
-    """The chunk's outcomes (codec bytes) and how many items ran; `payloads`: its encoded blocks of items."""
+def _run(
+    task: Any, chunk: Chunk, payloads: list[bytes], state: RunState, began: float, end: int | None
+) -> tuple[bytes, int]:
+    """The chunk's outcomes (codec bytes) and how many items ran; `payloads`: its encoded blocks of items, run up to
+    `end` (None: all of them)."""
     batch = chunk.batch
     stop, changed = state.chunk_start(batch)
     if stop:
@@ -154,13 +165,23 @@ def _run(task: Any, chunk: Chunk, payloads: list[bytes], state: RunState, began:
     executor = chunk_executor(overrides.apply_to_node(chunk.node, changed), _snapshot(chunk.snap, state))
     spec = executor.spec.batch
     assert spec is not None
-    items = [item for payload in payloads for item in snapshot.decode(payload)]
+    blocks = [snapshot.decode(payload) for payload in payloads]
+    starts = list(itertools.accumulate((len(block) for block in blocks[:-1]), initial=chunk.start))
+    items = [item for block in blocks for item in block][: None if end is None else end - chunk.start]
     hooks = chunk_middleware(
         state, batch, spec.fail_fast, chunk=chunk.start, max_concurrent=spec.max_concurrent,
         tolerance=tolerance_of(spec), task=task,
     )  # fmt: skip
-    with context.using(RunContext(answers=RedisAnswers(state), budget=budgets.in_redis(state))):  # model calls
-        outcomes = run_slice(executor, items, chunk.start, hooks)  # on threads with batch.parallel
+    stop = stop_of(hooks)
+    assert stop is not None
+    back = handback.Handback(BatchWindow(state, batch, chunk.plan), chunk.start, items, starts, stop)
+    waiting = [i for i, hook in enumerate(hooks) if hook.waits]
+    hooks.insert((waiting[-1] if waiting else 0) + 1, back)  # after the stop check and the permits: taken, it starts
+    with (
+        context.using(RunContext(answers=RedisAnswers(state), budget=budgets.in_redis(state))),  # model calls
+        draining.running(back),
+    ):
+        outcomes = back.settle(run_slice(executor, items, chunk.start, hooks))  # on threads with batch.parallel
     seconds = time.monotonic() - began
     logs.chunk(chunk.run, executor.node_id, batch, chunk.start, len(outcomes.results), len(outcomes.failures), seconds)
     return snapshot.encode(outcomes.to_wire(), label=f"batch '{executor.node_id}' results"), len(outcomes.results)
