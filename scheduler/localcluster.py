@@ -43,15 +43,19 @@ def free_port() -> int:
 
 
 class ManagedProcess:
-    """A child process whose output is copied to a log file and watched for a readiness line."""
+    """A child process whose output is copied to a log file and watched for a readiness line; `cwd`: the folder it
+    starts in (a worker of another checkout starts in it, so that checkout's modules import first)."""
 
-    def __init__(self, argv: list[str], log: Path, ready: str, env: dict[str, str] | None = None):
+    def __init__(
+        self, argv: list[str], log: Path, ready: str, env: dict[str, str] | None = None, cwd: Path | None = None
+    ):
         self.log = log
         self.proc = subprocess.Popen(
             argv,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             env=env,
+            cwd=cwd,
             text=True,
             start_new_session=True,
         )
@@ -196,11 +200,13 @@ class Cluster:
         via: str = "celery",
         env: dict[str, str] | None = None,
         args: tuple[str, ...] = (),
+        cwd: Path | None = None,
     ) -> ManagedProcess:
-        """A worker process (see `worker_argv`) with this cluster's env, or `env`, and extra `args`."""
+        """A worker process (see `worker_argv`) with this cluster's env, or `env`, and extra `args`, started in
+        `cwd` (default: this process's folder)."""
         argv = [*self.worker_argv(name, pool=pool, concurrency=concurrency, via=via), *args]
         log = self.workdir / f"worker-{name}.log"
-        worker = ManagedProcess(argv, log, "ready.", env=self.env if env is None else env)
+        worker = ManagedProcess(argv, log, "ready.", env=self.env if env is None else env, cwd=cwd)
         self.workers[name] = worker
         return worker
 
