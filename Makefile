@@ -9,7 +9,8 @@ DEV_STAMP := $(VENV)/.installed-dev
 # Python would compile every module it imports at every start (the venv's packages are compiled by pip already).
 COMPILE := $(BIN)/python -m compileall -q ir scheduler worker
 
-.PHONY: install run test test-fast lint docs bench flower worker clean fuzz browser
+.PHONY: install run test test-fast lint docs bench flower worker clean fuzz browser podman container-images \
+	container-env test-containers
 
 install: $(DEV_STAMP)
 
@@ -30,7 +31,7 @@ run: $(RUN_STAMP)
 # The suite in TEST_JOBS processes (pytest-xdist), each with its own redis-server and workers: most tests wait on
 # real processes (dead-worker bounds, leases), so four share two cores well. TEST_JOBS=0 runs it in one process.
 TEST_JOBS ?= 4
-test: install browser
+test: install browser container-images
 	$(BIN)/python -m pytest -q -n $(TEST_JOBS)
 
 # The fast loop: only the tests that start no process (no cluster, no redis-server, no `chordflow` command, no
@@ -46,6 +47,57 @@ browser:
 	@test -x /usr/bin/chromium -a -x /usr/bin/chromedriver || { \
 		$(SUDO) apt-get update -q && \
 		$(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium chromium-driver; }
+
+# The deploy files as real containers (tests/scheduler/test_containers.py): Debian's podman, runc and debootstrap,
+# installed here when missing. Where no registry image can be pulled, the Dockerfile's BASE_IMAGE is built from
+# Debian's packages (debootstrap, python3 3.11; it trusts the certificates this host trusts, so pip reaches PyPI
+# through a TLS proxy that the host trusts) and Redis's image on top of it. This machine's podman settings
+# stay in CONTAINERS_CACHE and on podman's command line (runc, cgroupfs, no default ulimits): the host's own podman
+# configuration is left as it is. Images are made once and kept by podman: the base and Redis while they exist,
+# chordflow's through podman's layer cache (the dependencies' layer depends on pyproject.toml alone, so a change
+# to the code rebuilds only the last layer, in seconds; the first build takes a few minutes).
+CONTAINERS_CACHE ?= $(HOME)/.cache/chordflow/containers
+PODMAN_FLAGS ?= --runtime runc --cgroup-manager cgroupfs
+PODMAN := env CONTAINERS_CONF=$(CONTAINERS_CACHE)/containers.conf podman $(PODMAN_FLAGS)
+DEBIAN_MIRROR ?= http://deb.debian.org/debian
+CONTAINER_BASE := localhost/chordflow-base:bookworm
+CONTAINER_REDIS := localhost/chordflow-redis:bookworm
+CONTAINER_IMAGE := localhost/chordflow-test:latest
+
+podman:
+	@command -v podman >/dev/null && command -v runc >/dev/null && command -v debootstrap >/dev/null || { \
+		$(SUDO) apt-get update -q && \
+		$(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -q podman runc debootstrap; } >&2
+
+# Every line of podman's and debootstrap's output goes to stderr: `container-env` prints only its variables.
+container-images: podman
+	@mkdir -p $(CONTAINERS_CACHE)
+	@printf '[containers]\ndefault_ulimits = []\n' > $(CONTAINERS_CACHE)/containers.conf
+	@$(PODMAN) image exists $(CONTAINER_BASE) || { \
+		echo "building $(CONTAINER_BASE) from Debian's packages (once: about a minute)" && \
+		rm -rf $(CONTAINERS_CACHE)/rootfs && \
+		$(SUDO) debootstrap --variant=minbase --include=python3,python3-venv bookworm $(CONTAINERS_CACHE)/rootfs \
+			$(DEBIAN_MIRROR) >$(CONTAINERS_CACHE)/debootstrap.log && \
+		$(SUDO) cp /etc/ssl/certs/ca-certificates.crt $(CONTAINERS_CACHE)/rootfs/etc/ssl/certs/ && \
+		$(SUDO) tar -C $(CONTAINERS_CACHE)/rootfs -c . | $(PODMAN) import - $(CONTAINER_BASE) && \
+		$(SUDO) rm -rf $(CONTAINERS_CACHE)/rootfs; } >&2
+	@$(PODMAN) image exists $(CONTAINER_REDIS) || printf '%s\n' "FROM $(CONTAINER_BASE)" \
+		"RUN apt-get update -q && apt-get install -y -q --no-install-recommends redis-server && rm -rf /var/lib/apt/lists/*" \
+		| $(PODMAN) build --quiet -t $(CONTAINER_REDIS) -f - $(CONTAINERS_CACHE) >&2
+	@old=$$($(PODMAN) image inspect --format '{{.Id}}' $(CONTAINER_IMAGE) 2>/dev/null); \
+	$(PODMAN) build --quiet --build-arg BASE_IMAGE=$(CONTAINER_BASE) -t $(CONTAINER_IMAGE) -f deploy/Dockerfile . >&2 && \
+	if [ -n "$$old" ] && [ "$$old" != "$$($(PODMAN) image inspect --format '{{.Id}}' $(CONTAINER_IMAGE))" ]; then \
+		$(PODMAN) rmi "$$old" >/dev/null 2>&1 || true; fi
+
+# What the container test reads: how to call podman here and the images' names.
+container-env: container-images
+	@echo "PODMAN_FLAGS=$(PODMAN_FLAGS)"
+	@echo "CONTAINERS_CONF=$(CONTAINERS_CACHE)/containers.conf"
+	@echo "CONTAINER_IMAGE=$(CONTAINER_IMAGE)"
+	@echo "CONTAINER_REDIS=$(CONTAINER_REDIS)"
+
+test-containers: install container-images
+	$(BIN)/python -m pytest -q tests/scheduler/test_containers.py
 
 # The IR fuzz property (tests/ir/test_ir_fuzz.py) with many more documents than `make test` runs (5,000).
 FUZZ_EXAMPLES ?= 200000
