@@ -30,7 +30,8 @@ def worker_name() -> str:
 
 @register("test-count")
 class CountNode(Node):
-    """Item `label` under params `key`: `RPUSH <key>:runs "<worker> <label>"` as it starts; then, while the key
+    """Item `label` under params `key`: `RPUSH <key>:runs "<worker> <label>"` as it starts (and `ZADD <key>:began`
+    of "<worker> <label>" at its wall-clock start time, kept from the first time); then, while the key
     `<key>:hold:<worker>:<label>` exists, waits (a test holds one worker at one item); then `seconds` of work; then
     the side effect, counted: `HINCRBY <key>:effects <label> 1`. Writes `label`. Its Redis is the cluster's own, so
     losing it past the outage budget is an Outage (the chunk is given back), as for chordflow's own calls."""
@@ -46,7 +47,10 @@ class CountNode(Node):
 
     def count(self, params: dict[str, Any]) -> str:
         state, key, label, worker = client(), params["key"], str(params["label"]), worker_name()
-        state.rpush(f"{key}:runs", f"{worker} {label}")
+        pipe = state.pipeline(transaction=False)
+        pipe.rpush(f"{key}:runs", f"{worker} {label}")
+        pipe.zadd(f"{key}:began", {f"{worker} {label}": time.time()}, nx=True)
+        pipe.execute()
         deadline = time.monotonic() + HOLD_LIMIT
         while state.exists(f"{key}:hold:{worker}:{label}") and time.monotonic() < deadline:
             time.sleep(0.05)
