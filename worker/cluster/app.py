@@ -378,6 +378,14 @@ def _share_rate_limits(**_: object) -> None:
     rate_limits.use(RedisLimiter(runstate.client()))
 
 
+@signals.worker_process_init.connect
+@signals.worker_init.connect
+def _start_tracing(**_: object) -> None:
+    """With tracing on, the SDK is loaded as the worker starts, not inside the first chunk it runs."""
+    if tracing.ON:
+        tracing.tracer()
+
+
 @signals.worker_process_shutdown.connect
 @signals.worker_shutdown.connect
 def _export_spans(**_: object) -> None:

@@ -1,7 +1,7 @@
 """OpenTelemetry traces, received by a loopback OTLP receiver: a cluster run is one trace with one root from
 `chordflow submit` to its end, across the client and the workers, every chunk under its batch and every traced item
-under its chunk, model calls in the GenAI vocabulary; a local run the same in one process; without the variables,
-no span and no SDK imported."""
+under its chunk, model calls in the GenAI vocabulary; a chunk delivered again after its worker died says so; a local
+run the same in one process; without the variables, no span and no tracing SDK imported."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 
+import scheduler
 from scheduler import api
 from scheduler.localcluster import Cluster
 from tests.support import llm_server, otlp
@@ -23,9 +24,13 @@ from tests.support.cluster import PLUGINS
 from tests.support.kinds import starts
 from tests.support.llm_server import Provider
 from tests.support.otlp import Receiver, Span
+from tests.worker.cluster.faults.test_dead_workers import Counts, batch_workflow
+from tests.worker.cluster.faults.test_long_chunks import until
+from worker import tracing
 
 ITEMS = 40
 FAILING = 7  # the item the second batch node fails on
+RATIO = 0.25  # of the items traced
 
 
 def workflow() -> dict[str, Any]:
@@ -42,7 +47,7 @@ def workflow() -> dict[str, Any]:
 def traced(tmp_path: Path) -> Iterator[tuple[Receiver, Provider, Cluster, dict[str, str]]]:
     """A receiver, a loopback provider, and a cluster whose workers export to the receiver; the env a client needs."""
     with otlp.receiving() as receiver, llm_server.serving() as provider:
-        env = {**os.environ, **llm_server.environment(provider), **otlp.environment(receiver, items=0.25)}
+        env = {**os.environ, **llm_server.environment(provider), **otlp.environment(receiver, items=RATIO)}
         env.pop("CHORDFLOW_LLM_MODEL", None)
         cluster = Cluster(tmp_path, plugins=PLUGINS, base_env=env)
         previous = cluster.apply_env()
@@ -80,12 +85,10 @@ def test_a_cluster_run_is_one_trace_across_the_client_and_the_workers(
     assert done.status == "success", done.error
     assert done.shared["check"]["error_count"] == 1
 
-    def whole(spans: list[Span]) -> bool:
-        return (
-            bool(named(spans, "chordflow run")) and len(named(spans, "chunk")) == 8 and len(named(spans, "chat")) == 40
-        )
-
-    spans = receiver.until(whole)
+    # every span of the run: itself, submit, 4 steps, 2 batches, 8 chunks, the sampled and the failed items, 40 calls
+    items = sum(tracing.sampled(i, RATIO) for i in range(ITEMS)) * 2 + (not tracing.sampled(FAILING, RATIO))
+    spans = receiver.until(lambda spans: len(spans) >= 16 + items + ITEMS)
+    assert len(spans) == 16 + items + ITEMS, sorted(Counter(s.name for s in spans).items())
     (root,) = [s for s in spans if not s.parent]
     assert root.name == "chordflow run" and root.attributes["chordflow.status"] == "succeeded"
     assert {s.trace for s in spans} == {root.trace}  # one trace
@@ -106,7 +109,8 @@ def test_a_cluster_run_is_one_trace_across_the_client_and_the_workers(
         assert parent(batch).name == f"step {node}" and batch.attributes["chordflow.items"] == ITEMS
         chunks = [s for s in named(spans, f"chunk {node}") if parent(s) is batch]
         assert sorted(c.attributes["chordflow.chunk.start"] for c in chunks) == [0, 10, 20, 30]
-        assert all(c.attributes["chordflow.delivery.redelivered"] is False for c in chunks)
+        assert not any(c.attributes["chordflow.delivery.again"] or c.attributes["chordflow.delivery.redelivered"]
+                       for c in chunks)  # fmt: skip
     assert len({s.pid for s in spans}) >= 2  # the client's, and the workers' processes
     items = named(spans, "item ")
     assert all(parent(i).name == f"chunk {i.attributes['chordflow.node']}" for i in items)
@@ -156,3 +160,36 @@ def test_without_the_variables_nothing_is_traced_and_the_tracing_sdk_is_not_impo
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
     assert done.stdout.split(None, 2) == ["False", "success", "[]\n"], done.stderr
+
+
+@pytest.mark.faults
+@pytest.mark.processes
+def test_a_chunk_delivered_again_after_its_worker_was_killed_says_so_in_its_span(tmp_path: Path) -> None:
+    with otlp.receiving() as receiver:
+        env = {**os.environ, **otlp.environment(receiver)}
+        # a dead delivery comes back within 10 s; a live one under load is renewed well within that
+        cluster = Cluster(tmp_path, visibility_timeout=10, plugins=f"{PLUGINS},tests.support.counting_nodes",
+                          base_env=env)  # fmt: skip
+        previous = cluster.apply_env()
+        try:
+            counts = Counts(cluster)
+            path = tmp_path / "wf.json"
+            path.write_text(json.dumps({**batch_workflow(counts, seconds=0.5, chunk_size=3),
+                                        "inputs": {"items": {"default": list(range(6))}}}))  # fmt: skip
+            first = cluster.start_worker("k1")
+            run_id = chordflow({**env, **cluster.env}, "submit", str(path)).split()[-1]
+            until(lambda: counts.started_by("k1"), 60, "k1 to start an item")
+            killed = counts.started_by("k1")[0] // 3 * 3  # the chunk k1 was running
+            first.kill()
+            cluster.start_worker("k2")
+            done = scheduler.wait(run_id, timeout=120)
+            assert done.status == "success", done.error
+            spans = receiver.until(lambda spans: bool(named(spans, "chordflow run")))
+        finally:
+            cluster.restore_env(previous)
+            cluster.stop()
+    again = [s for s in named(spans, "chunk b") if s.attributes["chordflow.chunk.start"] == killed]
+    shown = [s.attributes for s in named(spans, "chunk b")]
+    assert [s.attributes["chordflow.delivery.again"] for s in again] == [True], shown  # the killed one never ended
+    (batch,) = named(spans, "batch b")
+    assert again[0].parent == batch.span and again[0].trace == batch.trace

@@ -111,7 +111,9 @@ def run_chunk(self: Any, message: dict[str, Any]) -> str:
     try:
         with (
             tracing.within(chunk.run, tracing.parent_of(chunk.trace)),
-            tracing.span(f"chunk {chunk.batch.split('#', 1)[0]}", _delivery(self, chunk), quiet=QUIET) as current,
+            tracing.span(
+                f"chunk {chunk.batch.split('#', 1)[0]}", _delivery(self, chunk, window), quiet=QUIET
+            ) as current,
             deliveries.held(self),  # inside the span: a delivery fenced on the way out is named on it
         ):
             blob, count = _run(self, chunk, payloads, state, began, held.end if held is not None else None)
@@ -138,15 +140,16 @@ def run_chunk(self: Any, message: dict[str, Any]) -> str:
 QUIET = (Ignore, Reject, Retry)
 
 
-def _delivery(task: Any, chunk: Chunk) -> dict[str, Any]:
-    """A chunk span's attributes: which chunk, and which delivery of it (a redelivery, a retry)."""
+def _delivery(task: Any, chunk: Chunk, window: BatchWindow) -> dict[str, Any]:
+    """A chunk span's attributes: which chunk, and which delivery of it: `again` when this message of it began
+    before (its earlier delivery died, or was cut off and fenced), `redelivered` as the broker flags it, `retries`."""
     if not tracing.ON:
         return {}
     request = task.request
     info = getattr(request, "delivery_info", None) or {}
     return {
         "chordflow.batch": chunk.batch, "chordflow.chunk.start": chunk.start, "messaging.message.id": request.id or "",
-        "chordflow.delivery.redelivered": bool(info.get("redelivered")),
+        "chordflow.delivery.again": window.again, "chordflow.delivery.redelivered": bool(info.get("redelivered")),
         "chordflow.delivery.retries": request.retries or 0,
     }  # fmt: skip
 

@@ -68,6 +68,7 @@ class BatchWindow:
         self.plan_id = plan_id or uuid.uuid4().hex
         self.keys = state.keys.window(batch)
         self._step = script(state.redis, "batch_window")
+        self.again = False  # set by `begin`
 
     def _keys(self) -> list[str]:
         w, run = self.keys, self.state.keys
@@ -167,7 +168,8 @@ class BatchWindow:
         pipe.hsetnx(begun, field, task_id)
         pipe.hget(begun, field)
         pipe.expire(begun, self.state.ttl)
-        plan, _, holder, _ = pipe.execute()
+        plan, first, holder, _ = pipe.execute()
+        self.again = not first  # this message of the chunk began before: its earlier delivery died or was cut off
         if plan is not None and plan.decode() != self.plan_id:
             return False
         return holder is None or holder.decode() == task_id
