@@ -359,13 +359,19 @@ def compose_deployment(text: str, operator_env: dict[str, str]) -> Deployment:
         deployment.problems.append("no service runs `chordflow worker`")
     else:
         grace = _seconds(doc["services"][worker.name].get("stop_grace_period", "10s"))
-        timeout = int(worker.env.get("CHORDFLOW_VISIBILITY_TIMEOUT", 3600))
-        if grace <= timeout:
-            deployment.problems.append(
-                f"{worker.name}: stop_grace_period {grace:g}s must exceed the longest chunk, bounded by "
-                f"CHORDFLOW_VISIBILITY_TIMEOUT ({timeout}s, deploy/README.md)"
-            )
+        if problem := grace_problem(grace, worker.env):
+            deployment.problems.append(f"{worker.name}: stop_grace_period {problem}")
     return deployment
+
+
+def grace_problem(grace: float, env: dict[str, str]) -> str | None:
+    """What is wrong with a worker's grace period: a drain needs CHORDFLOW_DRAIN_GRACE and 10 s to exit."""
+    drain = float(env.get("CHORDFLOW_DRAIN_GRACE", 25))
+    if grace >= drain + 10:
+        return None
+    return (
+        f"{grace:g}s leaves a draining worker less than 10 s past CHORDFLOW_DRAIN_GRACE ({drain:g}s, deploy/README.md)"
+    )
 
 
 # -- deploy/k8s ---------------------------------------------------------------------------------------------
@@ -506,13 +512,9 @@ def _k8s_scaling_problems(docs: list[dict[str, Any]], pods: dict[str, Any], host
         return [f"expected one workload running `chordflow worker`, found {workers}"]
     worker = workers[0]
     _, (container, *_), spec = pods[worker]
-    timeout = int(container.env.get("CHORDFLOW_VISIBILITY_TIMEOUT", 3600))
     grace = int(spec.get("terminationGracePeriodSeconds", 30))
-    if grace <= timeout:
-        problems.append(
-            f"{worker}: terminationGracePeriodSeconds {grace} must exceed the longest chunk, bounded by "
-            f"CHORDFLOW_VISIBILITY_TIMEOUT ({timeout}s, deploy/README.md)"
-        )
+    if problem := grace_problem(grace, container.env):
+        problems.append(f"{worker}: terminationGracePeriodSeconds {problem}")
     scaled = [d for d in docs if d["kind"] == "ScaledObject"]
     if not scaled:
         problems.append("no KEDA ScaledObject for the workers")
@@ -725,7 +727,7 @@ COMPOSE_MISTAKES = {
                                    "/run/secrets/chordflow_secret_key\n      CHORDFLOW_VISIB", "redis:6380"),
     "a published port nothing listens on": (':-5556}:5556"', ':-5556}:5557"', "publishes container port 5557"),
     "a key file that is not mounted": ("secrets: [chordflow_secret_key]\n    # Each", "# Each", "no file mounted"),
-    "a grace period shorter than a chunk": ("stop_grace_period: 660s", "stop_grace_period: 60s", "stop_grace_period"),
+    "a grace period shorter than a drain": ("stop_grace_period: 30s", "stop_grace_period: 10s", "stop_grace_period"),
 }  # fmt: skip
 
 
@@ -745,8 +747,8 @@ K8S_MISTAKES = {
     "KEDA reading no metrics service": ("keda.yaml", "chordflow-metrics:9808", "chordflow-metrics:9809", "no Service"),
     "worker slots unlike the workers'": ("metrics.yaml", '"--worker-slots", "2"', '"--worker-slots", "4"',
                                          "--worker-slots"),
-    "a grace period shorter than a chunk": ("worker.yaml", "terminationGracePeriodSeconds: 660",
-                                            "terminationGracePeriodSeconds: 300", "terminationGracePeriodSeconds"),
+    "a grace period shorter than a drain": ("worker.yaml", 'CHORDFLOW_DRAIN_GRACE: "20"', 'CHORDFLOW_DRAIN_GRACE: "25"',
+                                            "terminationGracePeriodSeconds"),
     "a containerPort the command does not use": ("dashboard.yaml", "containerPort: 5556", "containerPort: 5557",
                                                  "listens on 5556"),
     "a Service port with no process": ("metrics.yaml", "targetPort: 9808", "targetPort: 9809", "targetPort 9809"),
