@@ -18,11 +18,13 @@ Imports only `worker.settings`: every package may use it.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import contextvars
 import os
 import secrets
 import sys
+import threading
 import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
@@ -96,16 +98,29 @@ def tracer() -> Any:
             exporter = OTLPSpanExporter()
         name = os.environ.get("OTEL_SERVICE_NAME") or "chordflow"
         resource = Resource.create({"service.name": name, "process.pid": os.getpid()})
-        _provider = TracerProvider(resource=resource, id_generator=Ids())
+        _provider = TracerProvider(resource=resource, id_generator=Ids(), shutdown_on_exit=False)
         _provider.add_span_processor(BatchSpanProcessor(exporter))
         _tracer, _provider_pid = _provider.get_tracer("chordflow"), os.getpid()
+        atexit.register(_bounded, _provider.shutdown)
     return _tracer
+
+
+#: Seconds a process gives its last export at exit: a collector out of reach must not hold a command (the SDK's
+#: own exit hook would retry for the exporter's whole timeout); what is not exported by then is dropped.
+EXIT_SECONDS = 2.0
+
+
+def _bounded(export: Any) -> None:
+    """Run `export` (a flush, a shutdown) for at most EXIT_SECONDS, on a daemon thread the exit does not wait for."""
+    done = threading.Thread(target=export, name="chordflow-trace-export", daemon=True)
+    done.start()
+    done.join(EXIT_SECONDS)
 
 
 def flush() -> None:
     """Export what this process has ended: a pool child about to exit, a client about to return."""
     if _provider is not None and _provider_pid == os.getpid():
-        _provider.force_flush()
+        _bounded(_provider.force_flush)
 
 
 # -- spans that live in this process ---------------------------------------------------------------------------
@@ -272,15 +287,17 @@ def _root() -> Any:
 # -- items ----------------------------------------------------------------------------------------------------
 
 
-def item_ratio() -> float:
-    """CHORDFLOW_TRACE_ITEMS: the share of a batch's items traced (every failed one is, whatever it says)."""
-    return settings.get("trace_items")
+def item_threshold() -> int | None:
+    """Which items get a span of their own, as `picked` reads it: from CHORDFLOW_TRACE_ITEMS (the share of a batch's
+    items traced; every failed one is, whatever it says); None when tracing is off."""
+    return int(settings.get("trace_items") * SPAN) if ON else None
 
 
-def sampled(index: int, ratio: float) -> bool:
-    """Whether item `index` gets a span of its own: the same answer for every delivery of its chunk."""
-    return ratio >= 1 or ((index * _SPREAD) & _MASK) < ratio * _SPAN
+def picked(index: int, threshold: int) -> bool:
+    """Whether item `index` gets a span: the same answer for every delivery of its chunk. Inlined in the item loop
+    as `(index * SPREAD) & MASK < threshold`."""
+    return (index * SPREAD) & MASK < threshold
 
 
-#: Fibonacci hashing: consecutive indexes land far apart, so a ratio samples across the whole batch.
-_SPREAD, _MASK, _SPAN = 0x9E3779B97F4A7C15, (1 << 64) - 1, float(1 << 64)
+#: Fibonacci hashing: consecutive indexes land far apart, so a share of them is spread over the whole batch.
+SPREAD, MASK, SPAN = 0x9E3779B97F4A7C15, (1 << 64) - 1, 1 << 64

@@ -79,6 +79,7 @@ def receiving() -> Iterator[Receiver]:
 
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
+        disable_nagle_algorithm = True  # the answer's two writes must not wait for a delayed ACK
 
         def do_POST(self) -> None:
             body = self.rfile.read(int(self.headers.get("Content-Length") or 0))

@@ -94,7 +94,7 @@ class ItemExecutor:
         self.attempts, self.wait = spec.batch.max_retries, spec.batch.retry_wait
         self.accumulators = accumulator_keys(shared)
         self.call = runner(chain)  # the chain compiled once: one call per item (worker/batch/cloning.py)
-        self.traced = tracing.item_ratio() if tracing.ON else None  # the share of items with a span
+        self.traced = tracing.item_threshold()  # which items get a span (None: tracing is off)
 
     def clone(self) -> ItemExecutor:
         return ItemExecutor(self.spec, clone_node(self.chain), self.shared)
@@ -106,19 +106,19 @@ class ItemExecutor:
     def settle(self, index: int, item: Any) -> tuple[Any, ItemOutcome | None]:
         """Run one item: (its result, None) when it succeeded and appended to no accumulator (the usual item: no
         ItemOutcome built for it), else (its result, its ItemOutcome)."""
-        if self.traced is None:
+        traced = self.traced
+        if traced is None:
             return self._settle(index, item)
-        attributes = {"chordflow.node": self.node_id, "chordflow.index": index}
-        if tracing.sampled(index, self.traced):
-            with tracing.span(f"item {self.node_id}", attributes) as current:
+        if (index * tracing.SPREAD) & tracing.MASK < traced:  # tracing.picked, inlined: this runs per item
+            with tracing.span(f"item {self.node_id}", {"chordflow.node": self.node_id, "chordflow.index": index}) as on:
                 result, outcome = self._settle(index, item)
                 if outcome is not None and outcome.error is not None:
-                    tracing.failed(current, outcome.error)
+                    tracing.failed(on, outcome.error)
                 return result, outcome
-        start = time.time_ns()  # not sampled: a span only if it fails
+        start = time.time_ns()  # not picked: a span only if it fails
         result, outcome = self._settle(index, item)
         if outcome is not None and outcome.error is not None and (later := tracing.Later.begin(start)):
-            later.end(f"item {self.node_id}", attributes, outcome.error)
+            later.end(f"item {self.node_id}", {"chordflow.node": self.node_id, "chordflow.index": index}, outcome.error)
         return result, outcome
 
     def _settle(self, index: int, item: Any) -> tuple[Any, ItemOutcome | None]:

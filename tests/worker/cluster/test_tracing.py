@@ -86,7 +86,8 @@ def test_a_cluster_run_is_one_trace_across_the_client_and_the_workers(
     assert done.shared["check"]["error_count"] == 1
 
     # every span of the run: itself, submit, 4 steps, 2 batches, 8 chunks, the sampled and the failed items, 40 calls
-    items = sum(tracing.sampled(i, RATIO) for i in range(ITEMS)) * 2 + (not tracing.sampled(FAILING, RATIO))
+    threshold = int(RATIO * tracing.SPAN)
+    items = sum(tracing.picked(i, threshold) for i in range(ITEMS)) * 2 + (not tracing.picked(FAILING, threshold))
     spans = receiver.until(lambda spans: len(spans) >= 16 + items + ITEMS)
     assert len(spans) == 16 + items + ITEMS, sorted(Counter(s.name for s in spans).items())
     (root,) = [s for s in spans if not s.parent]
