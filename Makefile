@@ -9,7 +9,7 @@ DEV_STAMP := $(VENV)/.installed-dev
 # Python would compile every module it imports at every start (the venv's packages are compiled by pip already).
 COMPILE := $(BIN)/python -m compileall -q ir scheduler worker
 
-.PHONY: install run test test-fast lint docs bench flower worker clean fuzz browser podman container-images \
+.PHONY: install run test test-fast lint docs bench flower worker clean fuzz chaos browser podman container-images \
 	container-env test-containers
 
 install: $(DEV_STAMP)
@@ -103,6 +103,12 @@ test-containers: install container-images
 FUZZ_EXAMPLES ?= 200000
 fuzz: install
 	CHORDFLOW_FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) $(BIN)/python -m pytest -q tests/ir/test_ir_fuzz.py
+
+# The fault campaign (tests/chaos/): generated workflows on a cluster of its own while faults hit it, invariants checked
+# after each schedule. SEED=N replays schedule N exactly; SCHEDULES=K runs schedules 1..K. `make test` runs a few.
+SCHEDULES ?= 10
+chaos: install
+	$(BIN)/python -m tests.chaos $(if $(SEED),--seed $(SEED),--schedules $(SCHEDULES))
 
 lint: install
 	$(BIN)/ruff check .

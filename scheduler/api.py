@@ -261,12 +261,16 @@ def signal(run_id: str, event: str, data: Any = None) -> None:
 
 
 def purge(run_id: str) -> None:
-    """Delete everything of an ended run from the store that holds it, its record too (`chordflow purge`).
-    A run still queued or running is refused: its workers or process would write it back."""
+    """Delete everything of an ended run from the store that holds it, its record too (`chordflow purge`); a
+    client-driven run (`run(backend="celery")`, recorded in the embedded store) also from Redis, where its batches'
+    windows, progress and kept chunks are. A run still queued or running is refused: its workers or process would
+    write it back."""
     record, runs = lookup.find_run(run_id)
     if record.status not in FINAL:
         raise ValidationError(f"run {run_id} is {record.status}: stop it first with `chordflow cancel {run_id}`")
     runs.purge(run_id)
+    if not runs.durable and record.backend != "local":  # a client-driven run: its batches' keys are in Redis too
+        lookup.cluster_runs().purge(record.run_id)
 
 
 def prune(older_than: float) -> dict[str, int | None]:

@@ -1,11 +1,13 @@
-"""A node type that counts its executions in Redis, for the dead-worker tests
-(tests/worker/cluster/faults/test_dead_workers.py).
+"""Node types that count their executions in Redis: `test-count` for the dead-worker tests
+(tests/worker/cluster/faults/test_dead_workers.py), `test-ledger` for the fault campaign (tests/chaos/), which also
+records each execution's start and end times so concurrency can be measured.
 
 It runs inside real worker processes (a CHORDFLOW_PLUGINS module), so what it records goes to the cluster's Redis.
 """
 
 from __future__ import annotations
 
+import os
 import time
 from typing import Any
 
@@ -56,6 +58,41 @@ class CountNode(Node):
             time.sleep(0.05)
         time.sleep(float(params.get("seconds", 0)))
         state.hincrby(f"{key}:effects", label, 1)
+        return label
+
+    def post(self, shared: Any, prep_res: Any, exec_res: str) -> str:
+        shared["label"] = exec_res
+        return "default"
+
+
+@register("test-ledger")
+class LedgerNode(Node):
+    """Item `label` under params `key`, for the fault campaign (tests/chaos/): `RPUSH <key>:runs "<label> <start>
+    <pid>"` as each execution starts; then `seconds` of work; then, unless `fail`, the side effect, counted
+    (`HINCRBY <key>:effects <label> 1`), and `RPUSH <key>:spans "<label> <start> <end>"` (wall-clock seconds, so
+    concurrency is measured across workers); with `fail` it records the span and raises. Writes `label`."""
+
+    def prep(self, shared: Any) -> dict[str, Any]:
+        return dict(self.params)
+
+    def exec(self, params: dict[str, Any]) -> str:
+        try:
+            return self.record(params)
+        except (redis.ConnectionError, redis.TimeoutError) as exc:  # the cluster's own Redis: not this item's error
+            raise Outage(f"test-ledger: Redis out of reach: {exc}") from exc
+
+    def record(self, params: dict[str, Any]) -> str:
+        state, key, label = client(), params["key"], str(params["label"])
+        began = time.time()
+        state.rpush(f"{key}:runs", f"{label} {began:.6f} {os.getpid()}")
+        time.sleep(float(params.get("seconds", 0)))
+        if params.get("fail"):
+            state.rpush(f"{key}:spans", f"{label} {began:.6f} {time.time():.6f}")
+            raise RuntimeError(f"item {label} fails on purpose")
+        pipe = state.pipeline(transaction=False)
+        pipe.hincrby(f"{key}:effects", label, 1)
+        pipe.rpush(f"{key}:spans", f"{label} {began:.6f} {time.time():.6f}")
+        pipe.execute()
         return label
 
     def post(self, shared: Any, prep_res: Any, exec_res: str) -> str:

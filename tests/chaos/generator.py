@@ -1,0 +1,180 @@
+"""Schedules, made from a number: the workflow a run is given and the faults it meets, both drawn from
+`random.Random(number)`, so one number always gives the same schedule and `make chaos SEED=N` replays it.
+
+Why a `Schedule` value and not the number alone: shrinking (shrink.py) removes faults and features one at a time,
+which no number can express, and a kept regression test writes the reduced schedule out as code. The workflow is
+built from the schedule's fields by `workflow()`, never stored, so every field a shrink changes is reflected.
+
+The features are those users combine: a batch (`continue` with a failure threshold, or `fail_fast`), `parallel` with
+`max_concurrent`, a `rate_limit` key shared between runs, parallel branches with a fan-in, a sub-workflow, an `llm`
+node (the loopback provider), a priority, two runs at once, and a dataset job. Every item is a `test-ledger` node
+(tests/support/counting_nodes.py): it records each execution's start, end and side effect in Redis.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+#: Every feature a schedule may combine.
+FEATURES = (
+    "threshold", "fail_fast", "parallel", "rate_limit", "branches", "subworkflow", "llm", "priority", "two_runs",
+    "dataset",
+)  # fmt: skip
+#: Every fault kind (faults.py injects each).
+FAULTS = ("kill_worker", "kill_child", "stop_worker", "stop_child", "restart_redis", "cancel", "kill_client")
+#: The rate-limit keys schedules share: runs of different schedules draw from the same buckets.
+RATE_KEYS = ("chaos-a", "chaos-b")
+#: Calls a rate-limit bucket lets go at once after a quiet spell.
+BURST = 2
+
+
+@dataclass(frozen=True)
+class Fault:
+    """One fault: `kind`, injected once `after` executions of the first run's batch began, lasting `hold` seconds
+    (a pause, Redis down) where the kind has a length."""
+
+    kind: str
+    after: int
+    hold: float = 0.0
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """One schedule: a workflow (its features and sizes) and the faults it meets, in order."""
+
+    number: int
+    features: tuple[str, ...]
+    items: int
+    chunk_size: int
+    seconds: float
+    failing: tuple[int, ...] = ()
+    max_concurrent: int = 2
+    rate: float = 20.0
+    rate_key: str = RATE_KEYS[0]
+    faults: tuple[Fault, ...] = field(default_factory=tuple)
+
+    def has(self, feature: str) -> bool:
+        return feature in self.features
+
+    def without_fault(self, index: int) -> Schedule:
+        return replace(self, faults=self.faults[:index] + self.faults[index + 1 :])
+
+    def without_feature(self, feature: str) -> Schedule:
+        return replace(self, features=tuple(f for f in self.features if f != feature))
+
+    def describe(self) -> str:
+        faults = ", ".join(f"{f.kind}@{f.after}" + (f"/{f.hold:g}s" if f.hold else "") for f in self.faults)
+        return f"{'+'.join(self.features) or 'batch'} ({self.items} items) | {faults or 'no fault'}"
+
+
+def generate(number: int) -> Schedule:
+    """The schedule of `number`: the same number, the same schedule."""
+    rng = random.Random(number)
+    features = [f for f in FEATURES if f != "dataset" and rng.random() < 0.3]
+    if "fail_fast" in features and "threshold" in features:
+        features.remove(rng.choice(["fail_fast", "threshold"]))
+    if rng.random() < 0.15:
+        features = ["dataset", *[f for f in features if f in ("rate_limit", "priority")]]
+    items = rng.randint(8, 30)
+    failing: tuple[int, ...] = ()
+    if "threshold" in features or "fail_fast" in features:
+        failing = tuple(sorted(rng.sample(range(items), rng.randint(1, 3))))
+    faults = []
+    kinds = [k for k in FAULTS if not ("dataset" in features and k == "kill_client")]
+    for _ in range(rng.choice((1, 1, 2, 3))):
+        kind = rng.choice(kinds)
+        hold = round(rng.uniform(0.5, 4.0), 1) if kind in ("stop_worker", "stop_child", "restart_redis") else 0.0
+        faults.append(Fault(kind, rng.randint(1, max(1, items // 2)), hold))
+    faults.sort(key=lambda fault: fault.after)
+    return Schedule(
+        number=number,
+        features=tuple(features),
+        items=items,
+        chunk_size=rng.randint(2, 6),
+        seconds=round(rng.uniform(0.05, 0.3), 2),
+        failing=failing,
+        max_concurrent=rng.randint(1, 3),
+        rate=float(rng.choice((5, 10, 20))),
+        rate_key=rng.choice(RATE_KEYS),
+        faults=tuple(faults),
+    )
+
+
+def ledger_item(schedule: Schedule, label: str, fail: Any = False) -> dict[str, Any]:
+    """The params of a `test-ledger` node: `label` recorded under the run's ledger key."""
+    return {"key": "${ledger}", "label": label, "fail": fail, "seconds": schedule.seconds}
+
+
+def batch(schedule: Schedule) -> dict[str, Any]:
+    """The batch node `b`: one ledger execution per item, with the schedule's batch features."""
+    spec: dict[str, Any] = {"items": "${items}", "chunk_size": schedule.chunk_size}
+    if schedule.has("threshold"):
+        crossed = schedule.number % 2  # an odd schedule's failures cross the threshold: the batch fails
+        spec |= {"error_handling": "continue", "tolerated_failure_count": max(0, len(schedule.failing) - crossed)}
+    elif schedule.failing:
+        spec["error_handling"] = "fail_fast"
+    else:
+        spec["error_handling"] = "continue"
+    if schedule.has("parallel"):
+        spec |= {"parallel": True, "max_concurrent": schedule.max_concurrent}
+    node: dict[str, Any] = {"id": "b", "type": "test-ledger", "batch": spec}
+    node["params"] = ledger_item(schedule, "${item.label}", "${item.fail}")
+    if schedule.has("rate_limit"):
+        node["rate_limit"] = {"key": schedule.rate_key, "requests_per_second": schedule.rate, "burst": BURST}
+    return node
+
+
+def workflow(schedule: Schedule) -> dict[str, Any]:
+    """The workflow of a schedule: `b`, then (with their features) branches `x`, `y` meeting at `join`, a
+    sub-workflow `sub` (a small batch of its own), and an `llm` node `ask`, in that order."""
+    if schedule.has("dataset"):
+        record = {
+            "id": "r",
+            "type": "test-ledger",
+            "params": ledger_item(schedule, "${record.label}", "${record.fail}"),
+        }
+        if schedule.has("rate_limit"):
+            record["rate_limit"] = {"key": schedule.rate_key, "requests_per_second": schedule.rate, "burst": BURST}
+        wf: dict[str, Any] = {"nodes": [record]}
+        if schedule.has("priority"):
+            wf["priority"] = "high" if schedule.number % 2 else "low"
+        return wf
+    nodes: list[dict[str, Any]] = [batch(schedule)]
+    edges: list[dict[str, Any]] = []
+    last = "b"
+    if schedule.has("branches"):
+        nodes += [{"id": name, "type": "test-ledger", "params": ledger_item(schedule, name)} for name in ("x", "y")]
+        nodes.append({"id": "join", "type": "echo", "params": {"x": "${x.label}", "y": "${y.label}"}})
+        edges += [{"from": "b", "to": name, "parallel": True, "fan_in": "join"} for name in ("x", "y")]
+        edges += [{"from": "x", "to": "join"}, {"from": "y", "to": "join"}]
+        last = "join"
+    if schedule.has("subworkflow"):
+        inner = {"id": "s", "type": "test-ledger", "params": {**ledger_item(schedule, "${item}"), "key": "${ledger}"}}
+        inner["batch"] = {"items": "${labels}"}
+        sub = {"inputs": {"ledger": {}, "labels": {}}, "nodes": [inner]}
+        labels = [f"s:{i}" for i in range(3)]
+        params = {"workflow": sub, "inputs": {"ledger": "${ledger}", "labels": labels}}
+        nodes.append({"id": "sub", "type": "workflow", "params": params})
+        edges.append({"from": last, "to": "sub"})
+        last = "sub"
+    if schedule.has("llm"):
+        nodes.append({"id": "ask", "type": "llm", "params": {"prompt": "count ${b.count}", "model": "openai/gpt-test"}})
+        edges.append({"from": last, "to": "ask"})
+    wf = {"nodes": nodes}
+    if edges:
+        wf["edges"] = edges
+    if schedule.has("priority"):
+        wf["priority"] = "high" if schedule.number % 2 else "low"
+    return wf
+
+
+def items(schedule: Schedule) -> list[dict[str, Any]]:
+    """The batch's items (or the dataset job's records): a label each, and whether it fails on purpose."""
+    return [{"label": f"b:{i}", "fail": i in schedule.failing} for i in range(schedule.items)]
+
+
+def inputs(schedule: Schedule, ledger: str) -> dict[str, Any]:
+    """A run's inputs: its ledger key (each run its own) and, but for a dataset job, the items."""
+    return {"ledger": ledger} if schedule.has("dataset") else {"ledger": ledger, "items": items(schedule)}
