@@ -124,6 +124,7 @@ bench: install
 	$(BIN)/python -m bench
 	$(BIN)/python -m bench.fairness
 	$(BIN)/python -m bench.provider_batches
+	$(BIN)/python -m bench.tracing
 
 flower: install
 	$(BIN)/chordflow flower $(FLOWER_ARGS)
