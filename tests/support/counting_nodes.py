@@ -30,24 +30,36 @@ def worker_name() -> str:
     return (hostname or "in-process").split("@", 1)[0]
 
 
-@register("test-count")
-class CountNode(Node):
-    """Item `label` under params `key`: `RPUSH <key>:runs "<worker> <label>"` as it starts (and `ZADD <key>:began`
-    of "<worker> <label>" at its wall-clock start time, kept from the first time); then, while the key
-    `<key>:hold:<worker>:<label>` exists, waits (a test holds one worker at one item); then `seconds` of work; then
-    the side effect, counted: `HINCRBY <key>:effects <label> 1`. Writes `label`. Its Redis is the cluster's own, so
-    losing it past the outage budget is an Outage (the chunk is given back), as for chordflow's own calls."""
+class _Recorded(Node):
+    """An item that records itself in the cluster's Redis (`record`), writing `label`. That Redis out of reach past
+    the outage budget is an Outage (the chunk is given back), as for chordflow's own calls: not this item's error."""
 
     def prep(self, shared: Any) -> dict[str, Any]:
         return dict(self.params)
 
     def exec(self, params: dict[str, Any]) -> str:
         try:
-            return self.count(params)
-        except (redis.ConnectionError, redis.TimeoutError) as exc:  # the cluster's own Redis: not this item's error
-            raise Outage(f"test-count: Redis out of reach: {exc}") from exc
+            return self.record(params)
+        except (redis.ConnectionError, redis.TimeoutError) as exc:
+            raise Outage(f"{type(self).__name__}: Redis out of reach: {exc}") from exc
 
-    def count(self, params: dict[str, Any]) -> str:
+    def record(self, params: dict[str, Any]) -> str:
+        raise NotImplementedError
+
+    def post(self, shared: Any, prep_res: Any, exec_res: str) -> str:
+        shared["label"] = exec_res
+        return "default"
+
+
+@register("test-count")
+class CountNode(_Recorded):
+    """Item `label` under params `key`: `RPUSH <key>:runs "<worker> <label>"` as it starts (and `ZADD <key>:began`
+    of "<worker> <label>" at its wall-clock start time, kept from the first time); then, while the key
+    `<key>:hold:<worker>:<label>` exists, waits (a test holds one worker at one item); then `seconds` of work; then
+    the side effect, counted: `HINCRBY <key>:effects <label> 1`. Writes `label`. Its Redis is the cluster's own, so
+    losing it past the outage budget is an Outage (the chunk is given back), as for chordflow's own calls."""
+
+    def record(self, params: dict[str, Any]) -> str:
         state, key, label, worker = client(), params["key"], str(params["label"]), worker_name()
         pipe = state.pipeline(transaction=False)
         pipe.rpush(f"{key}:runs", f"{worker} {label}")
@@ -60,26 +72,13 @@ class CountNode(Node):
         state.hincrby(f"{key}:effects", label, 1)
         return label
 
-    def post(self, shared: Any, prep_res: Any, exec_res: str) -> str:
-        shared["label"] = exec_res
-        return "default"
-
 
 @register("test-ledger")
-class LedgerNode(Node):
+class LedgerNode(_Recorded):
     """Item `label` under params `key`, for the fault campaign (tests/chaos/): `RPUSH <key>:runs "<label> <start>
     <pid>"` as each execution starts; then `seconds` of work; then, unless `fail`, the side effect, counted
     (`HINCRBY <key>:effects <label> 1`), and `RPUSH <key>:spans "<label> <start> <end>"` (wall-clock seconds, so
     concurrency is measured across workers); with `fail` it records the span and raises. Writes `label`."""
-
-    def prep(self, shared: Any) -> dict[str, Any]:
-        return dict(self.params)
-
-    def exec(self, params: dict[str, Any]) -> str:
-        try:
-            return self.record(params)
-        except (redis.ConnectionError, redis.TimeoutError) as exc:  # the cluster's own Redis: not this item's error
-            raise Outage(f"test-ledger: Redis out of reach: {exc}") from exc
 
     def record(self, params: dict[str, Any]) -> str:
         state, key, label = client(), params["key"], str(params["label"])
@@ -94,7 +93,3 @@ class LedgerNode(Node):
         pipe.rpush(f"{key}:spans", f"{label} {began:.6f} {time.time():.6f}")
         pipe.execute()
         return label
-
-    def post(self, shared: Any, prep_res: Any, exec_res: str) -> str:
-        shared["label"] = exec_res
-        return "default"
