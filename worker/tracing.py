@@ -127,12 +127,11 @@ def flush() -> None:
 
 
 @contextlib.contextmanager
-def span(name: str, attributes: Mapping[str, Any] | None = None, *, parent: Any = None, kind: str = "internal",
+def span(name: str, attributes: Mapping[str, Any] | None = None, *, kind: str = "internal",
          quiet: tuple[type[BaseException], ...] = ()) -> Iterator[Any]:  # fmt: skip
-    """A span around the block, current inside it (its children's parent); None when tracing is off. `parent`: a
-    context (`Later.context()`), else the current one. An Exception leaving the block marks it an error, but for
-    those in `quiet` (a task's control flow), named in `chordflow.ended_by` instead; a BaseException (a suspended
-    step, a stopped item) neither."""
+    """A span around the block, under the current one and current inside it (its children's parent); None when
+    tracing is off. An Exception leaving the block marks it an error, but for those in `quiet` (a task's control
+    flow), named in `chordflow.ended_by` instead; a BaseException (a suspended step, a stopped item) neither."""
     if not ON:
         yield None
         return
@@ -140,7 +139,7 @@ def span(name: str, attributes: Mapping[str, Any] | None = None, *, parent: Any 
 
     attrs = {RUN_ID: _RUN.get() or "", **(attributes or {})}
     with tracer().start_as_current_span(
-        name, context=parent, kind=getattr(trace.SpanKind, kind.upper()), attributes=attrs,
+        name, kind=getattr(trace.SpanKind, kind.upper()), attributes=attrs,
         record_exception=False, set_status_on_exception=False,
     ) as current:  # fmt: skip
         try:
