@@ -2,7 +2,8 @@
 
 Imported by the suite (`tests.upgrades.corpus`) and by `make_corpus.py`, which runs it under a previous release's
 code: so this module imports nothing of chordflow. A corpus is one folder per release tag (`v0.1.0/`), holding
-`messages.json` (what that release put on the broker) and `runs.json` (what it kept in Redis for three runs). Both
+`commit` (the tag's commit: a clone need not carry tags, but every clone of main holds the commit), `messages.json`
+(what that release put on the broker) and `runs.json` (what it kept in Redis for three runs). Both
 are JSON in which bytes are `{"$b64": "..."}` (a message's snapshot and items travel as msgpack bytes, and a
 Redis value is bytes) and every other value is as the release wrote it.
 """
@@ -59,13 +60,18 @@ def read(tag: str, name: str) -> Any:
     return from_json(json.loads((HERE / tag / name).read_text()))
 
 
+def commit(tag: str) -> str:
+    """The commit `tag` names, as recorded beside its corpus."""
+    return (HERE / tag / "commit").read_text().strip()
+
+
 @contextlib.contextmanager
 def worktree(tag: str, repo: Path = ROOT) -> Iterator[Path]:
-    """A checkout of `tag` (a `git worktree` of `repo`, detached) in a temporary folder; removed after, and
-    unregistered from `repo` (`git worktree remove --force`, else `prune`)."""
+    """A checkout of `tag`'s recorded commit (a `git worktree` of `repo`, detached) in a temporary folder; removed
+    after, and unregistered from `repo` (`git worktree remove --force`, else `prune`)."""
     parent = Path(tempfile.mkdtemp(prefix=f"chordflow-{tag}-"))
     path = parent / parent.name  # a name of its own: git names the worktree's admin folder after it
-    subprocess.run(["git", "-C", str(repo), "worktree", "add", "--detach", "--quiet", str(path), tag], check=True)
+    subprocess.run(["git", "-C", str(repo), "worktree", "add", "--detach", "--quiet", str(path), commit(tag)], check=True)
     try:
         yield path
     finally:

@@ -5,7 +5,7 @@
 checks the tag out in a temporary `git worktree`, runs this script again inside it (cwd and PYTHONPATH the worktree,
 so its `ir`, `worker`, `scheduler` and `tests.support` import before this checkout's; the shared .venv has every
 dependency) and removes the worktree. Inside, with a redis-server of its own and one `celery` worker of that
-release, it writes:
+release, it writes (beside `commit`, the tag's commit, which the suite checks out):
 
 - `messages.json`: one message of each kind built by the release's `worker/cluster/messages.py` (an advance, a
   branch's advance, a chunk with its items and an aging copy's with its blocks, a bare merge and one with everything,
@@ -86,6 +86,8 @@ def main() -> None:
         sys.exit(__doc__)
     tag, out = sys.argv[1], corpus.HERE / sys.argv[1]
     out.mkdir(exist_ok=True)
+    sha = subprocess.run(["git", "rev-parse", f"{tag}^{{commit}}"], capture_output=True, text=True, check=True)
+    (out / "commit").write_text(sha.stdout)
     with corpus.worktree(tag) as tree:
         env = {**os.environ, "PYTHONPATH": str(tree)}
         subprocess.run([sys.executable, __file__, "--inside", tag, str(out)], cwd=tree, env=env, check=True)

@@ -5,7 +5,7 @@ And the way back: a worker of the previous release reads the records and message
 and all.
 
 The previous release is the newest tag of the replay corpus (tests/upgrades/corpus.py TAGS), checked out by the test
-into a temporary `git worktree` of this repository (removed after). Its workers and its client run from that
+(its recorded commit) into a temporary `git worktree` of this repository (removed after). Its workers and its client run from that
 checkout (cwd and PYTHONPATH, so its `worker`, `scheduler` and `tests.support` import first; the shared .venv has
 every dependency); the suite's own redis-server, real `celery` workers. Executions are counted in Redis by the
 `test-count` node (tests/support/counting_nodes.py, the same in both releases): `<key>:runs` lists
