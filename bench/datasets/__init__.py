@@ -18,7 +18,8 @@ keeping every item's result.
 
 Writes bench/DATASETS.md (or --out). Progress lines go to stderr.
 
-Internal modules it uses beyond the public API: `worker.cluster.state.keys`, `worker.cluster.state.runs`.
+Internal modules it uses beyond the public API: `worker.cluster.state.keys`, `worker.cluster.state.runs`,
+`worker.datasets.job`.
 """
 
 from __future__ import annotations
@@ -40,8 +41,10 @@ from bench import harness, stock_group
 from bench.harness import BenchCluster, Child, Phase, Session, log, mb
 from bench.measure import CpuUse
 from worker.cluster.state.keys import RUNS, RunKeys
+from worker.datasets.job import DEFAULT_CHUNK_SIZE
 
-CHUNK = stock_group.CHUNK  # records per chunk: chordflow's default, and the baseline's chunk
+CHUNK = DEFAULT_CHUNK_SIZE  # records per chunk of chordflow's jobs: its default
+STOCK_CHUNK = stock_group.CHUNK  # records per task of the stock group: as its user wrote it
 SUBMIT_RSS_MB = 150  # target: the submitting client's peak RSS at the large N
 LIMIT = 1800  # seconds: any one child process (a job, the baseline) is killed past this
 POLL = 0.005  # seconds between two looks for the first result

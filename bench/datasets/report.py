@@ -10,7 +10,7 @@ import statistics
 from typing import Any
 
 from bench import harness
-from bench.datasets import CHUNK, POLL, SUBMIT_RSS_MB, TEXT, Results, workflow
+from bench.datasets import CHUNK, POLL, STOCK_CHUNK, SUBMIT_RSS_MB, TEXT, Results, workflow
 from bench.harness import POOL, Session, mb, redis_text, verdict, worker_text
 
 #: Each target's goal: the most a round's ratio of wall times may be (its median over the rounds).
@@ -227,7 +227,7 @@ def targets(results: Results) -> str:
                 rows.append(
                     (
                         f"{job['n']:,} records, `--chunk-size {job['chunk_size']}` (one job, against the median "
-                        f"of the rounds' stock group walls, whose chunks stay {CHUNK}): {names[key]}",
+                        f"of the rounds' stock group walls, whose chunks stay {STOCK_CHUNK}): {names[key]}",
                         f"{wall:.2f} s / {stock:.2f} s = {wall / stock:.2f}x",
                         "(not a target)",
                         "-",
@@ -355,7 +355,8 @@ def baseline_phases(results: Results) -> str:
         if p:
             parts.append(
                 f"- {run['n']:,} records: reading and decoding the file {p['read']:.2f} s, building and sending the "
-                f"group ({-(-run['n'] // CHUNK):,} tasks) {p['send']:.2f} s, `GroupResult.get()` {p['get']:.2f} s, "
+                f"group ({-(-run['n'] // STOCK_CHUNK):,} tasks) {p['send']:.2f} s, "
+                f"`GroupResult.get()` {p['get']:.2f} s, "
                 f"writing the rows to a file {p['write']:.2f} s; the rest of the wall time is the interpreter and "
                 f"imports. Results in input order: {p['ok']}. "
                 f"CPU of the machine: {run['cpu']}."
@@ -479,7 +480,8 @@ The large pair, and the median round's.
   (three commands, then the one command) back to back, the stock group first in odd rounds, chordflow first in
   even ones; then the local run and the plain loop. The targets are the median of the rounds' ratios.
 - The workflow: two built-in `echo` nodes per record, `{wf}`, outputs `{{"id": "${{b.n}}"}}`, records
-  `{{"id": i, "text": "{TEXT}"}}` one per line (written before any timing). Default chunk size ({CHUNK}).
+  `{{"id": i, "text": "{TEXT}"}}` one per line (written before any timing). chordflow's jobs at its default
+  chunk size ({CHUNK} records), the stock group's tasks of {STOCK_CHUNK} records as its user wrote them.
   An untimed job of {sizes.warm:,} records runs first on each side (the workers' first-chunk costs).
 - Before any timing the sources are byte-compiled (`compileall`, as `pip install` does): this machine's
   environment sets PYTHONDONTWRITEBYTECODE=1, under which no command would ever write its `.pyc` and each
@@ -517,7 +519,7 @@ The large pair, and the median round's.
 - The stock group (bench/stock_group.py, `python -m bench.stock_group FILE OUT`, a fresh process, GNU time
   %M): what a user writes by hand, a Celery app in its own module importing no chordflow code (msgpack for
   tasks and results, everything else Celery's defaults). It reads the whole file into a list (`json.loads` per
-  line), sends a `group` of one task per {CHUNK} records (each runs a PocketFlow `Flow` of two nodes per record
+  line), sends a `group` of one task per {STOCK_CHUNK} records (each runs a PocketFlow `Flow` of two nodes per record
   on a store of its own: `a` puts `{{id, text}}`, `b` puts `{{n: a.id}}`; the task returns `{{id: b.n}}` per
   record), `GroupResult.get()`, and writes the results as the same rows (`json.dumps` per row); the bench then
   checks the file as chordflow's. Its wall time, like chordflow's, includes its interpreter's start and ends

@@ -31,9 +31,11 @@ if TYPE_CHECKING:
 #: The per-record item alias, and the per-record node's id (also the batch key of the job's progress).
 RECORD = "record"
 RECORDS = "records"
-#: Records per chunk unless `--chunk-size` says otherwise: large enough that a chunk's task overhead
-#: (a few ms) is small next to its records, small enough that `results --done` moves often.
-DEFAULT_CHUNK_SIZE = 500
+#: Records per chunk unless `--chunk-size` says otherwise: large enough that a chunk's cost on a worker (the
+#: task's delivery, claim, run record, outcomes and next send: 5-10 ms) is small next to its records' (a
+#: two-node workflow's 2,000 records: ~25 ms), small enough that `results --done` moves often and a chunk
+#: delivered again costs little (bench/PROFILE_DATASETS.md: 500 cost the workers a third more CPU).
+DEFAULT_CHUNK_SIZE = 2000
 #: `results` of a finished run: records that never ran (the run was cancelled or stopped by its threshold).
 NOT_RUN = "not run: the run ended before this record ran (chordflow redrive RUN runs it)"
 #: How often a reader of a running job (`results`, `wait --out`) looks again for a chunk not stored or finished yet.
