@@ -13,6 +13,7 @@ import os
 import signal
 import subprocess
 import sys
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -406,3 +407,34 @@ def test_a_job_whose_submitting_client_is_killed_mid_file_ends_failed_saying_so(
     assert json.loads(cli("status", run_id, "--json").stdout)["records"]["total"] is None
     # It cannot be redriven (its file was never read to the end): the records it stored are gone with it.
     assert not redis_client.exists(f"cf:{{{run_id}}}:ds:rec") and redis_client.exists(f"cf:{{{run_id}}}:ds:out")
+
+
+@pytest.mark.parametrize("following", [True, False])
+def test_a_cluster_chunk_publishes_each_record_once_whether_it_follows_the_loop_or_is_told(
+    celery_cluster: Any, following: bool
+) -> None:
+    # In-process on the suite's redis-server: a chunk's hooks read its records' outcomes off the loop's ChunkResult
+    # (the usual chunk) or are told of each (records appending to the store's lists); the run's stream gets one
+    # (index, ok) pair per record either way, a failed one not ok, written at the end at the latest.
+    from worker.batch.aggregate import ChunkResult
+    from worker.batch.outcome import ItemOutcome
+    from worker.cluster.datasets.progress import RecordHooks
+
+    state = RunState(f"hooks-{uuid.uuid4().hex[:8]}")
+    hooks = RecordHooks(state, "records")
+    chunk = ChunkResult(40, [], [], {})
+    if following:  # else the loop offers it nothing to follow
+        assert hooks.follow(chunk)
+    for index in range(40, 50):
+        assert hooks.before_item(index)
+        outcome = ItemOutcome(index, None, "boom") if index in (42, 47) else ItemOutcome(index, {"n": index})
+        if outcome.error is not None:
+            chunk.failures.append(outcome)
+        chunk.results.append(outcome.result)
+        if outcome.error is not None or not following:
+            hooks.after_item(outcome)
+    hooks.close()
+    _, entries = state.read_progress("0", 0)
+    pairs = [pair for batch, packed in entries if packed for pair in RunState.unpack_outcomes(packed)]
+    assert {batch for batch, _ in entries} == {"records"}
+    assert [tuple(pair) for pair in pairs] == [(i, i not in (42, 47)) for i in range(40, 50)]

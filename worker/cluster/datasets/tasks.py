@@ -16,9 +16,9 @@ from worker import tracing
 from worker.batch.aggregate import ChunkResult
 from worker.cluster import logs, priorities, sending, signing
 from worker.cluster.app import current_app, task
-from worker.cluster.batches.middleware import chunk_middleware
 from worker.cluster.batches.tasks import chunk_executor
 from worker.cluster.broker import deliveries
+from worker.cluster.datasets.progress import record_hooks
 from worker.cluster.datasets.store import ClusterDataset
 from worker.cluster.messages import DATASET_CHUNK, DatasetChunk
 from worker.cluster.state import budget as budgets
@@ -134,7 +134,7 @@ def dataset_chunk(self: Any, message: Any, *legacy: Any) -> str:
             ):
                 chunk = run_chunk(
                     executor, records, bad, n * size, done,
-                    lambda count: chunk_middleware(state, RECORDS, False),
+                    lambda count: record_hooks(state, RECORDS),
                 )  # fmt: skip
         except SameForEveryItem as exc:  # every record would meet it: the job stops at the first
             current = runs.get(run_id)
