@@ -121,6 +121,42 @@ def drive(
     return Cursor(node, step, action)
 
 
+def quiet(flow: WorkflowFlow, limit: int) -> Callable[[dict[str, Any], RunContext], str | None]:
+    """`drive` of a run nobody checkpoints, from the flow's start, compiled once per flow: a sub-workflow's run once
+    per dataset record. Returns `run(store, ctx)`, the last node's action; the same cancel check before each node,
+    the same step limit naming the loop (the nodes of its last steps are kept only once the limit is near). A flow
+    with parallel sections is driven by `drive` (its branches' threads are not a record's cost to save)."""
+    if flow.sections:
+        start = flow.start_id
+
+        def general(store: dict[str, Any], ctx: RunContext) -> str | None:
+            return drive(flow, Cursor(start), store, ctx, limit=limit).last_action
+
+        return general
+    plan, start, kept = flow.plan(), flow.start_id, 2 * len(flow.nodes) + 2
+    near = limit - kept
+
+    def run(store: dict[str, Any], ctx: RunContext) -> str | None:
+        cancelled, node, step, action = ctx.cancelled, start, 0, None
+        recent: list[str] = []
+        while node is not None:
+            if cancelled.is_set():
+                raise RunCancelled("run cancelled")
+            if step >= near:
+                if step >= limit:
+                    raise StepLimitExceeded(
+                        f"run stopped after {limit} steps (max_steps): {loop_of(recent[-kept:], node)} kept looping"
+                    )
+                recent.append(node)
+            ctx.step = step
+            call, after = plan[node]
+            action = call(store)
+            node, step = after.get(action or "default"), step + 1
+        return action
+
+    return run
+
+
 def _sections(ctx: RunContext) -> Any:
     """What runs a parallel section here: the context's, else branches on threads of this process."""
     if ctx.sections is None:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
@@ -132,17 +132,19 @@ class WorkflowNode(Node):
 def _run(sub: SubFlow, store: dict[str, Any], call: Call) -> tuple[str, str | None, dict[str, Any]]:
     """Drive the sub-workflow to its end in this process, in a run context of its own (events dropped, batches
     in-process, no run record) that shares the parent run's cancel flag; the parent's context is left as it was."""
-    ctx, flow, stepper = sub.context(), sub.flow, sub.stepper
+    ctx = sub.context()
     token = context.enter(ctx)
     try:
-        cursor = stepper.drive(flow, stepper.Cursor(flow.start_id), store, ctx, limit=sub.limit)
+        action = sub.drive(store, ctx)
     except Exception as exc:
         node = f" node '{ctx.last_node}'" if ctx.last_node else ""
         exc.add_note(f"raised in{node} of {call.what}")
         raise
     finally:
         context.leave(token)
-    return stepper.ending(flow, cursor, store, ctx.last_node)
+    if action == "error":  # `ending` says which node and why
+        return sub.stepper.ending(sub.flow, sub.stepper.Cursor(None, 0, action), store, ctx.last_node)
+    return "success", None, {name: resolve(store) for name, resolve in sub.flow.outputs}
 
 
 @dataclass
@@ -157,6 +159,8 @@ class SubFlow:
     #: worker.engine.stepper, imported when the flow is compiled (it imports the registry, which imports this
     #: module) and kept here: an import statement per run was ~1 us of a dataset record's ~17.
     stepper: ModuleType
+    #: `stepper.quiet(flow, limit)`: the sub-run's steps compiled once (the plan walked without a Cursor per run).
+    drive: Callable[[dict[str, Any], RunContext], str | None]
     ctx: RunContext | None = None
 
     def context(self) -> RunContext:
@@ -187,7 +191,8 @@ def _flow(workflow: Any) -> SubFlow:
     from worker.engine.loader import load
 
     flow = build_flow(load(workflow))
-    entry = flows[id(workflow)] = SubFlow(workflow, flow, stepper.max_steps(flow), stepper)
+    limit = stepper.max_steps(flow)
+    entry = flows[id(workflow)] = SubFlow(workflow, flow, limit, stepper, stepper.quiet(flow, limit))
     while len(flows) > CACHE_SIZE:
         flows.popitem(last=False)
     return entry
