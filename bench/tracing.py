@@ -41,6 +41,7 @@ LLM_ITEMS, QUICK_LLM_ITEMS = 2_000, 300
 ROUNDS, QUICK_ROUNDS = 5, 2
 LLM_DELAY = 0.005
 GOAL = 1.05
+PROCESSES = ("run", "submit", "wait", "workers")  # whose CPU the split table shows
 NOOP = {"nodes": [{"id": "b", "type": "noop", "batch": {"items": "${items}"}}]}
 MODEL = "gpt-bench"
 LLM = {
@@ -59,6 +60,7 @@ class Job:
     items: list[str]
     seconds: dict[str, list[float]] = field(default_factory=lambda: {"off": [], "on": []})
     cpu: dict[str, list[float]] = field(default_factory=lambda: {"off": [], "on": []})  # the job's processes
+    parts: dict[str, list[dict[str, float]]] = field(default_factory=lambda: {"off": [], "on": []})  # CPU by process
     spans: list[int] = field(default_factory=list)  # received per traced run
 
     def ratios(self, what: str = "seconds") -> list[float]:
@@ -89,10 +91,12 @@ def measure(session: Session, bench: BenchCluster) -> list[Job]:
                 order = ("off", "on") if r % 2 else ("on", "off")
                 for side in order:
                     before = len(receiver.spans)
-                    seconds, cpu = run_job(bench, job, sides[side], str(workflow), str(inputs))
+                    seconds, parts = run_job(bench, job, sides[side], str(workflow), str(inputs))
+                    cpu = sum(parts.values())
                     if r:
                         job.seconds[side].append(seconds)
                         job.cpu[side].append(cpu)
+                        job.parts[side].append(parts)
                         if side == "on":
                             job.spans.append(receiver_count(receiver, before))
                     log(f"{job.name}, round {r}, tracing {side}: {seconds:.2f} s, {cpu:.2f} s of CPU")
@@ -111,9 +115,12 @@ def receiver_count(receiver: otlp.Receiver, before: int) -> int:
     return seen - before
 
 
-def run_job(bench: BenchCluster, job: Job, env: dict[str, str], workflow: str, inputs: str) -> tuple[float, float]:
+def run_job(
+    bench: BenchCluster, job: Job, env: dict[str, str], workflow: str, inputs: str
+) -> tuple[float, dict[str, float]]:
     """One run of `job` with `env`, on the bench's cluster with workers started for it or in one local process:
-    its wall time, and the CPU its processes used (the commands', and the workers' from ready to the run's end)."""
+    its wall time, and the CPU its processes used by process (each command's, and the workers' from ready to the
+    run's end)."""
     command = [*harness.chordflow(), "run" if job.where == "local" else "submit", workflow, "--inputs-file", inputs]
     workers = [] if job.where == "local" else [bench.cluster.start_worker(name, env=env) for name in ("t1", "t2")]
     try:
@@ -127,7 +134,10 @@ def run_job(bench: BenchCluster, job: Job, env: dict[str, str], workflow: str, i
         for child in children:
             if child.code != 0:
                 raise child.failure()
-        return seconds, sum(c.cpu for c in children) + sum(_cpu(w.pid) for w in workers) - ready
+        parts = {child.argv[len(harness.chordflow())]: child.cpu for child in children}
+        if workers:
+            parts["workers"] = sum(_cpu(w.pid) for w in workers) - ready
+        return seconds, parts
     finally:
         for name in ("t1", "t2"):
             if (worker := bench.cluster.workers.pop(name, None)) is not None:
@@ -148,6 +158,14 @@ def render(session: Session, jobs: list[Job]) -> str:
             _ratios(job.ratios()), *(f"{statistics.median(job.cpu[side]):.2f} s" for side in ("off", "on")),
             _ratios(job.ratios("cpu")), f"{statistics.median(job.spans):,.0f}",
         ))  # fmt: skip
+    split = []
+    for job in jobs:
+        names = list(job.parts["on"][0])
+        split.append((job.name, *(
+            f"{statistics.median(p[name] for p in job.parts['off']):.3f} s / "
+            f"{statistics.median(p[name] for p in job.parts['on']):.3f} s" if name in names else ""
+            for name in PROCESSES
+        )))  # fmt: skip
     noop_cpu, noop_wall = statistics.median(jobs[0].ratios("cpu")), statistics.median(jobs[0].ratios())
     targets = table(
         ("target", "this run", "goal", "verdict"),
@@ -160,6 +178,8 @@ def render(session: Session, jobs: list[Job]) -> str:
     body = (
         f"## Targets\n\n{targets}\n\n## Jobs, tracing off against on (medians of the rounds)\n\n"
         + table(head, rows, "lrrrrrrr")
+        + "\n\n## Where the CPU goes: off / on, medians of the rounds\n\n"
+        + table(("job", *(f"`{name}`" if name != "workers" else name for name in PROCESSES)), split, "lrrrr")
         + "\n\nOff: processes started without OTEL_* (no span, the tracing SDK not imported). On: the same processes "
         "with OTEL_EXPORTER_OTLP_ENDPOINT at a loopback receiver in the bench process and the default item ratio, "
         "so a span per run, step, batch, chunk, model call and about 1% of the items. CPU: user + system of the "

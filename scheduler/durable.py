@@ -74,6 +74,7 @@ def submit(
     """
     if idempotency_key is not None and not 0 < len(idempotency_key) <= MAX_KEY_LENGTH:
         raise ValidationError(f"idempotency key: 1 to {MAX_KEY_LENGTH} characters, got {len(idempotency_key)}")
+    later = tracing.Later.begin()  # the run's span: the advance that ends the run emits it
     from_file = read_encoded(inputs_file) if inputs_file is not None else {}
     wf = load(workflow, [*(inputs or {}), *from_file])  # what the run is given is a known input
     store: dict[str, Any] = {}
@@ -85,13 +86,9 @@ def submit(
     record = RunRecord(run_id, wf.wire(), "celery", "queued", wf.start_id(), source=source_of(workflow))
     encoded = {k: v for k, v in from_file.items() if k not in store}
     record.priority = priority or wf.priority or "normal"
-    later = tracing.Later.begin()  # the run's span: the advance that ends the run emits it
-    record.trace = later.wire() if later else None
-    with (
-        broker_errors(settings.load().result_backend),
-        tracing.within(run_id, tracing.parent_of(record.trace)),
-        tracing.span("chordflow submit"),
-    ):
+    # this process's span (loading the workflow and inputs) goes with the run's: no exporter is loaded here
+    record.trace = later.handing("chordflow submit").wire() if later else None
+    with broker_errors(settings.load().result_backend):
         if idempotency_key is not None:
             asked = _fingerprint(record, store, encoded)
             held = idempotency.claim(

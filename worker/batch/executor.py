@@ -110,7 +110,7 @@ class ItemExecutor:
         if traced is None:
             return self._settle(index, item)
         if (index * tracing.SPREAD) & tracing.MASK < traced:  # tracing.picked, inlined: this runs per item
-            with tracing.span(f"item {self.node_id}", {"chordflow.node": self.node_id, "chordflow.index": index}) as on:
+            with tracing.item(self.node_id, index) as on:
                 result, outcome = self._settle(index, item)
                 if outcome is not None and outcome.error is not None:
                     tracing.failed(on, outcome.error)

@@ -68,6 +68,24 @@ def chordflow(env: dict[str, str], *args: str) -> str:
     return done.stdout
 
 
+#: What a traced process loads to export spans itself: a `submit` client hands its span over instead.
+EXPORTING = ("opentelemetry.sdk.trace", "opentelemetry.exporter.otlp")
+
+
+def submitting(env: dict[str, str], path: Path) -> tuple[int, list[str], str]:
+    """`chordflow submit path` in a process of its own: its pid, what of EXPORTING it loaded, the run id."""
+    code = (
+        "import atexit, os, sys; from scheduler.cli import main;"
+        f"atexit.register(lambda: print(os.getpid(), sorted(m for m in sys.modules if m.startswith({EXPORTING!r}))));"
+        f"sys.argv = ['chordflow', 'submit', {str(path)!r}]; main()"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    assert done.returncode == 0, done.stderr
+    *printed, exited = done.stdout.strip().splitlines()
+    pid, loaded = exited.split(" ", 1)
+    return int(pid), json.loads(loaded.replace("'", '"')), printed[-1].split()[-1]
+
+
 def named(spans: list[Span], prefix: str) -> list[Span]:
     return [s for s in spans if s.name.startswith(prefix)]
 
@@ -80,7 +98,8 @@ def test_a_cluster_run_is_one_trace_across_the_client_and_the_workers(
     cluster.start_worker("t2")
     path = tmp_path / "wf.json"
     path.write_text(json.dumps(workflow()))
-    run_id = chordflow(env, "submit", str(path)).split()[-1]
+    client, loaded, run_id = submitting(env, path)
+    assert loaded == [], "the submit client loaded the tracing SDK or the exporter"
     done = api.wait(run_id, timeout=120)
     assert done.status == "success", done.error
     assert done.shared["check"]["error_count"] == 1
@@ -101,7 +120,8 @@ def test_a_cluster_run_is_one_trace_across_the_client_and_the_workers(
         return by_id[s.parent]
 
     (submit,) = named(spans, "chordflow submit")
-    assert parent(submit) is root and submit.pid != root.pid  # the client's span; the run ended on a worker
+    assert parent(submit) is root and submit.pid == client != root.pid  # the client's span; the run ended on a worker
+    assert submit.start >= root.start and submit.end >= submit.start
     steps = named(spans, "step ")
     assert sorted(s.name for s in steps) == ["step ask", "step ask", "step check", "step check"]  # dispatch, resume
     assert all(parent(s) is root for s in steps)
@@ -194,3 +214,36 @@ def test_a_chunk_delivered_again_after_its_worker_was_killed_says_so_in_its_span
     assert [s.attributes["chordflow.delivery.again"] for s in again] == [True], shown  # the killed one never ended
     (batch,) = named(spans, "batch b")
     assert again[0].parent == batch.span and again[0].trace == batch.trace
+
+
+@pytest.mark.processes
+def test_an_item_span_records_what_code_inside_the_item_sets_on_it_and_parents_its_children() -> None:
+    code = """if True:
+        from opentelemetry import trace
+        from worker import tracing
+        with tracing.within("r1"), tracing.span("chunk n"):
+            with tracing.item("n", 3) as on:
+                trace.get_current_span().set_attribute("user.note", "kept")
+                trace.get_current_span().add_event("user.event")
+                with tracing.span("chat m"):
+                    pass
+                tracing.failed(on, "ValueError: bad item")
+            try:
+                with tracing.item("n", 4):
+                    raise KeyError("k")
+            except KeyError:
+                pass
+        tracing.flush()
+    """
+    with otlp.receiving() as receiver:
+        env = {**os.environ, **otlp.environment(receiver)}
+        done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=60)
+        assert done.returncode == 0, done.stderr
+        spans = receiver.until(lambda spans: len(spans) >= 4)
+    by_name = {s.name: s for s in spans if s.name != "item n"}
+    first, second = sorted(named(spans, "item n"), key=lambda s: s.attributes["chordflow.index"])
+    assert first.attributes == {"chordflow.run_id": "r1", "chordflow.node": "n", "chordflow.index": 3,
+                                "user.note": "kept"}  # fmt: skip
+    assert first.error and first.parent == by_name["chunk n"].span and first.trace == by_name["chunk n"].trace
+    assert by_name["chat m"].parent == first.span and first.start <= by_name["chat m"].start <= first.end
+    assert second.error and not by_name["chunk n"].error  # the exception left the item: its span says so
