@@ -2,12 +2,15 @@
 
 The snapshot is encoded once per batch (inline under a size threshold, else stored once in Redis
 by content hash); items travel per chunk. The scheduler then follows the run's progress stream
-(one XREAD per wake-up, never a subscription per item) until the merge task is done.
+(one XREAD per wake-up, never a subscription per item) until the merge task is done, renewing its lease on the
+run meanwhile (`driver`: the run's record is in this process's embedded store, so the lease is how the cluster
+learns that this process is gone, and forgets the messages the run left queued).
 """
 
 from __future__ import annotations
 
 import logging
+import time
 from typing import Any
 
 import redis
@@ -21,7 +24,7 @@ from worker.batch.remote import stored_batch_result
 from worker.cluster.batches import chunking
 from worker.cluster.batches.dispatch import dispatch_batch
 from worker.cluster.rate_limits import RedisLimiter
-from worker.cluster.state.runstate import RunState, client
+from worker.cluster.state.runstate import DRIVER_LEASE, RunState, client
 from worker.cluster.state.windows import BatchWindow
 from worker.engine.context import RunContext
 
@@ -51,6 +54,7 @@ class CeleryBackend:
         self.state = RunState(run_id)
         self.cancelled = ctx.cancelled
         self.stream_pos = "0-0"  # how far this run's progress stream has been read
+        self.renew_at = 0.0  # when this process's lease on the run is next renewed (monotonic)
 
     # -- dispatch -------------------------------------------------------------------------------
     def run_batch(self, job: BatchJob) -> BatchResult:
@@ -60,6 +64,7 @@ class CeleryBackend:
         if not chunking.registered_processes(self.settings.result_backend):
             log.warning(chunking.NO_WORKER_HINT)
         with broker_errors(self.settings.result_backend):
+            self._keep_driver()  # before the first message is recorded: aging keeps a live driver's messages
             window = dispatch_batch(job, self.run_id)
         batch = job.key
         try:
@@ -94,6 +99,7 @@ class CeleryBackend:
                         return blob
                     if seen is not None:
                         done = self._emit_progress(node_id, RunState.unpack_outcomes(outcomes), seen, done, total)
+                self._keep_driver()
                 if self.cancelled.is_set() or self.state.cancelled():
                     raise RunCancelled(f"run {self.run_id} cancelled during batch node '{node_id}'")
                 if not self.state.exists():  # Redis came back without persistence, or was flushed
@@ -103,6 +109,15 @@ class CeleryBackend:
                     )
                 if not batches and (error := window.crashed()) is not None:
                     raise BackendError(error)
+
+    def _keep_driver(self) -> None:
+        """Renew this process's lease on the run (a few times per DRIVER_LEASE): the cluster has no record of a run
+        driven here, so the lease running out is how it learns that this process ended or died, and forgets the
+        run's queued messages (worker/cluster/aging.py)."""
+        now = time.monotonic()
+        if now >= self.renew_at:
+            self.state.keep_driver()
+            self.renew_at = now + DRIVER_LEASE / 5
 
     def _emit_progress(self, node_id: str, outcomes: list[Any], seen: bytearray, done: int, total: int) -> int:
         """One `batch_progress` event per item seen for the first time (a redelivered chunk repeats some)."""

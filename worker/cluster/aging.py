@@ -8,6 +8,12 @@ sweep starts per interval across the cluster (a key SET NX for the interval), an
 has waited `CHORDFLOW_PRIORITY_AGING` seconds, at the level that wait earns (priorities.rank: one level up per period;
 after two periods a low message goes with the high ones).
 
+A message may never begin: the broker lost it (a worker killed between taking it and recording that it holds it), or
+it was revoked. Its record goes when its run ends: a cluster run's end trims it (state/runs.py `trim`), and each sweep
+forgets the messages of a run that ended, was cancelled, or that a client drove and no longer does (its `driver`
+lease ran out: the client ended, or was killed, and its record is in its own embedded store). So nothing of a
+client-driven run outlives it by more than the lease and a sweep, whatever killed the client.
+
 A copy is the same message under a sibling task id: whichever delivery of the pair begins first runs, the other
 is skipped unrun (lua/begin_message.lua), so no item runs twice because of a copy, and a redelivery of the one
 that began (its worker died) still runs: it keeps its task id. A chunk's copy carries its window's block numbers
@@ -66,12 +72,19 @@ def sweep(app: Any, now: float | None = None) -> int:
         run_id = raw.decode()
         keys = RunKeys(run_id)
         queued, messages = keys.queued, keys.queued_messages
-        due = client.zrangebyscore(queued, "-inf", now - s.priority_aging, start=0, num=PER_SWEEP)
-        if not due and not client.exists(queued):
+        pipe = client.pipeline(transaction=False)
+        pipe.hget(keys.run, "status")
+        pipe.exists(keys.cancel)
+        pipe.exists(keys.driver)
+        pipe.zrangebyscore(queued, "-inf", now - s.priority_aging, start=0, num=PER_SWEEP)
+        pipe.exists(queued)
+        status, cancelled, driven, due, left = pipe.execute()
+        if _stopped(status, cancelled, driven):  # its messages do nothing now: forgotten, no copies
+            client.delete(queued, messages)
             unlist(client, run_id)
             continue
-        if due and _stopped(client, run_id):  # its messages do nothing now: no copies
-            client.delete(queued, messages)
+        if not due and not left:
+            unlist(client, run_id)
             continue
         for task_id, packed in zip(due, client.hmget(messages, due) if due else [], strict=True):
             copied += _copy(app, run_id, task_id.decode(), packed, now)
@@ -88,13 +101,13 @@ def unlist(client: redis.Redis, run_id: str) -> None:
         client.zadd(QUEUED, {run_id: time.time()})
 
 
-def _stopped(client: redis.Redis, run_id: str) -> bool:
-    """The run ended or was cancelled (a cancelled client-driven run has no final status in its record)."""
-    keys, pipe = RunKeys(run_id), client.pipeline(transaction=False)
-    pipe.hget(keys.run, "status")
-    pipe.exists(keys.cancel)
-    status, cancelled = pipe.execute()
-    return bool(cancelled) or (status is not None and status.decode() in FINAL)
+def _stopped(status: bytes | None, cancelled: int, driven: int) -> bool:
+    """The run ended or was cancelled (a cancelled client-driven run has no final status in its record); or it has no
+    record in Redis and no client drives it any more: a client-driven run, recorded in its client's embedded store,
+    whose client ended or died (its `driver` lease ran out: runstate.DRIVER_LEASE), or a run purged or expired."""
+    if cancelled:
+        return True
+    return not driven if status is None else status.decode() in FINAL
 
 
 def _copy(app: Any, run_id: str, task_id: str, packed: bytes | None, now: float) -> int:

@@ -23,6 +23,8 @@ Keys of a run, `cf:{<run_id>}:<name>`; `<batch>` is `<node id>#<step>`:
   cancel              string  set by `chordflow cancel`
   resumed             string  when the run was last resumed, by Redis's clock: a chunk that began before it stops
   meta                hash    a client-driven run's description (its backend, status) for `cancel`
+  driver              string  a client-driven run's driving process is alive: set with a TTL (DRIVER_LEASE) and
+                              renewed while it waits on a batch; gone, aging forgets the run's queued messages
   totals              hash    <batch> -> its number of items
   abort:<batch>       string  a fail_fast failure or a threshold crossed: chunks stop between items
   failed:<batch>      hash    failures counted against the batch's threshold (chunk start -> count, `total`)
@@ -72,10 +74,11 @@ Who owns a run's keys (reads and writes them; `ClusterRuns.trim` and `purge` del
     writes the end marker on `events` and cuts `totals` on a rewind; a run's Lease (worker/cluster/advance.py)
     holds `lease` and `lease:<section>:<branch>` through it.
   RunState (worker/cluster/state/runstate.py, bound to one run) owns what the run's tasks share while it runs:
-    cancel, resumed, meta, totals, events, branch_events, chunks, abort:, failed:, dispatched:, result:, snap:,
-    permits:<batch>; and through it BatchWindow (windows.py) win:<batch>*, RedisBudget (budget.py) budget and
-    RedisAnswers (answers.py) answers.
-  Aging (worker/cluster/sending.py records, aging.py sweeps): queued, queued_msgs, copies, begun.
+    cancel, resumed, meta, driver, totals, events, branch_events, chunks, abort:, failed:, dispatched:, result:,
+    snap:, permits:<batch>; and through it BatchWindow (windows.py) win:<batch>*, RedisBudget (budget.py) budget
+    and RedisAnswers (answers.py) answers.
+  Aging (worker/cluster/sending.py records, aging.py sweeps; it reads `driver`): queued, queued_msgs, copies,
+    begun.
   ClusterDataset (worker/cluster/datasets/store.py): ds, ds:*.
   RedisWaits (worker/cluster/waits.py): waits, signals, and the run's `waiting` field of `run`.
 Every name is built here (`RunKeys`: an attribute per key of a run, a method per family of them) and nowhere else
@@ -208,6 +211,7 @@ class RunKeys:
     cancel = RunKey("cancel")  # string: set by `chordflow cancel`
     resumed = RunKey("resumed")  # string: when the run was last resumed, by Redis's clock
     meta = RunKey("meta")  # hash: a client-driven run's description
+    driver = RunKey("driver")  # string: a client-driven run's driving process, alive while it lasts
     totals = RunKey("totals")  # hash: batch -> its number of items
     chunk_ids = RunKey("chunks")  # list: a client-driven run's chunk task ids
     queued = RunKey("queued")  # zset: messages sent below the top priority, not yet begun -> when sent

@@ -28,6 +28,9 @@ from worker.cluster.state import connection
 from worker.cluster.state.keys import RunKeys
 
 _LUA = Path(__file__).with_name("lua")
+#: Seconds a client driving a run (`scheduler.run(backend="celery")`) is taken as alive after its last renewal: its
+#: record is in its own embedded store, so this lease is all the cluster knows of it (`keep_driver`, `driven`).
+DRIVER_LEASE = 10
 
 
 @cache
@@ -278,6 +281,12 @@ class RunState:
     def exists(self) -> bool:
         """Whether the run's state is in Redis (its metadata, written when it dispatches a batch)."""
         return bool(self.redis.exists(self.keys.meta))
+
+    def keep_driver(self) -> None:
+        """The client driving this run is alive for DRIVER_LEASE seconds more. It renews the lease while it waits on
+        a batch; once it stops (it ended, or was killed), the lease runs out and aging forgets the messages the run
+        left queued (worker/cluster/aging.py): nothing on the cluster reads its record, which only its host has."""
+        self.redis.set(self.keys.driver, 1, ex=DRIVER_LEASE)
 
     def describe(self, **fields: Any) -> None:
         """Run metadata for `chordflow status`."""
