@@ -88,7 +88,9 @@ def dataset_options(command: Callable[..., Any]) -> Callable[..., Any]:
                      help="The job succeeds while at most P% of its records fail."),
         click.option("--tolerated-failure-count", type=int, default=None, metavar="K",
                      help="The job succeeds while at most K records fail."),
-        click.option("--chunk-size", type=int, default=None, metavar="N", help="Records per chunk (default 2000)."),
+        click.option("--chunk-size", type=int, default=None, metavar="N",
+                     help="Records per chunk (default 2000; a file of fewer than 64000 records: a 32nd of them, "
+                     "at least 500)."),
         click.option("--max-record-bytes", type=int, default=None, metavar="B",
                      help="A record longer than B bytes is a bad record (default 16777216: 16 MiB)."),
     ]  # fmt: skip

@@ -9,9 +9,10 @@ The cluster half (Celery, redis-py: ~0.15 s of imports) is imported by the funct
 from __future__ import annotations
 
 import contextlib
+import os
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sized
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -42,6 +43,8 @@ from worker.runs.record import FINAL, RunRecord, RunResult, new_run_id
 if TYPE_CHECKING:
     pass
 
+#: Bytes of a records file read to tell how many records it holds (`expected_records`).
+SAMPLE_BYTES = 64 * 1024
 #: `run_local`'s `on_chunk(outcomes, start, length)`: a chunk of `length` records from index `start` ran.
 OnChunk = Callable[[ChunkResult | None, int, int], None]
 
@@ -103,7 +106,7 @@ def prepare(
         problems.append(f"--tolerated-failure-count: must be 0 or more, got {tolerated_failure_count}")
     if chunk_size is not None and chunk_size < 1:
         problems.append(f"--chunk-size: must be 1 or more, got {chunk_size}")
-    size = chunk_size or datasets.DEFAULT_CHUNK_SIZE
+    size = chunk_size or datasets.default_chunk_size(expected_records(items))
     records: Iterable[Any] = ()
     try:
         cap = {} if max_record_bytes is None else {"max_record_bytes": max_record_bytes}
@@ -119,6 +122,21 @@ def prepare(
     record = RunRecord(run_id or new_run_id(), wf.wire(), backend, status, None, source=source_of(workflow))
     record.dataset = dataset.to_json()
     return record, dataset, common, record_windows(records, size)
+
+
+def expected_records(items: Items) -> int | None:
+    """About how many records `items` holds, for the default chunk size: a collection's length; a file's size over
+    the mean length of its first lines (SAMPLE_BYTES read); None when it cannot tell (an iterator, a file that cannot
+    be read, no line end in the sample)."""
+    if not isinstance(items, str | os.PathLike):
+        return len(items) if isinstance(items, Sized) else None
+    try:
+        with open(items, "rb") as f:
+            sample, size = f.read(SAMPLE_BYTES), os.fstat(f.fileno()).st_size
+    except OSError:
+        return None  # read_records says why
+    lines = sample.count(b"\n") + (len(sample) == size and not sample.endswith(b"\n"))
+    return round(lines * size / len(sample)) if lines and sample else None
 
 
 def wf_budget(record: RunRecord) -> Budget | None:

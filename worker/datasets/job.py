@@ -31,15 +31,27 @@ if TYPE_CHECKING:
 #: The per-record item alias, and the per-record node's id (also the batch key of the job's progress).
 RECORD = "record"
 RECORDS = "records"
-#: Records per chunk unless `--chunk-size` says otherwise: large enough that a chunk's cost on a worker (the
-#: task's delivery, claim, run record, outcomes and next send: 5-10 ms) is small next to its records' (a
-#: two-node workflow's 2,000 records: ~25 ms), small enough that `results --done` moves often and a chunk
-#: delivered again costs little (bench/PROFILE_DATASETS.md: 500 cost the workers a third more CPU).
+#: Records per chunk of a large job unless `--chunk-size` says otherwise: large enough that a chunk's cost on a
+#: worker (the task's delivery, claim, run record, outcomes and next send: 5-10 ms) is small next to its
+#: records' (2,000 records of a two-node workflow: ~25 ms; bench/PROFILE_DATASETS.md: at 500 the workers spent a
+#: third more CPU), small enough that `results --done` moves often and a chunk delivered again costs little.
 DEFAULT_CHUNK_SIZE = 2000
+#: A job expected to hold fewer records is cut into MIN_CHUNKS chunks (of SMALLEST_CHUNK records at least), so that
+#: a small job of slow records (model calls) still spreads over the workers; one that cannot tell (an iterator of
+#: records) gets SMALLEST_CHUNK.
+MIN_CHUNKS = 32
+SMALLEST_CHUNK = 500
 #: `results` of a finished run: records that never ran (the run was cancelled or stopped by its threshold).
 NOT_RUN = "not run: the run ended before this record ran (chordflow redrive RUN runs it)"
 #: How often a reader of a running job (`results`, `wait --out`) looks again for a chunk not stored or finished yet.
 POLL_SECONDS = 0.05
+
+
+def default_chunk_size(expected: int | None) -> int:
+    """Records per chunk when `--chunk-size` is not given, for a job of about `expected` records (None: unknown)."""
+    if expected is None:
+        return SMALLEST_CHUNK
+    return max(SMALLEST_CHUNK, min(DEFAULT_CHUNK_SIZE, -(-expected // MIN_CHUNKS)))
 
 
 @dataclass

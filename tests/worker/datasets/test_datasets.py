@@ -438,3 +438,22 @@ def test_a_cluster_chunk_publishes_each_record_once_whether_it_follows_the_loop_
     pairs = [pair for batch, packed in entries if packed for pair in RunState.unpack_outcomes(packed)]
     assert {batch for batch, _ in entries} == {"records"}
     assert [tuple(pair) for pair in pairs] == [(i, i not in (42, 47)) for i in range(40, 50)]
+
+
+def test_the_default_chunk_size_spreads_a_small_file_over_32_chunks_and_cuts_a_large_one_in_2000s(
+    tmp_path: Path,
+) -> None:
+    from scheduler.datasets.running import expected_records
+    from worker.datasets.job import default_chunk_size
+
+    def size_for(count: int) -> int:
+        path = write_records(tmp_path / f"{count}.jsonl", count)
+        estimate = expected_records(path)
+        assert estimate is not None and abs(estimate - count) <= count * 0.05, estimate
+        return default_chunk_size(estimate)
+
+    assert size_for(100) == 500  # never under 500 records a chunk
+    assert 950 <= size_for(32_000) <= 1050  # a 32nd of the file (as estimated from its first lines)
+    assert size_for(100_000) == 2000
+    assert default_chunk_size(expected_records(iter([{"id": 1}]))) == 500  # an iterator: cannot tell
+    assert default_chunk_size(expected_records([{"id": i} for i in range(96_000)])) == 2000
