@@ -67,20 +67,17 @@ def sweep(app: Any, now: float | None = None) -> int:
     """Copy every recorded message that has waited a period at the level its wait earns; returns how many."""
     s, client = app.chordflow_settings, _client(app)
     now = time.time() if now is None else now
-    copied = 0
+    copied, forget = 0, script(client, "forget_queued")
     for raw in client.zrange(QUEUED, 0, -1):
         run_id = raw.decode()
         keys = RunKeys(run_id)
         queued, messages = keys.queued, keys.queued_messages
         pipe = client.pipeline(transaction=False)
-        pipe.hget(keys.run, "status")
-        pipe.exists(keys.cancel)
-        pipe.exists(keys.driver)
+        forget(keys=[keys.run, keys.cancel, keys.driver, queued, messages], args=list(FINAL), client=pipe)
         pipe.zrangebyscore(queued, "-inf", now - s.priority_aging, start=0, num=PER_SWEEP)
         pipe.exists(queued)
-        status, cancelled, driven, due, left = pipe.execute()
-        if _stopped(status, cancelled, driven):  # its messages do nothing now: forgotten, no copies
-            client.delete(queued, messages)
+        forgotten, due, left = pipe.execute()
+        if forgotten:  # its run ended (or its driver is gone): its messages do nothing now, no copies
             unlist(client, run_id)
             continue
         if not due and not left:
@@ -99,15 +96,6 @@ def unlist(client: redis.Redis, run_id: str) -> None:
     client.zrem(QUEUED, run_id)
     if client.exists(RunKeys(run_id).queued):
         client.zadd(QUEUED, {run_id: time.time()})
-
-
-def _stopped(status: bytes | None, cancelled: int, driven: int) -> bool:
-    """The run ended or was cancelled (a cancelled client-driven run has no final status in its record); or it has no
-    record in Redis and no client drives it any more: a client-driven run, recorded in its client's embedded store,
-    whose client ended or died (its `driver` lease ran out: runstate.DRIVER_LEASE), or a run purged or expired."""
-    if cancelled:
-        return True
-    return not driven if status is None else status.decode() in FINAL
 
 
 def _copy(app: Any, run_id: str, task_id: str, packed: bytes | None, now: float) -> int:

@@ -26,6 +26,7 @@ import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
+import msgpack
 import pytest
 import redis
 
@@ -33,8 +34,10 @@ from scheduler.localcluster import Cluster
 from scheduler.lookup import find_run
 from tests.support.cluster import PLUGINS
 from tests.worker.cluster.faults.test_long_chunks import until
-from worker.cluster.state.keys import AGING_SWEEP, QUEUED, RunKeys
-from worker.cluster.state.runstate import DRIVER_LEASE
+from worker.cluster import aging
+from worker.cluster.app import current_app
+from worker.cluster.state.keys import AGING_SWEEP, QUEUED, RunKeys, run_key
+from worker.cluster.state.runstate import DRIVER_LEASE, RunState, client
 
 #: A client driving one run in its own process: prints `run <id>`, then runs it (as tests/chaos/runner.py does).
 CLIENT = """import json, sys
@@ -110,3 +113,26 @@ def test_a_sigkilled_driving_clients_queued_messages_are_forgotten_after_its_lea
             return held + ([QUEUED] if r.zscore(QUEUED, run_id) is not None else [])
 
         until(lambda: not left(), WITHIN, f"the dead client's queued messages forgotten (left: {left()})")
+
+
+@pytest.mark.usefixtures("celery_cluster")
+def test_a_sweep_forgets_the_queued_messages_of_runs_that_ended_and_keeps_those_of_live_ones() -> None:
+    """Each run with one recorded message, not yet due for a copy; one sweep (worker/cluster/state/lua/
+    forget_queued.lua) forgets those of a run that ended, was cancelled, or has neither a record nor a live driver."""
+    r, stamp = client(), time.time_ns()
+    runs = {name: f"{name}{stamp}" for name in ("running", "succeeded", "cancelled", "driven", "undriven")}
+    for run_id in runs.values():
+        keys, task_id = RunKeys(run_id), f"{uuid.uuid4().hex}-1"
+        r.zadd(keys.queued, {task_id: time.time()})
+        r.hset(keys.queued_messages, task_id, msgpack.packb(["t", [run_id], "normal", 1, time.time(), {}]))
+        r.zadd(QUEUED, {run_id: time.time()})
+    r.hset(run_key(runs["running"], "run"), "status", "running")
+    r.hset(run_key(runs["succeeded"], "run"), "status", "succeeded")
+    r.hset(run_key(runs["cancelled"], "run"), "status", "running")
+    RunState(runs["cancelled"], r).cancel()
+    RunState(runs["driven"], r).keep_driver()
+    aging.sweep(current_app())
+    kept = {name for name, run_id in runs.items() if r.exists(RunKeys(run_id).queued)}
+    listed = {name for name, run_id in runs.items() if r.zscore(QUEUED, run_id) is not None}
+    assert kept == listed == {"running", "driven"}
+    assert not any(r.exists(RunKeys(runs[name]).queued_messages) for name in ("succeeded", "cancelled", "undriven"))
