@@ -174,7 +174,7 @@ def within(run_id: str, parent: Any = None) -> Iterator[None]:
 
 
 def failed(current: Any, error: str) -> None:
-    """Mark a span (from `span`) an error with `error`'s text."""
+    """Mark a span (from `span` or `item`) an error with `error`'s text."""
     if current is not None:
         from opentelemetry.trace import Status, StatusCode
 
@@ -194,12 +194,8 @@ def headers() -> dict[str, str]:
 
 def trace_id() -> str | None:
     """The current trace's id (32 hex digits), for a log line; None when none is current or tracing is off."""
-    if not ON:
-        return None
-    from opentelemetry import trace
-
-    ctx = trace.get_current_span().get_span_context()
-    return f"{ctx.trace_id:032x}" if ctx.is_valid else None
+    current = _current() if ON else None
+    return f"{current.trace_id:032x}" if current is not None else None
 
 
 # -- spans that begin in one process and end in another --------------------------------------------------------
