@@ -28,6 +28,7 @@ from tests.scheduler.cli.test_cli import assert_one_line_error
 from tests.support import dist_nodes  # noqa: F401  (the test node types, in this process too)
 from tests.support.cluster import PLUGINS, destroyable_cluster
 from tests.support.kinds import starts
+from tests.support.sockets import redis_clients_of
 from worker.cluster.app import current_app
 from worker.cluster.state.runs import ClusterRuns
 from worker.cluster.state.runstate import RunState
@@ -272,21 +273,27 @@ def test_cli_run_detach_and_wait_on_the_cluster(celery_cluster: Cluster, tmp_pat
     assert record_status(fail_id) == "failed"
 
 
+def ctrl_c_as_in_a_terminal() -> None:
+    """SIGINT's default action in the child, as a terminal gives it: a suite started in the background by a shell
+    inherits SIGINT ignored, and Python then leaves it ignored (no KeyboardInterrupt ever reaches `wait`)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def test_ctrl_c_on_wait_stops_waiting_and_the_run_goes_on(celery_cluster: Cluster, tmp_path: Path) -> None:
     gate, log = tmp_path / "gate", tmp_path / "held.log"
     params = {"log": str(log), "label": "held", "gate": str(gate)}
     held = write_wf(tmp_path, {"nodes": [{"id": "s", "type": "test-side-effect", "params": params}]})
     run_id = cli(celery_cluster, "run", held, "--backend", "celery", "--detach").stdout.strip()
     redis = Redis.from_url(celery_cluster.redis.url)
-    before = {c["id"] for c in redis.client_list()}  # other tests' clients may be in an XREAD of their own
     waiting = subprocess.Popen(
         [sys.executable, "-m", "scheduler.cli", "wait", run_id], cwd=ROOT,
         env={**celery_cluster.env, "CHORDFLOW_PLUGINS": PLUGINS}, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-        text=True,
+        text=True, preexec_fn=ctrl_c_as_in_a_terminal,
     )  # fmt: skip
     try:
-        # `wait` follows the run's progress stream with a blocking XREAD: it is in its loop once Redis sees one
-        following = lambda: any(c["cmd"] == "xread" and c["id"] not in before for c in redis.client_list())  # noqa: E731
+        # `wait` follows the run's progress stream with a blocking XREAD: it is in its loop once Redis sees one on
+        # its own connection (a worker's connection may be new too, and have read the stream last)
+        following = lambda: any(c["cmd"] == "xread" for c in redis_clients_of(waiting.pid, redis.client_list()))  # noqa: E731
         until(following, 60, "wait to follow the run")
         waiting.send_signal(signal.SIGINT)
         out, err = waiting.communicate(timeout=30)
