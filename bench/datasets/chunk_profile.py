@@ -23,21 +23,18 @@ from pathlib import Path
 
 from bench.datasets import TEXT, workflow
 from bench.harness import BenchCluster
+from worker.datasets.job import DEFAULT_CHUNK_SIZE
 
 RECORDS, ROUNDS = 20_000, 3
 
 
-def job(chunk_size: int | None) -> tuple[str, int]:
+def job(chunk_size: int) -> tuple[str, int]:
     """A job submitted (its chunks queued for nobody); returns its run id and chunk count."""
     import scheduler
 
     records = [{"id": i, "text": TEXT} for i in range(RECORDS)]
-    options = {"chunk_size": chunk_size} if chunk_size else {}
-    run_id = scheduler.submit(workflow(), items=records, as_="record", **options)
-    from worker.datasets.job import DEFAULT_CHUNK_SIZE
-
-    size = chunk_size or DEFAULT_CHUNK_SIZE
-    return run_id, -(-RECORDS // size)
+    run_id = scheduler.submit(workflow(), items=records, as_="record", chunk_size=chunk_size)
+    return run_id, -(-RECORDS // chunk_size)
 
 
 def chunks(run_id: str, count: int) -> None:
@@ -53,7 +50,10 @@ def chunks(run_id: str, count: int) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m bench.datasets.chunk_profile", description=__doc__)
     parser.add_argument("--profile", type=int, metavar="N", help="also print a cProfile's N dearest functions")
-    parser.add_argument("--chunk-size", type=int, metavar="N", help="records per chunk (default: chordflow's)")
+    parser.add_argument(
+        "--chunk-size", type=int, default=DEFAULT_CHUNK_SIZE, metavar="N",
+        help=f"records per chunk (default {DEFAULT_CHUNK_SIZE}: a large job's)",
+    )  # fmt: skip
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="cf-chunk-profile-") as workdir:
         bench = BenchCluster(Path(workdir), workers=())
