@@ -294,30 +294,30 @@ def where_time_goes(results: Results) -> str:
 FINDINGS = """\
 - **The wait phase is the job itself.** `wait` exits about 0.1 s after the last chunk writes the run's final
   status (that write wakes its stream read at once); the job ends when the workers are through with it. It is
-  CPU-bound on the 2 cores: chordflow's two workers spend 2.2-3.4 s of CPU on 100,000 records (22-34 us per record,
-  by load), the stock group's 1.2-1.4 s (12-14 us), while `submit` (0.6 s of CPU) and redis-server share the same
-  cores. That 1-1.7 s of worker CPU more, over two workers, is the wait phase's extra second. The stock group's
-  workers keep up with its client's sending; chordflow's client keeps ahead of its workers.
-- **Per record, in a worker** (`python -m bench.record_profile`): the record loop, 10.5-17 us by load (a workflow
-  instance per record: inputs applied and checked, two nodes stepped with their templates, outputs resolved;
-  bench/PROFILE_DATASETS.md), against about 3 us for the stock task's two PocketFlow nodes.
-- **Per chunk, in a worker**: 2.6-3.1 ms of CPU outside the record loop (the chunk task's body called eagerly
-  over a 20,000-record job): a third of it sending the next chunk (Celery's `send_task` with its signed message,
-  the aging record, the task-sent event), the rest the Redis round trips (claim, run record, records, outcomes,
-  progress, the outcome's store) and the run record's signature check; then Celery's own cost per task
-  (receiving and verifying the message, task events, the delivery's fence, the ack). About 100 Redis commands per
-  chunk in all (INFO commandstats over a 100,000-record job), 0.13 s of redis-server CPU. The stock task pays
-  Celery's part too, and about 4 ms per task in all; the gap is the record loop.
-- **Chunk size**: with `--chunk-size 2000` (the row under the targets, when the run has it) the per-chunk part
-  is paid a quarter as often; in a separate A/B of 100,000 records the workers used about 0.5 s less CPU (the
-  jobs table: worker CPU per record at `--chunk-size 2000` beside 500's).
+  CPU-bound on the 2 cores, shared with the submitting client (0.5-0.6 s of CPU) and redis-server. chordflow's
+  workers now spend 1.2-1.5 s of CPU on 100,000 records (12-15 us a record, by load; 2.2-3.4 s before the sixth
+  pass of bench/PROFILE_DATASETS.md), the stock group's about 0.9-1.2 s.
+- **Per record, in a worker** (`python -m bench.record_profile`): the record loop, 10-11 us on a quiet machine (a
+  workflow instance per record: inputs applied and checked, two nodes stepped with their templates, outputs
+  resolved), against about 3 us for the stock task's two PocketFlow nodes. A sub-run steps through a driver
+  compiled once per flow (`stepper.quiet`), and a chunk's progress is read off its ChunkResult (no hook call and
+  no outcome object per successful record).
+- **Per chunk, in a worker**: 2.5-5 ms of CPU outside the record loop (`python -m bench.datasets.chunk_profile`:
+  the chunk task's body called eagerly; sending the next chunk is the largest part, then the claim, the run record
+  and its signature check, the records, outcomes and progress), then Celery's own cost per task (receiving and
+  verifying the message, the delivery's fence, the ack): about 5 ms in all beside the records.
+- **Chunk size**: the default is now 2,000 records for a file of 64,000 records or more (a 32nd of a smaller
+  file, 500 at least, so a small job of slow records still spreads over the workers). At 500 the per-chunk cost
+  was a third of a record's: 100,000 records, one command, two workers: worker CPU 2.1-2.3 s at 500 against
+  1.4-1.5 s at 2,000; 5,000 saved another 0.1-0.2 s and was not taken (first results, redelivery, fairness).
+  The stock group keeps its 500 records a task, as its user wrote it.
 - **Prefetch**: chordflow's workers prefetch 1 message; a job keeps 2 chunks per worker process in flight (each
   finished chunk sends the next), one running and one queued per worker, so more prefetch can only save the
   fetch of the queued one (one BRPOP per chunk). Prefetch 2 against 1, four rounds each at load 1-2: no
-  difference beyond the noise (1.9-3.6 s per job either way).
-- **Start-ups**: the three commands pay three interpreters and their imports (`submit` 0.38 s, `wait` and
-  `results` 0.17 s each, redis-py 8's import alone 0.06 s: it imports its asyncio client), the stock client one
-  (Celery, 0.3 s).
+  difference beyond the noise.
+- **Start-ups**: the three commands pay three interpreters and their imports (`submit` ~0.45 s: Celery and
+  redis-py 8, which imports its asyncio client, 0.09 s; `wait` and `results` ~0.2 s each), the stock client one
+  (Celery, 0.3 s): most of what the three commands take beyond the one command.
 - **Local**: the record loop is about 90% of `run --items` (cProfile); the rest is reading the file (0.2 s per
   100,000 lines), one SQLite write per chunk, the start-up. The plain loop runs the two PocketFlow nodes only.
 """
