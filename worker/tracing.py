@@ -33,6 +33,7 @@ import secrets
 import sys
 import threading
 import time
+import traceback
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -357,7 +358,12 @@ def item(node: str, index: int) -> Iterator[Any]:
         raise
     finally:
         context.detach(token)
-        _emit(current.name, ids, parent, current.start, time.time_ns(), current.attributes, current.error,
+        attributes = current.attributes
+        if current.told:  # what the item's code set is cleaned as the SDK would (an invalid value dropped)
+            from opentelemetry.attributes import BoundedAttributes
+
+            attributes = BoundedAttributes(attributes=attributes)
+        _emit(current.name, ids, parent, current.start, time.time_ns(), attributes, current.error,
               events=tuple(current.events))  # fmt: skip
 
 
@@ -365,6 +371,7 @@ def item(node: str, index: int) -> Iterator[Any]:
 def _item_type() -> type:
     """The class of an item's span, made once tracing is used (it derives from the API's)."""
     from opentelemetry import trace
+    from opentelemetry.attributes import BoundedAttributes
     from opentelemetry.sdk.trace import Event
     from opentelemetry.trace import StatusCode
 
@@ -376,27 +383,35 @@ def _item_type() -> type:
             self.name, self.attributes, self.start = name, attributes, time.time_ns()
             self.error: str | None = None
             self.events: list[Any] = []
+            self.told = False  # whether code other than `item` set attributes
 
         def is_recording(self) -> bool:
             return True
 
         def set_attribute(self, key: str, value: Any) -> None:
-            self.attributes[key] = value
+            self.attributes[key], self.told = value, True
 
         def set_attributes(self, attributes: Mapping[str, Any]) -> None:
             self.attributes.update(attributes)
+            self.told = True
 
         def set_status(self, status: Any, description: str | None = None) -> None:
             if getattr(status, "status_code", status) is StatusCode.ERROR:
                 self.error = getattr(status, "description", None) or description or ""
 
         def add_event(self, name: str, attributes: Any = None, timestamp: int | None = None) -> None:
-            self.events.append(Event(name, attributes, timestamp or time.time_ns()))
+            self.events.append(Event(name, BoundedAttributes(attributes=attributes), timestamp or time.time_ns()))
 
         def record_exception(self, exception: BaseException, attributes: Any = None, timestamp: int | None = None,
                              escaped: bool = False) -> None:  # fmt: skip
-            told = {"exception.type": type(exception).__qualname__, "exception.message": str(exception),
-                    "exception.escaped": str(escaped)}  # fmt: skip
+            kind = type(exception)
+            told = {
+                "exception.type": kind.__qualname__ if kind.__module__ == "builtins" else
+                f"{kind.__module__}.{kind.__qualname__}",
+                "exception.message": str(exception),
+                "exception.stacktrace": "".join(traceback.format_exception(exception)),
+                "exception.escaped": str(escaped),
+            }  # fmt: skip
             self.add_event("exception", {**told, **(attributes or {})}, timestamp)
 
         def update_name(self, name: str) -> None:

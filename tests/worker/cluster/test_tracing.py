@@ -224,6 +224,7 @@ def test_an_item_span_records_what_code_inside_the_item_sets_on_it_and_parents_i
         with tracing.within("r1"), tracing.span("chunk n"):
             with tracing.item("n", 3) as on:
                 trace.get_current_span().set_attribute("user.note", "kept")
+                trace.get_current_span().set_attribute("user.odd", object())  # cleaned as the SDK cleans it
                 trace.get_current_span().add_event("user.event")
                 with tracing.span("chat m"):
                     pass
@@ -243,7 +244,7 @@ def test_an_item_span_records_what_code_inside_the_item_sets_on_it_and_parents_i
     by_name = {s.name: s for s in spans if s.name != "item n"}
     first, second = sorted(named(spans, "item n"), key=lambda s: s.attributes["chordflow.index"])
     assert first.attributes == {"chordflow.run_id": "r1", "chordflow.node": "n", "chordflow.index": 3,
-                                "user.note": "kept"}  # fmt: skip
+                                "user.note": "kept", "user.odd": None}  # fmt: skip
     assert first.error and first.parent == by_name["chunk n"].span and first.trace == by_name["chunk n"].trace
     assert by_name["chat m"].parent == first.span and first.start <= by_name["chat m"].start <= first.end
     assert second.error and not by_name["chunk n"].error  # the exception left the item: its span says so
