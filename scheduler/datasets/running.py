@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import stat
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Sized
@@ -126,11 +127,13 @@ def prepare(
 
 def expected_records(items: Items) -> int | None:
     """About how many records `items` holds, for the default chunk size: a collection's length; a file's size over
-    the mean length of its first lines (SAMPLE_BYTES read); None when it cannot tell (an iterator, a file that cannot
-    be read, no line end in the sample)."""
+    the mean length of its first lines (SAMPLE_BYTES read); None when it cannot tell (an iterator, a pipe, a file
+    that cannot be read, no line end in the sample)."""
     if not isinstance(items, str | os.PathLike):
         return len(items) if isinstance(items, Sized) else None
     try:
+        if not stat.S_ISREG(os.stat(items).st_mode):
+            return None  # a pipe (`--items /dev/stdin`): what a sample read would be gone for the reader
         with open(items, "rb") as f:
             sample, size = f.read(SAMPLE_BYTES), os.fstat(f.fileno()).st_size
     except OSError:

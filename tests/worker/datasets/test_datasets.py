@@ -456,4 +456,7 @@ def test_the_default_chunk_size_spreads_a_small_file_over_32_chunks_and_cuts_a_l
     assert 950 <= size_for(32_000) <= 1050  # a 32nd of the file (as estimated from its first lines)
     assert size_for(100_000) == 2000
     assert default_chunk_size(expected_records(iter([{"id": 1}]))) == 500  # an iterator: cannot tell
+    pipe = tmp_path / "records.jsonl"
+    os.mkfifo(pipe)
+    assert expected_records(pipe) is None  # never opened: a sample read would take records from the reader
     assert default_chunk_size(expected_records([{"id": i} for i in range(96_000)])) == 2000
