@@ -276,9 +276,14 @@ class Later:
 
     def end(self, name: str, attributes: Mapping[str, Any], error: str | None = None) -> None:
         """Emit the span, from its start to now, with the ids drawn when it began; and the child handed with it."""
+        from opentelemetry import trace
+
         tracer()  # the provider, made on first use
         run = {RUN_ID: _RUN.get() or ""}
         parent = _ids(self.trace, self.parent) if self.parent else None
+        asked = trace.set_span_in_context(trace.NonRecordingSpan(parent)) if parent is not None else None
+        if not _provider.sampler.should_sample(asked, self.trace, name).decision.is_sampled():
+            return  # the configured sampler (OTEL_TRACES_SAMPLER) leaves this trace out, as for any span
         ended = time.time_ns()
         _emit(name, _ids(self.trace, self.span), parent, self.start, ended, {**run, **attributes}, error or None)
         if (h := self.handed) is not None:
