@@ -71,7 +71,8 @@ def worktree(tag: str, repo: Path = ROOT) -> Iterator[Path]:
     after, and unregistered from `repo` (`git worktree remove --force`, else `prune`)."""
     parent = Path(tempfile.mkdtemp(prefix=f"chordflow-{tag}-"))
     path = parent / parent.name  # a name of its own: git names the worktree's admin folder after it
-    subprocess.run(["git", "-C", str(repo), "worktree", "add", "--detach", "--quiet", str(path), commit(tag)], check=True)
+    add = ["git", "-C", str(repo), "worktree", "add", "--detach", "--quiet", str(path), commit(tag)]
+    subprocess.run(add, check=True)
     try:
         yield path
     finally:

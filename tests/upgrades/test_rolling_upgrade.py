@@ -5,10 +5,10 @@ And the way back: a worker of the previous release reads the records and message
 and all.
 
 The previous release is the newest tag of the replay corpus (tests/upgrades/corpus.py TAGS), checked out by the test
-(its recorded commit) into a temporary `git worktree` of this repository (removed after). Its workers and its client run from that
-checkout (cwd and PYTHONPATH, so its `worker`, `scheduler` and `tests.support` import first; the shared .venv has
-every dependency); the suite's own redis-server, real `celery` workers. Executions are counted in Redis by the
-`test-count` node (tests/support/counting_nodes.py, the same in both releases): `<key>:runs` lists
+(its recorded commit) into a temporary `git worktree` of this repository (removed after). Its workers and its client
+run from that checkout (cwd and PYTHONPATH, so its `worker`, `scheduler` and `tests.support` import first; the
+shared .venv has every dependency); the suite's own redis-server, real `celery` workers. Executions are counted in
+Redis by the `test-count` node (tests/support/counting_nodes.py, the same in both releases): `<key>:runs` lists
 "<worker> <label>" as each starts, `<key>:effects` counts each label's side effect. The figures are in
 tests/RELIABILITY.md.
 """
