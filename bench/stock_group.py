@@ -22,7 +22,7 @@ from celery import Celery, group
 
 from bench.record_flow import one_record, record_flow
 
-CHUNK = 500
+CHUNK = int(os.environ.get("STOCK_CHUNK", 500))  # records per task; the bench also tries chordflow's own size
 LIMIT = 1800  # seconds the client waits for the group at most
 
 app = Celery("stock_group", broker=os.environ.get("STOCK_REDIS_URL"), backend=os.environ.get("STOCK_REDIS_URL"))

@@ -45,6 +45,8 @@ from worker.datasets.job import DEFAULT_CHUNK_SIZE
 
 CHUNK = DEFAULT_CHUNK_SIZE  # records per chunk of chordflow's jobs: its default
 STOCK_CHUNK = stock_group.CHUNK  # records per task of the stock group: as its user wrote it
+#: Paired rounds of the one command against the stock group given tasks of chordflow's chunk size (not a target).
+SAME_CHUNK_ROUNDS = 3
 SUBMIT_RSS_MB = 150  # target: the submitting client's peak RSS at the large N
 LIMIT = 1800  # seconds: any one child process (a job, the baseline) is killed past this
 POLL = 0.005  # seconds between two looks for the first result
@@ -152,6 +154,8 @@ class Results:
     jobs: list[dict[str, Any]] = field(default_factory=list)
     baseline: list[dict[str, Any]] = field(default_factory=list)
     rounds: list[dict[str, Any]] = field(default_factory=list)  # {"stock", "job", "local"} of one paired round
+    #: {"stock", "one"}: the stock group with tasks of chordflow's chunk size, paired with the one command
+    same_chunks: list[dict[str, Any]] = field(default_factory=list)
     stock: list[str] = field(default_factory=list)  # how the stock group's workers were started
     local: dict[str, Any] = field(default_factory=dict)
     noop: dict[str, Any] = field(default_factory=dict)
@@ -184,6 +188,16 @@ def measure(session: Session, bench: BenchCluster) -> Results:
                 one_round[name] = body()
             one_round["local"] = jobs.local(sizes.small)
             results.rounds.append(one_round)
+        for r in range(SAME_CHUNK_ROUNDS):  # not a target: the baseline as a user who chose chordflow's size
+            log(f"same-size round {r + 1} of {SAME_CHUNK_ROUNDS}: the stock group's tasks of {CHUNK:,} records")
+            pair: dict[str, Any] = {}
+            sides = [
+                ("stock", lambda: jobs.baseline(sizes.small, CHUNK)),
+                ("one", lambda: jobs.one_command(sizes.small, [])),
+            ]
+            for name, body in sides if r % 2 == 0 else sides[::-1]:
+                pair[name] = body()
+            results.same_chunks.append(pair)
         if not session.args.small_only:
             results.jobs.append(jobs.job(sizes.large, watch=True))
             results.baseline.append(jobs.baseline(sizes.large))
@@ -378,11 +392,14 @@ class Jobs:
         used = int(client.info("memory")["used_memory"])
         return {"used": used, "usage": usage, "task_results": len(metas), "meta_usage": meta_usage, "ttl": ttl}
 
-    def baseline(self, n: int) -> dict[str, Any]:
-        """The stock group's client (bench/stock_group.py) in its own process, over the same file."""
+    def baseline(self, n: int, chunk: int | None = None) -> dict[str, Any]:
+        """The stock group's client (bench/stock_group.py) in its own process, over the same file; `chunk`: records
+        per task other than its own CHUNK."""
         rows_path = self.bench.workdir / "baseline.jsonl"
         argv = [sys.executable, "-m", "bench.stock_group", self.records(n), str(rows_path)]
         env = {**os.environ, "PYTHONPATH": str(harness.HERE.parent)}  # STOCK_REDIS_URL: StockWorkers set it
+        if chunk:
+            env["STOCK_CHUNK"] = str(chunk)
         with Phase(self.bench) as phase:
             child = harness.run_child(argv, env, self.bench.workdir, LIMIT)
         phases: dict[str, Any] = {}

@@ -233,6 +233,19 @@ def targets(results: Results) -> str:
                         "-",
                     )
                 )
+    if results.same_chunks:
+        same = [pair["one"]["seconds"] / pair["stock"]["child"].seconds for pair in results.same_chunks]
+        rows.append(
+            (
+                f"{results.sizes.small:,} records: {names['one']}, its tasks made {CHUNK:,} records (chordflow's "
+                "default chunk for a file of 64,000 records or more) in paired rounds of their own",
+                f"**{statistics.median(same):.2f}x** (median of {len(same)} paired rounds: "
+                + ", ".join(f"{v:.2f}" for v in same)
+                + ")",
+                "(not a target)",
+                "-",
+            )
+        )
     big = {j["n"]: j for j in results.jobs if j["chunk_size"] == CHUNK}
     for raw in results.baseline:
         job = big.get(raw["n"])
