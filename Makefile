@@ -30,9 +30,11 @@ run: $(RUN_STAMP)
 
 # The suite in TEST_JOBS processes (pytest-xdist), each with its own redis-server and workers: most tests wait on
 # real processes (dead-worker bounds, leases), so four share two cores well. TEST_JOBS=0 runs it in one process.
+# Tests last from a second to three minutes: an idle process takes tests queued for a busy one (worksteal), so the
+# suite does not end with one process working through its queue alone; the slowest tests are listed at the end.
 TEST_JOBS ?= 4
 test: install browser container-images
-	$(BIN)/python -m pytest -q -n $(TEST_JOBS)
+	$(BIN)/python -m pytest -q -n $(TEST_JOBS) --dist worksteal --durations=25
 
 # The fast loop: only the tests that start no process (no cluster, no redis-server, no `chordflow` command, no
 # browser: tests/support/kinds.py), the IR fuzz property with fewer documents. A test that starts a process
