@@ -32,7 +32,7 @@ def main(argv: list[str] | None = None) -> int:
         for number in numbers:
             schedule = generator.generate(number)
             verdict = made.check(schedule)
-            kinds.update(f.split(" ")[0] for f in verdict.faults if "not reached" not in f)
+            kinds.update(f.split(" ")[0].rstrip(":") for f in verdict.faults if "not reached" not in f)
             print(verdict.line(), flush=True)
             for violation in verdict.violations:
                 print(f"  {violation}", flush=True)

@@ -71,12 +71,16 @@ class Injected:
 @dataclass
 class Injector:
     """Injects a schedule's faults into `cluster`; `client` is the process driving the first run, when one does;
-    `stop_runs` cancels the run(s). A fault with a length ends on a timer, so the next one may begin meanwhile (a
+    `stop_runs` cancels the run(s), `resume_runs` cancels them and then resumes each that ended cancelled (returns
+    the ids resumed), `update_runs(cap)` sets each submitted run's `max_concurrent` (returns the ids acknowledged).
+    A fault with a length ends on a timer, so the next one may begin meanwhile (a
     cancel mid-pause); `settle` waits for every fault to have ended and every worker to be back."""
 
     cluster: Cluster
     stop_runs: Any
     client: Any = None
+    resume_runs: Any = None
+    update_runs: Any = None
     done: list[Injected] = field(default_factory=list)
     timers: list[threading.Thread] = field(default_factory=list)
 
@@ -146,6 +150,25 @@ class Injector:
         self.cluster.redis.kill(signal.SIGTERM)
         self.later(fault.hold, self.cluster.redis.restart, record)
 
+    def pause_redis(self, fault: Fault, record: Injected) -> None:
+        """SIGSTOP redis-server for the fault's length, then SIGCONT it: Redis unreachable, nothing lost."""
+        record.target = "redis-server"
+        self.cluster.redis.kill(signal.SIGSTOP)
+        self.later(fault.hold, lambda: self.cluster.redis.kill(signal.SIGCONT), record)
+
+    def resume(self, fault: Fault, record: Injected) -> None:
+        """`cancel` the schedule's runs, then `resume` each that ended cancelled (a client-driven run is only
+        cancelled: its process, not the cluster, holds it)."""
+        resumed = self.resume_runs()
+        record.target = ",".join(resumed) or "none cancelled in time"
+        record.ended = time.monotonic()
+
+    def update(self, fault: Fault, record: Injected) -> None:
+        """`update RUN --max-concurrent cap` of the schedule's submitted runs still going."""
+        updated = self.update_runs(fault.cap)
+        record.target = f"{','.join(updated) or 'no run going'} max_concurrent={fault.cap}"
+        record.ended = time.monotonic()
+
     def cancel(self, fault: Fault, record: Injected) -> None:
         """`chordflow cancel` of the schedule's runs, whatever other fault is on meanwhile."""
         record.target = "runs"
@@ -169,6 +192,7 @@ class Injector:
                 self.cluster.start_worker(name, **WORKERS[name])
             else:
                 worker.kill(signal.SIGCONT)  # a pause the timer's own end missed: never left paused
+        self.cluster.redis.kill(signal.SIGCONT)  # likewise Redis
         for pid in children(self.cluster.workers["p1"]):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGCONT)

@@ -9,6 +9,10 @@ The features are those users combine: a batch (`continue` with a failure thresho
 `max_concurrent`, a `rate_limit` key shared between runs, parallel branches with a fan-in, a sub-workflow, an `llm`
 node (the loopback provider), a priority, two runs at once, and a dataset job. Every item is a `test-ledger` node
 (tests/support/counting_nodes.py): it records each execution's start, end and side effect in Redis.
+
+The kinds of `LATER_FAULTS` (Redis paused, a cancel then `resume`, an `update` of `max_concurrent`) are drawn only for
+numbers from `LATER_FROM` on: every earlier number keeps the exact schedule it was run with (tests/RELIABILITY.md), so
+`make chaos SEED=N` still replays its verdict.
 """
 
 from __future__ import annotations
@@ -24,6 +28,12 @@ FEATURES = (
 )  # fmt: skip
 #: Every fault kind (faults.py injects each).
 FAULTS = ("kill_worker", "kill_child", "stop_worker", "stop_child", "restart_redis", "cancel", "kill_client")
+#: Fault kinds added after schedules 1-400 were run, drawn from schedule `LATER_FROM` on (faults.py injects each).
+LATER_FAULTS = ("pause_redis", "resume", "update")
+#: The first schedule number that may draw a kind of `LATER_FAULTS`.
+LATER_FROM = 401
+#: Kinds with a length (`Fault.hold`, 0.5-4 s).
+HELD = ("stop_worker", "stop_child", "restart_redis", "pause_redis")
 #: The rate-limit keys schedules share: runs of different schedules draw from the same buckets.
 RATE_KEYS = ("chaos-a", "chaos-b")
 #: Calls a rate-limit bucket lets go at once after a quiet spell.
@@ -38,6 +48,7 @@ class Fault:
     kind: str
     after: int
     hold: float = 0.0
+    cap: int = 0  # an `update`'s new `max_concurrent`
 
 
 @dataclass(frozen=True)
@@ -65,7 +76,10 @@ class Schedule:
         return replace(self, features=tuple(f for f in self.features if f != feature))
 
     def describe(self) -> str:
-        faults = ", ".join(f"{f.kind}@{f.after}" + (f"/{f.hold:g}s" if f.hold else "") for f in self.faults)
+        faults = ", ".join(
+            f"{f.kind}@{f.after}" + (f"/{f.hold:g}s" if f.hold else "") + (f"->{f.cap}" if f.cap else "")
+            for f in self.faults
+        )
         return f"{'+'.join(self.features) or 'batch'} ({self.items} items) | {faults or 'no fault'}"
 
 
@@ -82,11 +96,11 @@ def generate(number: int) -> Schedule:
     if "threshold" in features or "fail_fast" in features:
         failing = tuple(sorted(rng.sample(range(items), rng.randint(1, 3))))
     faults = []
-    kinds = [k for k in FAULTS if not ("dataset" in features and k == "kill_client")]
     for _ in range(rng.choice((1, 1, 2, 3))):
-        kind = rng.choice(kinds)
-        hold = round(rng.uniform(0.5, 4.0), 1) if kind in ("stop_worker", "stop_child", "restart_redis") else 0.0
-        faults.append(Fault(kind, rng.randint(1, max(1, items // 2)), hold))
+        kind = rng.choice(kinds_for(number, features))
+        hold = round(rng.uniform(0.5, 4.0), 1) if kind in HELD else 0.0
+        cap = rng.randint(1, 3) if kind == "update" else 0
+        faults.append(Fault(kind, rng.randint(1, max(1, items // 2)), hold, cap))
     faults.sort(key=lambda fault: fault.after)
     return Schedule(
         number=number,
@@ -100,6 +114,16 @@ def generate(number: int) -> Schedule:
         rate_key=rng.choice(RATE_KEYS),
         faults=tuple(faults),
     )
+
+
+def kinds_for(number: int, features: list[str]) -> list[str]:
+    """The fault kinds a schedule draws from: `LATER_FAULTS` from `LATER_FROM` on; no client to kill, and no
+    `resume` (a dataset job goes on with `redrive`), for a dataset job; `update` only with `parallel`."""
+    kinds = list(FAULTS) + (list(LATER_FAULTS) if number >= LATER_FROM else [])
+    unfit = {"kill_client", "resume"} if "dataset" in features else set()
+    if "parallel" not in features:
+        unfit.add("update")
+    return [kind for kind in kinds if kind not in unfit]
 
 
 def ledger_item(schedule: Schedule, label: str, fail: Any = False) -> dict[str, Any]:

@@ -7,7 +7,11 @@ number to replay (`make chaos SEED=N`), and none raises, so one schedule reports
   success with another result.
 - Outcomes: every batch index and dataset record exactly once; every side effect at most once per execution that
   began (the ledger: `effects` <= `runs` per label), and at least once for an item the result says succeeded.
-- Limits: `max_concurrent` never exceeded (measured from the ledger's spans).
+  A resumed run (cancelled, then `resume`d) answers to the same: it must end as the local run did, unless a later
+  cancel stopped it again.
+- Limits: `max_concurrent` never exceeded (measured from the ledger's spans). After an `update` of it, the highest
+  of the caps in force holds throughout, and the new cap alone from `SETTLE` seconds after the update was
+  acknowledged (items already running under the old cap finish; permits follow within about a second).
 - Nothing leaks once a run ended: no live permit, lease, queued message, budget reservation or open timer of it;
   a rate-limit bucket holds no reservation beyond its burst. (The probe of a second run's concurrency is the
   runner's: it needs a run.)
@@ -28,6 +32,9 @@ from worker.cluster.state import keys
 
 #: Words an error names a fault by: a cancel, the client's process gone, the workflow's own failures.
 FAULT_WORDS = ("cancel", "gone", "fails on purpose", "tolerated", "failed items", "threshold")
+#: Seconds after an acknowledged `update` from which its new `max_concurrent` alone must hold (the bound
+#: tests/scheduler/test_run_updates.py holds the engine to).
+SETTLE = 5.0
 
 
 @dataclass
@@ -49,6 +56,8 @@ class Observed:
     reference: Outcome
     cancelled: bool = False
     client_killed: bool = False
+    resumed: bool = False
+    caps: list[tuple[float, int]] = field(default_factory=list)  # each `update` acknowledged: (wall clock, cap)
     ended_at: float = 0.0  # wall clock
     notes: list[str] = field(default_factory=list)
 
@@ -123,10 +132,10 @@ def outcomes(schedule: Schedule, seen: Observed, r: redis.Redis) -> list[str]:
     return found
 
 
-def concurrency(spans: list[tuple[str, float, float]], prefix: str = "b:") -> int:
-    """The most spans of labels starting with `prefix` open at once."""
-    edges = sorted([(s, 1) for label, s, _ in spans if label.startswith(prefix)]
-                   + [(e, -1) for label, _, e in spans if label.startswith(prefix)])  # fmt: skip
+def concurrency(spans: list[tuple[str, float, float]], prefix: str = "b:", since: float = 0.0) -> int:
+    """The most spans of labels starting with `prefix` open at once, from wall-clock `since` on."""
+    edges = sorted([(max(s, since), 1) for label, s, e in spans if label.startswith(prefix) and e > since]
+                   + [(e, -1) for label, _, e in spans if label.startswith(prefix) and e > since])  # fmt: skip
     most = now = 0
     for _, step in edges:
         now += step
@@ -138,10 +147,18 @@ def limits(schedule: Schedule, seen: Observed, r: redis.Redis) -> list[str]:
     """`max_concurrent` never exceeded by the batch's executions (a killed execution has no span: not counted)."""
     if not schedule.has("parallel"):
         return []
-    most = concurrency(ledger(r, seen)[2])
-    if most > schedule.max_concurrent:
-        return [line(schedule, "max_concurrent", f"{most} items at once, limit {schedule.max_concurrent}")]
-    return []
+    spans = ledger(r, seen)[2]
+    highest = max([schedule.max_concurrent, *(cap for _, cap in seen.caps)])
+    most = concurrency(spans)
+    found = []
+    if most > highest:
+        found.append(line(schedule, "max_concurrent", f"{most} items at once, limit {highest}"))
+    for at, cap in seen.caps[-1:]:  # the last update's cap, once it settled
+        most = concurrency(spans, since=at + SETTLE)
+        if most > cap:
+            detail = f"{most} items at once {SETTLE:g} s after an update to {cap}"
+            found.append(line(schedule, "max_concurrent", detail))
+    return found
 
 
 def held(r: redis.Redis, run_id: str) -> dict[str, str]:

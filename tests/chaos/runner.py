@@ -211,7 +211,18 @@ class Campaign:
         runs = [self.start(schedule, client="kill_client" in kinds)]
         if schedule.has("two_runs"):
             runs.append(self.start(schedule, client=False))
-        injector = Injector(self.cluster, lambda: cancel_live(runs), runs[0].client)
+        stops: dict[str, str] = {}  # run id -> its last stop: "cancelled", or "resumed" after it
+        caps: dict[str, list[tuple[float, int]]] = {}  # run id -> each `update` acknowledged: (wall clock, cap)
+
+        def stop_runs() -> None:
+            cancel_live(runs)
+            stops.update({run.run_id: "cancelled" for run in runs})
+
+        injector = Injector(
+            self.cluster, stop_runs, runs[0].client,
+            resume_runs=lambda: self.resume_runs(runs, stops),
+            update_runs=lambda cap: self.update_runs(runs, cap, caps),
+        )  # fmt: skip
         for fault in schedule.faults:
             reached = self.until(lambda f=fault: self.started(runs[0]) >= f.after or self.ended(runs), 60)
             if reached is None or self.ended(runs):
@@ -234,8 +245,10 @@ class Campaign:
         for run in runs:
             if run.client is not None and run.client.poll() is None:
                 run.client.wait(timeout=60)
+            cancelled = stops[run.run_id] == "cancelled" if run.run_id in stops else "cancel" in kinds
             seen = Observed(run.run_id, run.ledger, self.outcome(schedule, run.run_id), reference,
-                            cancelled="cancel" in kinds, client_killed=run.client is not None)  # fmt: skip
+                            cancelled=cancelled, client_killed=run.client is not None,
+                            resumed=stops.get(run.run_id) == "resumed", caps=caps.get(run.run_id, []))  # fmt: skip
             verdict.statuses.append(seen.outcome.status)
             observed.append(seen)
             verdict.violations += invariants.result(schedule, seen)
@@ -245,6 +258,38 @@ class Campaign:
         verdict.violations += self.probe(schedule, verdict)
         for run in runs:
             verdict.violations += self.purge(schedule, run)
+
+    def resume_runs(self, runs: list[Run], stops: dict[str, str]) -> list[str]:
+        """The `resume` fault: cancel the runs still going, wait (polled, bounded) for each to end, then resume each
+        submitted run that ended cancelled. Returns the ids resumed."""
+        retrying(lambda: cancel_live(runs))
+        stops.update({run.run_id: "cancelled" for run in runs})
+        if self.until(lambda: self.ended(runs), 90) is None:
+            raise AssertionError(f"resume: runs not ended 90 s after their cancel: {[r.run_id for r in runs]}")
+        resumed = []
+        for run in runs:
+            if run.client is None and self.status(run.run_id) == "cancelled":
+                retrying(lambda run=run: api.resume_cluster(run.run_id))
+                stops[run.run_id] = "resumed"
+                resumed.append(run.run_id)
+        return resumed
+
+    def update_runs(self, runs: list[Run], cap: int, caps: dict[str, list[tuple[float, int]]]) -> list[str]:
+        """The `update` fault: `max_concurrent` set to `cap` on each submitted run still going; a run that ended
+        meanwhile refuses it ("already ended"), which is its right. Returns the ids acknowledged."""
+        updated = []
+        for run in runs:
+            if run.client is not None:
+                continue
+            try:
+                retrying(lambda run=run: api.update(run.run_id, max_concurrent=cap))
+            except ValidationError as exc:
+                if "already ended" not in str(exc):
+                    raise
+                continue
+            caps.setdefault(run.run_id, []).append((time.time(), cap))
+            updated.append(run.run_id)
+        return updated
 
     def leaks(self, schedule: Schedule, runs: list[Run], ended_at: float, verdict: Verdict) -> list[str]:
         """Nothing held by a run once it ended (within HOLD_BOUND: a killed holder's lease runs out); the rate
