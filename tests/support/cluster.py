@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -104,7 +105,10 @@ def start_slow_cli_run(tmp_path: Path, env: dict[str, str], items: int = 400) ->
     )
     values = "[" + ",".join(str(i) for i in range(items)) + "]"
     argv = [sys.executable, "-m", "scheduler.cli", "run", str(wf), "--input", f"items={values}", "--backend", "celery"]
-    proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    # SIGINT's default action in the child, as a terminal gives it: a suite started in the background by a shell
+    # inherits SIGINT ignored, which the child would keep until its own handler is installed
+    reset = lambda: signal.signal(signal.SIGINT, signal.SIG_DFL)  # noqa: E731
+    proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=reset)
     first_line = proc.stderr.readline()  # "run <id> (cancel with: ...)", printed before dispatch
     assert first_line.startswith("run "), first_line
     run_id = first_line.split()[1]
