@@ -26,7 +26,7 @@ from scheduler import durable
 from scheduler.localcluster import Cluster
 from tests.scheduler.cli.test_cli import assert_one_line_error
 from tests.support import dist_nodes  # noqa: F401  (the test node types, in this process too)
-from tests.support.cluster import PLUGINS, destroyable_cluster
+from tests.support.cluster import PLUGINS, ctrl_c_as_in_a_terminal, destroyable_cluster
 from tests.support.kinds import starts
 from tests.support.sockets import redis_clients_of
 from worker.cluster.app import current_app
@@ -271,12 +271,6 @@ def test_cli_run_detach_and_wait_on_the_cluster(celery_cluster: Cluster, tmp_pat
     line = assert_one_line_error(cli(celery_cluster, "wait", fail_id), 1)
     assert line.startswith("error: ValueError: boom None"), line  # the node's exception, raised again
     assert record_status(fail_id) == "failed"
-
-
-def ctrl_c_as_in_a_terminal() -> None:
-    """SIGINT's default action in the child, as a terminal gives it: a suite started in the background by a shell
-    inherits SIGINT ignored, and Python then leaves it ignored (no KeyboardInterrupt ever reaches `wait`)."""
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def test_ctrl_c_on_wait_stops_waiting_and_the_run_goes_on(celery_cluster: Cluster, tmp_path: Path) -> None:

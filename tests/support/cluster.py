@@ -95,6 +95,12 @@ def destroyable_cluster(workdir: Path, visibility_timeout: int) -> Iterator[Clus
         cluster.stop()
 
 
+def ctrl_c_as_in_a_terminal() -> None:
+    """A child's `preexec_fn`: SIGINT's default action, as a terminal gives it. A suite started in the background by
+    a shell inherits SIGINT ignored, and Python then leaves it ignored (no KeyboardInterrupt ever reaches the child)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def start_slow_cli_run(tmp_path: Path, env: dict[str, str], items: int = 400) -> tuple[subprocess.Popen, str]:
     """`chordflow run --backend celery` on a batch of slow items, as a subprocess; returns it and its run id
     once items are running (the run's progress stream has its first entry)."""
@@ -105,10 +111,9 @@ def start_slow_cli_run(tmp_path: Path, env: dict[str, str], items: int = 400) ->
     )
     values = "[" + ",".join(str(i) for i in range(items)) + "]"
     argv = [sys.executable, "-m", "scheduler.cli", "run", str(wf), "--input", f"items={values}", "--backend", "celery"]
-    # SIGINT's default action in the child, as a terminal gives it: a suite started in the background by a shell
-    # inherits SIGINT ignored, which the child would keep until its own handler is installed
-    reset = lambda: signal.signal(signal.SIGINT, signal.SIG_DFL)  # noqa: E731
-    proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=reset)
+    proc = subprocess.Popen(
+        argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=ctrl_c_as_in_a_terminal
+    )
     first_line = proc.stderr.readline()  # "run <id> (cancel with: ...)", printed before dispatch
     assert first_line.startswith("run "), first_line
     run_id = first_line.split()[1]
