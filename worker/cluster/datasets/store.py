@@ -15,7 +15,8 @@ from worker.batch.aggregate import ChunkResult
 from worker.cluster.batches import chunking
 from worker.cluster.state import connection
 from worker.cluster.state.keys import RunKeys
-from worker.cluster.state.runstate import client, script
+from worker.cluster.state.once import once
+from worker.cluster.state.runstate import client
 from worker.datasets.job import RECORDS, Dataset, outcome_and_calls, pack_records, unpack_records
 
 #: Chunks in flight per worker process registered (at least MIN_WINDOW): enough to keep every process busy.
@@ -36,7 +37,7 @@ class ClusterDataset:
         self.keys += [ds.next, ds.reader, ds.claim, run.tombstone]
         self.started = ds.started  # chunks a task has begun (see `orphans`)
         self.events = run.events
-        self._step = script(self.redis, "dataset_step")
+        self._step = once(self.redis, "dataset_step")
         self._size, self._read = 0, None  # chunk_length's, once the whole file is read
         self._lease = 0  # the reader's lease, in seconds: read once per reader (`start`, `add`)
 

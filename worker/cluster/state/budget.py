@@ -8,7 +8,8 @@ from __future__ import annotations
 from typing import Any
 
 from ir.errors import BudgetExhausted, RunPurged
-from worker.cluster.state.runstate import RunState, script
+from worker.cluster.state.once import once
+from worker.cluster.state.runstate import RunState
 from worker.llm.budget import Spend, refusal
 
 MICRO = 1_000_000
@@ -22,8 +23,8 @@ class RedisBudget:
     def __init__(self, state: RunState):
         self.state = state
         self.key = state.keys.budget
-        self._reserve = script(state.redis, "reserve_budget")
-        self._settle = script(state.redis, "settle_budget")
+        self._reserve = once(state.redis, "reserve_budget")
+        self._settle = once(state.redis, "settle_budget")
 
     def reserve(self, most: Spend) -> None:
         keys = [self.key, self.state.keys.overrides, self.state.keys.tombstone]

@@ -16,7 +16,7 @@ from collections.abc import Callable
 import redis
 
 from worker.cluster.state.keys import idempotency_key
-from worker.cluster.state.runstate import script
+from worker.cluster.state.once import once
 
 #: How long a submit that finds a claim waits for the claiming submit to record its run before taking it over.
 SETTLE_SECONDS = 5.0
@@ -35,7 +35,7 @@ def claim(
         existing, _, print_ = held.decode().partition(" ")
         if _settled(existing, recorded):
             return existing, print_
-        if script(client, "take_over_idempotency")(keys=[name], args=[held, mine, ttl]):
+        if once(client, "take_over_idempotency")(keys=[name], args=[held, mine, ttl]):
             return None  # else another submit changed the claim meanwhile: look at it again
 
 

@@ -32,7 +32,8 @@ from worker.batch.rows import Row, rows_of_aggregate, rows_of_chunks
 from worker.cluster.state import waits
 from worker.cluster.state.budget import micro
 from worker.cluster.state.keys import QUEUED, RUNS, TIMERS, WINDOWS, RunKeys, purged_key
-from worker.cluster.state.runstate import client, script
+from worker.cluster.state.once import once
+from worker.cluster.state.runstate import client
 from worker.engine.steps import Step
 from worker.runs.record import FINAL, RunRecord, TrailStep, trail_action
 
@@ -55,8 +56,8 @@ class ClusterRuns:
         self.redis = redis_client or client()
         self.ttl = ttl or settings.load().run_ttl
         self.signer = signer
-        self._checkpoint = script(self.redis, "checkpoint")
-        self._update = script(self.redis, "update_run")
+        self._checkpoint = once(self.redis, "checkpoint")
+        self._update = once(self.redis, "update_run")
 
     def _signed(self, run_id: str, fields: dict[str, Any]) -> dict[str, Any]:
         """`fields` plus the signature of the workflow and dataset they write, as a worker will decode them: what

@@ -34,13 +34,13 @@ DRIVER_LEASE = 10
 
 
 @cache
-def _script_source(name: str) -> str:
+def script_source(name: str) -> str:
     return (_LUA / f"{name}.lua").read_text()
 
 
 def script(redis_client: redis.Redis, name: str) -> Any:
     """A Lua script of worker/cluster/state/lua/, registered on a client (its KEYS/ARGV are documented in the file)."""
-    return redis_client.register_script(_script_source(name))
+    return redis_client.register_script(script_source(name))
 
 
 _clients: dict[str, redis.Redis] = {}
@@ -74,11 +74,11 @@ class RunState:
         self.keys = RunKeys(run_id)
         self.began: float | None = None  # when this process's chunk began, by Redis's clock: a later resume stops it
         self.purged = False  # the tombstone was seen: the run was purged while this process held some of it
-        self._acquire = self.redis.register_script(_script_source("acquire_permit"))
-        self._keep = self.redis.register_script(_script_source("keep_permits"))
-        self._publish = self.redis.register_script(_script_source("publish_progress"))
-        self._finish = self.redis.register_script(_script_source("finish_batch"))
-        self._flag = self.redis.register_script(_script_source("raise_flag"))
+        self._acquire = self.redis.register_script(script_source("acquire_permit"))
+        self._keep = self.redis.register_script(script_source("keep_permits"))
+        self._publish = self.redis.register_script(script_source("publish_progress"))
+        self._finish = self.redis.register_script(script_source("finish_batch"))
+        self._flag = self.redis.register_script(script_source("raise_flag"))
 
     # -- flags ------------------------------------------------------------------------------
     def cancel(self) -> None:

@@ -22,7 +22,8 @@ from dataclasses import dataclass, field
 import msgpack
 
 from worker.cluster.state.keys import WINDOWS
-from worker.cluster.state.runstate import RunState, script
+from worker.cluster.state.once import once
+from worker.cluster.state.runstate import RunState
 
 #: Seconds without a chunk beginning or finishing after which a batch no longer counts as sharing the workers
 #: (a run whose worker died mid-batch, or a chunk longer than this, is left out of the share meanwhile).
@@ -67,7 +68,7 @@ class BatchWindow:
         self.state, self.batch = state, batch
         self.plan_id = plan_id or uuid.uuid4().hex
         self.keys = state.keys.window(batch)
-        self._step = script(state.redis, "batch_window")
+        self._step = once(state.redis, "batch_window")
         self.again = False  # set by `begin`
 
     def _keys(self) -> list[str]:
