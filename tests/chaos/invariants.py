@@ -20,6 +20,7 @@ number to replay (`make chaos SEED=N`), and none raises, so one schedule reports
 
 from __future__ import annotations
 
+import collections
 import json
 import time
 from dataclasses import dataclass, field
@@ -93,14 +94,13 @@ def result(schedule: Schedule, seen: Observed) -> list[str]:
 
 
 def ledger(r: redis.Redis, seen: Observed) -> tuple[dict[str, int], dict[str, int], list[tuple[str, float, float]]]:
-    """The run's ledger: executions begun per label, side effects per label, and spans (label, start, end)."""
-    runs: dict[str, int] = {}
-    for entry in r.lrange(f"{seen.ledger}:runs", 0, -1):
-        label = entry.decode().split()[0]
-        runs[label] = runs.get(label, 0) + 1
-    effects = {k.decode(): int(v) for k, v in r.hgetall(f"{seen.ledger}:effects").items()}
+    """The run's ledger: executions begun per label, side effects per label, and spans (label, start, end). Each
+    execution counts once by its token (tests/support/counting_nodes.py), however often a retry wrote it."""
+    starts = {entry.split()[3]: entry.split()[0] for entry in map(bytes.decode, r.lrange(f"{seen.ledger}:runs", 0, -1))}
+    runs = dict(collections.Counter(starts.values()))
+    effects = dict(collections.Counter(v.decode() for v in r.hvals(f"{seen.ledger}:effects")))
     spans = []
-    for entry in r.lrange(f"{seen.ledger}:spans", 0, -1):
+    for entry in r.hvals(f"{seen.ledger}:spans"):
         label, began, ended = entry.decode().split()
         spans.append((label, float(began), float(ended)))
     return runs, effects, spans

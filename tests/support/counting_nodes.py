@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import time
+import uuid
 from typing import Any
 
 import redis
@@ -76,20 +77,25 @@ class CountNode(_Recorded):
 @register("test-ledger")
 class LedgerNode(_Recorded):
     """Item `label` under params `key`, for the fault campaign (tests/chaos/): `RPUSH <key>:runs "<label> <start>
-    <pid>"` as each execution starts; then `seconds` of work; then, unless `fail`, the side effect, counted
-    (`HINCRBY <key>:effects <label> 1`), and `RPUSH <key>:spans "<label> <start> <end>"` (wall-clock seconds, so
-    concurrency is measured across workers); with `fail` it records the span and raises. Writes `label`."""
+    <pid> <token>"` as each execution starts; then `seconds` of work; then, unless `fail`, the side effect
+    (`HSET <key>:effects <token> <label>`), and `HSET <key>:spans <token> "<label> <start> <end>"` (wall-clock
+    seconds, so concurrency is measured across workers); with `fail` it records the span and raises. Writes `label`.
+
+    Each execution has its own token and every write is keyed by it, so a write Redis ran whose reply was lost (a
+    restart fault) and that the client sent again counts once: the ledger counts what the engine did, not retries.
+    """
 
     def record(self, params: dict[str, Any]) -> str:
-        state, key, label = client(), params["key"], str(params["label"])
+        state, key, label, token = client(), params["key"], str(params["label"]), uuid.uuid4().hex[:12]
         began = time.time()
-        state.rpush(f"{key}:runs", f"{label} {began:.6f} {os.getpid()}")
+        state.rpush(f"{key}:runs", f"{label} {began:.6f} {os.getpid()} {token}")
         time.sleep(float(params.get("seconds", 0)))
+        span = f"{label} {began:.6f} {time.time():.6f}"
         if params.get("fail"):
-            state.rpush(f"{key}:spans", f"{label} {began:.6f} {time.time():.6f}")
+            state.hset(f"{key}:spans", token, span)
             raise RuntimeError(f"item {label} fails on purpose")
         pipe = state.pipeline(transaction=False)
-        pipe.hincrby(f"{key}:effects", label, 1)
-        pipe.rpush(f"{key}:spans", f"{label} {began:.6f} {time.time():.6f}")
+        pipe.hset(f"{key}:effects", token, label)
+        pipe.hset(f"{key}:spans", token, span)
         pipe.execute()
         return label
