@@ -143,6 +143,12 @@ def purged_key(run_id: str) -> str:
     return f"cf:purged:{{{run_id}}}"
 
 
+def once_key(tag: str, call: str) -> str:
+    """Where a Lua script run once per call keeps its reply (worker/cluster/state/once.py): under the hash tag of
+    the script's keys (a run's id), so a purge of the run takes it too."""
+    return f"cf:{{{tag}}}:once:{call}"
+
+
 def done_key(task_id: str) -> str:
     """A task's done mark: no hash tag, so the marks of many tasks spread over a Redis Cluster's slots."""
     return DONE + task_id

@@ -6,10 +6,11 @@ loses the reply in flight — the command runs twice. For a script that counts (
 checkpoint, which would then find its own step taken and stop the run) or hands out work in its reply (the chunks a
 batch window or a dataset step claims, which nobody sends if the reply is lost), twice is wrong.
 
-So such a script is wrapped: each call carries a fresh key, `cf:{<tag>}:once:<uuid>` (the hash tag of the script's
+So such a script is wrapped: each call carries a fresh key (keys.py `once_key`, under the hash tag of the script's
 first key, so it shares their Redis Cluster slot); the script stores its reply there for as long as a retry may come
 (the outage budget, and MARGIN), and a call that finds it returns it without running again. A retry sends the same
-key, so it gets the first run's reply.
+key, so it gets the first run's reply. Nothing is stored for a purged run (its tombstone, keys.py `purged_key`, is
+there): its scripts refuse and write nothing, and so does the wrapper.
 """
 
 from __future__ import annotations
@@ -21,19 +22,24 @@ from typing import Any
 import redis
 
 from worker import settings
+from worker.cluster.state.keys import once_key, purged_key
 from worker.cluster.state.runstate import script_source
 
 #: Seconds a reply is kept past the outage budget (CHORDFLOW_OUTAGE_SECONDS): no retry is sent after that budget.
 MARGIN = 30
-#: The wrapper: the call's key is its last KEYS entry, taken off before the script's own body reads KEYS.
+#: The wrapper: the call's key and the run's tombstone are the last KEYS entries, taken off before the script's own
+#: body reads KEYS.
 WRAPPER = """local once = table.remove(KEYS)
+local tombstone = table.remove(KEYS)
 local seen = redis.call('GET', once)
 if seen then return cjson.decode(seen) end
 local reply = (function()
 %s
 end)()
 if reply == nil then reply = false end
-redis.call('SET', once, cjson.encode(reply), 'EX', %d)
+if redis.call('EXISTS', tombstone) == 0 then
+  redis.call('SET', once, cjson.encode(reply), 'EX', %d)
+end
 return reply
 """
 TAG = re.compile(r"\{([^}]+)\}")
@@ -49,8 +55,8 @@ class Once:
     def __call__(self, keys: list[Any], args: list[Any], client: Any = None) -> Any:
         first = keys[0].decode() if isinstance(keys[0], bytes) else str(keys[0])
         found = TAG.search(first)
-        call = f"cf:{{{found.group(1) if found else first}}}:once:{uuid.uuid4().hex}"
-        return self.script(keys=[*keys, call], args=args, client=client)
+        tag = found.group(1) if found else first
+        return self.script(keys=[*keys, purged_key(tag), once_key(tag, uuid.uuid4().hex)], args=args, client=client)
 
 
 def once(redis_client: redis.Redis, name: str) -> Once:
