@@ -38,6 +38,7 @@ from ir.errors import NewerFormat, RunPurged
 from worker import settings, tracing
 from worker.cluster import aging, draining, logs, messages, outage, priorities, signing, waits
 from worker.cluster.broker import amqp, deliveries
+from worker.cluster.broker.base import Broker
 from worker.cluster.broker.registry import for_settings as broker_for
 from worker.cluster.rate_limits import RedisLimiter
 from worker.cluster.state import connection, heartbeat, runstate
@@ -235,6 +236,11 @@ class ChordflowCelery(Celery):
         super().__init__(*args, **kwargs)
         self.chordflow_settings = chordflow_settings or settings.load()
         self.insecure = self.chordflow_settings.insecure
+
+    @functools.cached_property
+    def chordflow_broker(self) -> Broker:
+        """The broker of the settings (broker/registry.py): what differs between Redis and RabbitMQ."""
+        return broker_for(self.chordflow_settings)
 
     @functools.cached_property
     def signer(self) -> signing.Signer | None:

@@ -4,7 +4,8 @@ A broker module (redis.py, amqp.py) implements three primitives: the Celery sett
 need (`app_options`, priorities included: worker/cluster/priorities.py numbers them for either broker), whether a
 dead worker's deliveries come back only after a visibility timeout that live workers must keep renewing
 (`renews_deliveries`), and each queue's depth and the age of the message a worker takes next (`read_queues`);
-`reach` checks a broker the Redis preflight does not.
+`reach` checks a broker the Redis preflight does not; `heads` says, on a broker that can lose a message a worker
+took, when the next message of each priority was sent (worker/cluster/aging.py sends a lost one again).
 Revoking queued chunks (`app.control.revoke`) is Celery's broadcast on both brokers: nothing broker-specific.
 registry.py picks the module by the broker URL's scheme.
 """
@@ -60,3 +61,14 @@ class Broker(ABC):
     def read_queues(self, queues: Iterable[str], now: float) -> QueuesView:
         """Each queue's waiting messages and its head's age (`chordflow metrics`, `top`); raises on a broker that
         does not answer within READ_TIMEOUT."""
+
+    def lost_after(self) -> float | None:
+        """Seconds after which a message a worker took and never began is lost, not on its way back (a dead worker's
+        deliveries are back by then), on a broker that can lose a message a worker took and died before recording it
+        held; None on a broker that loses none so (RabbitMQ puts a dead consumer's unacknowledged messages back)."""
+        return None
+
+    def heads(self, queue: str) -> dict[int, float]:
+        """When the next message a worker takes from each priority number of `queue` was sent (a number whose list
+        is empty is absent); only asked of a broker with a `lost_after`."""
+        raise NotImplementedError

@@ -49,29 +49,39 @@ class RedisBroker(Broker):
     def reach(self, timeout: float) -> None:
         """Nothing: the preflight pings every Redis a run needs, this one with the state store, and names it."""
 
-    def read_queues(self, queues: Iterable[str], now: float) -> QueuesView:
-        """Read the way kombu's Redis transport lays queues out: its defaults (`kombu.transport.redis.Channel`)
-        overridden by the transport options (global_keyprefix, priority_steps, sep, unacked_key, ack_emulation);
-        the head of each list (`LINDEX -1`, the next one a worker takes) for the time it was sent
-        (`chordflow_sent_at`, stamped by broker/pool.py), and kombu's `unacked` hash."""
+    def _layout(self) -> tuple[str, str, list[int], str | None]:
+        """How kombu's Redis transport lays queues out: its defaults (`kombu.transport.redis.Channel`) overridden by
+        the transport options: the key prefix, the separator before a priority step, the steps, the unacked hash."""
         options = self.app_options()["broker_transport_options"]
 
         def option(name: str) -> Any:
             return options.get(name, getattr(Channel, name))
 
-        prefix, sep, steps = option("global_keyprefix") or "", option("sep"), sorted(set(option("priority_steps")))
         unacked_key = option("unacked_key") if option("ack_emulation") else None
+        return option("global_keyprefix") or "", option("sep"), sorted(set(option("priority_steps"))), unacked_key
+
+    def lists(self, queue: str) -> list[tuple[int, str]]:
+        """Each priority step of `queue` and its list (kombu pushes on the left, workers pop on the right)."""
+        prefix, sep, steps, _ = self._layout()
+        return [(step, prefix + (f"{queue}{sep}{step}" if step else queue)) for step in steps]
+
+    def _client(self) -> Any:
+        return connection.open_client(
+            self.settings.broker_url, socket_timeout=READ_TIMEOUT, socket_connect_timeout=READ_TIMEOUT
+        )
+
+    def read_queues(self, queues: Iterable[str], now: float) -> QueuesView:
+        """Each queue's lists (`_lists`); the head of each list (`LINDEX -1`, the next one a worker takes) for the
+        time it was sent (`chordflow_sent_at`, stamped by broker/pool.py), and kombu's `unacked` hash."""
+        prefix, _, steps, unacked_key = self._layout()
         names = list(dict.fromkeys(queues))
         if urlsplit(self.settings.broker_url).scheme not in connection.REDIS_SCHEMES:
             return QueuesView([], None)
-        client = connection.open_client(
-            self.settings.broker_url, socket_timeout=READ_TIMEOUT, socket_connect_timeout=READ_TIMEOUT
-        )
+        client = self._client()
         try:
             pipe = client.pipeline(transaction=False)
             for queue in names:
-                for step in steps:  # one list per priority step; kombu pushes on the left, workers pop on the right
-                    name = prefix + (f"{queue}{sep}{step}" if step else queue)
+                for _, name in self.lists(queue):
                     pipe.llen(name)
                     pipe.lindex(name, -1)
             if unacked_key is not None:
@@ -85,6 +95,25 @@ class RedisBroker(Broker):
             sent = [t for t in (_sent_at(head) for head in mine[1::2]) if t is not None]
             views.append(QueueView(queue, sum(mine[0::2]), max(0.0, now - min(sent)) if sent else None))
         return QueuesView(views, replies[-1] if unacked_key is not None else None)
+
+    def lost_after(self) -> float:
+        """The dead-delivery bound and a sweep of deliveries: a dead worker's messages are back in their lists."""
+        bound = deliveries.dead_delivery_seconds(self.settings.visibility_timeout)
+        return float(bound + deliveries.sweep_interval(bound))
+
+    def heads(self, queue: str) -> dict[int, float]:
+        """A worker killed between kombu's BRPOP and its `unacked` write loses the message it took: the head of each
+        list (a message without a `chordflow_sent_at` stamp counts as sent at 0: nothing is taken for passed)."""
+        lists = self.lists(queue)
+        client = self._client()
+        try:
+            pipe = client.pipeline(transaction=False)
+            for _, name in lists:
+                pipe.lindex(name, -1)
+            replies = pipe.execute()
+        finally:
+            client.close()
+        return {step: _sent_at(head) or 0.0 for (step, _), head in zip(lists, replies, strict=True) if head is not None}
 
 
 def _sent_at(payload: bytes | None) -> float | None:
