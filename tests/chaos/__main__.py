@@ -3,7 +3,10 @@
 Why an entry point apart from pytest: a campaign of a hundred schedules is a long run to watch, not a test; the
 suite keeps a short one (test_campaign.py). `--seed N` (`make chaos SEED=N`) replays schedule N exactly;
 `--schedules K` runs schedules `--first` .. `--first`+K-1. A failing schedule is shrunk (shrink.py) unless
-`--no-shrink`, and the smallest schedule that still fails is printed as a pytest test to keep.
+`--no-shrink`, and the smallest schedule that still fails is printed as a pytest test to keep. `--faults` prints,
+under each schedule's line, what each fault hit (a worker, a pool child, `n1` mid-execution or idle, the RabbitMQ
+node) or that it was not reached. A schedule with the `rabbitmq` feature (from 501 on) starts the campaign's RabbitMQ
+node the first time (~12 s), one with `cut_worker` its far host (runner.py).
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--schedules", type=int, default=10, help="how many schedules (default 10)")
     parser.add_argument("--first", type=int, default=1, help="the first schedule number (default 1)")
     parser.add_argument("--no-shrink", action="store_true", help="report a failing schedule without shrinking it")
+    parser.add_argument("--faults", action="store_true", help="print what each fault hit, under each schedule")
     args = parser.parse_args(argv)
     numbers = [args.seed] if args.seed is not None else list(range(args.first, args.first + args.schedules))
     failed, kinds, began = [], collections.Counter(), time.monotonic()
@@ -34,6 +38,8 @@ def main(argv: list[str] | None = None) -> int:
             verdict = made.check(schedule)
             kinds.update(f.split(" ")[0].rstrip(":") for f in verdict.faults if "not reached" not in f)
             print(verdict.line(), flush=True)
+            if args.faults:
+                print(f"  faults: {'; '.join(verdict.faults) or 'none'}", flush=True)
             for violation in verdict.violations:
                 print(f"  {violation}", flush=True)
             if verdict.violations:

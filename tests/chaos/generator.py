@@ -12,7 +12,11 @@ node (the loopback provider), a priority, two runs at once, and a dataset job. E
 
 The kinds of `LATER_FAULTS` (Redis paused, a cancel then `resume`, an `update` of `max_concurrent`) are drawn only for
 numbers from `LATER_FROM` on: every earlier number keeps the exact schedule it was run with (tests/RELIABILITY.md), so
-`make chaos SEED=N` still replays its verdict.
+`make chaos SEED=N` still replays its verdict. Likewise from `NEWEST_FROM` (501) on: a schedule may run on RabbitMQ
+(the `rabbitmq` feature, about one in four: the broker a RabbitMQ node of the campaign's own, the state still in a
+redis-server), and draws the kinds of `NEWEST_FAULTS`: `cut_worker` (a worker host's link to Redis down for the hold)
+on Redis, `restart_broker` (RabbitMQ's application stopped for the hold) on RabbitMQ only. The draws of both come
+after every draw an earlier number makes, and only for numbers from 501 on, so schedules 1-500 are as they were.
 """
 
 from __future__ import annotations
@@ -32,8 +36,21 @@ FAULTS = ("kill_worker", "kill_child", "stop_worker", "stop_child", "restart_red
 LATER_FAULTS = ("pause_redis", "resume", "update")
 #: The first schedule number that may draw a kind of `LATER_FAULTS`.
 LATER_FROM = 401
+#: Fault kinds added after schedules 1-500 were run, drawn from schedule `NEWEST_FROM` on (faults.py injects each).
+NEWEST_FAULTS = ("cut_worker", "restart_broker")
+#: The first schedule number that may draw the `rabbitmq` feature or a kind of `NEWEST_FAULTS`.
+NEWEST_FROM = 501
+#: The feature of a schedule run with RabbitMQ as the broker (not in `FEATURES`: drawn apart, from `NEWEST_FROM` on).
+RABBITMQ = "rabbitmq"
+#: The share of schedules from `NEWEST_FROM` on that run on RabbitMQ.
+RABBITMQ_SHARE = 0.25
+#: Kinds that need the schedule's broker to be RabbitMQ (a Redis broker is restarted by `restart_redis`).
+RABBITMQ_ONLY = ("restart_broker",)
+#: Kinds the RabbitMQ-brokered cluster has no target for: its workers are all on this host (the cut of a host on
+#: RabbitMQ, its connection dropped after two missed heartbeats, is tests/worker/cluster/test_rabbitmq.py's).
+REDIS_ONLY = ("cut_worker",)
 #: Kinds with a length (`Fault.hold`, 0.5-4 s).
-HELD = ("stop_worker", "stop_child", "restart_redis", "pause_redis")
+HELD = ("stop_worker", "stop_child", "restart_redis", "pause_redis", "cut_worker", "restart_broker")
 #: The rate-limit keys schedules share: runs of different schedules draw from the same buckets.
 RATE_KEYS = ("chaos-a", "chaos-b")
 #: Calls a rate-limit bucket lets go at once after a quiet spell.
@@ -91,6 +108,8 @@ def generate(number: int) -> Schedule:
         features.remove(rng.choice(["fail_fast", "threshold"]))
     if rng.random() < 0.15:
         features = ["dataset", *[f for f in features if f in ("rate_limit", "priority")]]
+    if number >= NEWEST_FROM and rng.random() < RABBITMQ_SHARE:  # no draw below 501: those schedules stay as run
+        features.append(RABBITMQ)
     items = rng.randint(8, 30)
     failing: tuple[int, ...] = ()
     if "threshold" in features or "fail_fast" in features:
@@ -117,12 +136,15 @@ def generate(number: int) -> Schedule:
 
 
 def kinds_for(number: int, features: list[str]) -> list[str]:
-    """The fault kinds a schedule draws from: `LATER_FAULTS` from `LATER_FROM` on; no client to kill, and no
-    `resume` (a dataset job goes on with `redrive`), for a dataset job; `update` only with `parallel`."""
+    """The fault kinds a schedule draws from: `LATER_FAULTS` from `LATER_FROM` on, `NEWEST_FAULTS` from
+    `NEWEST_FROM` on; no client to kill, and no `resume` (a dataset job goes on with `redrive`), for a dataset job;
+    `update` only with `parallel`; `RABBITMQ_ONLY` kinds only on RabbitMQ, `REDIS_ONLY` ones only on Redis."""
     kinds = list(FAULTS) + (list(LATER_FAULTS) if number >= LATER_FROM else [])
+    kinds += list(NEWEST_FAULTS) if number >= NEWEST_FROM else []
     unfit = {"kill_client", "resume"} if "dataset" in features else set()
     if "parallel" not in features:
         unfit.add("update")
+    unfit |= set(REDIS_ONLY if RABBITMQ in features else RABBITMQ_ONLY)
     return [kind for kind in kinds if kind not in unfit]
 
 

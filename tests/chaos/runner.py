@@ -7,6 +7,13 @@ last fault.
 A `Campaign` owns the cluster (faults.py `chaos_cluster`) and the loopback model provider for all the schedules it
 runs; `check(schedule)` returns a `Verdict`. Nothing here sleeps to synchronize: every wait polls a condition (the
 ledger's length, a run's record, what a run holds in Redis) with a bound.
+
+Two parts are made on the first schedule that needs them and kept to the campaign's end (faults.py says why): the
+far host of `cut_worker` (its worker `n1` runs only during the schedules that draw the kind: `check` starts it before
+the runs and stops it after; one that ended on its own meanwhile is a violation), and the cluster on RabbitMQ of the
+schedules with the `rabbitmq` feature (`use` points this process at the schedule's cluster). A `cut_worker` waits
+(polled, up to `BUSY_WITHIN` s) for `n1` to be inside an item before it cuts, so that the cut lands mid-execution
+when `n1` has any work.
 """
 
 from __future__ import annotations
@@ -30,12 +37,13 @@ import scheduler
 from ir.errors import BackendError, UnknownRun, ValidationError
 from scheduler import api
 from scheduler.datasets import reading
+from scheduler.localcluster import Cluster
 from scheduler.lookup import find_run
 from tests.chaos import generator, invariants
-from tests.chaos.faults import Injector, chaos_cluster
-from tests.chaos.generator import Schedule
+from tests.chaos.faults import FAR, Far, Injector, chaos_cluster, far_side, rabbitmq_cluster
+from tests.chaos.generator import RABBITMQ, Schedule
 from tests.chaos.invariants import Observed, Outcome
-from tests.support import counting_nodes, llm_server
+from tests.support import counting_nodes, llm_server, rabbitmq
 from worker.runs.record import FINAL
 
 #: A run must end within this many seconds of its last fault's end (of its start, with none).
@@ -44,6 +52,8 @@ END_BOUND = 120.0
 HOLD_BOUND = 25.0
 #: The probe run must have `max_concurrent` items running within this many seconds of its first start.
 FULL_AT_ONCE = 1.5
+#: A `cut_worker` waits up to this many seconds for `n1` to be inside an item (else it cuts `n1` idle).
+BUSY_WITHIN = 5.0
 T = TypeVar("T")
 #: A client driving a run in its own process (`scheduler.run(backend="celery")`): prints `run <id>`, then runs it.
 CLIENT = """import json, sys
@@ -105,8 +115,40 @@ class Campaign:
         added = {**provider_env, "CHORDFLOW_HOME": os.environ.get("CHORDFLOW_HOME") or str(workdir / "home")}
         self._previous = {name: os.environ.get(name) for name in added}
         os.environ.update(added)
-        self.cluster = self._stack.enter_context(chaos_cluster(workdir, provider_env))
+        self.provider_env = provider_env
+        self.on_redis = self._stack.enter_context(chaos_cluster(workdir, provider_env))
+        self.cluster = self.on_redis  # the cluster of the schedule being checked (`use`)
         self.redis = redis.Redis.from_url(self.cluster.redis.url)
+        self.far: Far | None = None  # made by `far_host`, on the first schedule with a `cut_worker`
+        self.on_rabbitmq: tuple[Cluster, rabbitmq.Node] | None = None  # made by `use`, on the first `rabbitmq` one
+
+    def use(self, schedule: Schedule) -> Cluster:
+        """Point this process (and `cluster`, `redis`) at the cluster `schedule` runs on: the RabbitMQ-brokered one
+        for the `rabbitmq` feature (made now if this is the first), else the Redis one."""
+        cluster = self.on_redis
+        if schedule.has(RABBITMQ):
+            if self.on_rabbitmq is None:
+                made = rabbitmq_cluster(self.workdir / "on-rabbitmq", self.provider_env)
+                self.on_rabbitmq = self._stack.enter_context(made)
+            cluster = self.on_rabbitmq[0]
+        if cluster is not self.cluster:
+            self.redis.close()
+            self.cluster, self.redis = cluster, redis.Redis.from_url(cluster.redis.url)
+        cluster.apply_env()  # the campaign's end restores what was there before (chaos_cluster)
+        return cluster
+
+    def far_host(self) -> Far:
+        """The far host of `cut_worker` on the Redis-brokered cluster, made the first time."""
+        if self.far is None:
+            self.far = self._stack.enter_context(far_side(self.on_redis, self.provider.url))
+        return self.far
+
+    def injector(self, stop_runs: Any, client: Any = None, **given: Any) -> Injector:
+        """An Injector of the current schedule's cluster, with its far worker (if one runs) and its RabbitMQ node
+        (if it runs on RabbitMQ)."""
+        far = self.far if self.far is not None and self.far.worker is not None else None
+        broker = self.on_rabbitmq[1] if self.on_rabbitmq and self.cluster is self.on_rabbitmq[0] else None
+        return Injector(self.cluster, stop_runs, client, far=far, broker=broker, **given)
 
     def close(self) -> None:
         self._stack.close()
@@ -194,14 +236,28 @@ class Campaign:
     # -- a schedule ---------------------------------------------------------------------------------------------
 
     def check(self, schedule: Schedule) -> Verdict:
-        """Run `schedule` and check every invariant; an exception of the campaign's own is a violation too."""
+        """Run `schedule` and check every invariant; an exception of the campaign's own is a violation too. The
+        schedule's time leaves out making its cluster ready (the RabbitMQ side or the far host the first time)."""
         began = time.monotonic()
         verdict = Verdict(schedule)
+        far = None
         try:
+            self.use(schedule)
+            if any(f.kind == "cut_worker" for f in schedule.faults) and not schedule.has(RABBITMQ):
+                far = self.far_host()
+                far.start(str(schedule.number))
+            began = time.monotonic()
             self.steps(schedule, verdict)
         except Exception as exc:  # reported as the schedule's violation, with its replay number
             verdict.violations.append(invariants.line(schedule, "error", f"{type(exc).__name__}: {exc}"[:500]))
-            Injector(self.cluster, list).settle()
+            with contextlib.suppress(Exception):  # a settle failing too (a cluster never made) is said above
+                self.injector(list).settle()
+        finally:
+            if far is not None and far.worker is not None:
+                ended = far.stop()
+                if ended is not None:
+                    detail = f"{FAR} (on the far host) exited with code {ended} during the schedule"
+                    verdict.violations.append(invariants.line(schedule, "worker", detail))
         verdict.seconds = time.monotonic() - began
         return verdict
 
@@ -218,8 +274,8 @@ class Campaign:
             cancel_live(runs)
             stops.update({run.run_id: "cancelled" for run in runs})
 
-        injector = Injector(
-            self.cluster, stop_runs, runs[0].client,
+        injector = self.injector(
+            stop_runs, runs[0].client,
             resume_runs=lambda: self.resume_runs(runs, stops),
             update_runs=lambda cap: self.update_runs(runs, cap, caps),
         )  # fmt: skip
@@ -228,8 +284,12 @@ class Campaign:
             if reached is None or self.ended(runs):
                 verdict.faults.append(f"{fault.kind}: not reached")
                 continue
+            where = self.cut_moment(injector.far, runs) if fault.kind == "cut_worker" else ""
+            if where is None:
+                verdict.faults.append(f"{fault.kind}: not reached (the runs ended before {FAR} had an item)")
+                continue
             done = injector.inject(fault)
-            verdict.faults.append(f"{fault.kind} -> {done.target or '-'}")
+            verdict.faults.append(f"{fault.kind} -> {done.target or '-'}{where}")
         injector.settle()
         last_fault = max((d.ended or d.began for d in injector.done), default=time.monotonic())
         took = self.until(lambda: self.ended(runs), END_BOUND)
@@ -258,6 +318,17 @@ class Campaign:
         verdict.violations += self.probe(schedule, verdict)
         for run in runs:
             verdict.violations += self.purge(schedule, run)
+
+    def cut_moment(self, far: Far | None, runs: list[Run]) -> str | None:
+        """Wait (polled, up to BUSY_WITHIN s) for the far worker to be inside an item of the runs; says which it
+        was, for the fault's line; None if the runs ended meanwhile (nothing left to cut off)."""
+        if far is None:
+            return ""
+        ledgers = [run.ledger for run in runs]
+        busy = self.until(lambda: self.ended(runs) or retrying(lambda: far.busy(ledgers, self.redis)), BUSY_WITHIN)
+        if self.ended(runs):
+            return None
+        return " (mid-execution)" if busy is not None else " (idle)"
 
     def resume_runs(self, runs: list[Run], stops: dict[str, str]) -> list[str]:
         """The `resume` fault: cancel the runs still going, wait (polled, bounded) for each to end, then resume each

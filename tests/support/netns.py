@@ -3,7 +3,8 @@ link of its own; `lan`: several, on a bridge, as worker hosts on a switch with t
 
 Processes started with `argv()` run "on" the far host and reach this one at `gateway`; `cut()` takes the link
 down (packets are dropped, nothing is refused: what a pulled cable or a partitioned host looks like) and
-`restore()` brings it back. Everything made is removed on exit, also after a failure.
+`restore()` brings it back. Everything made is removed on exit, also after a failure. `relay` makes a loopback-only
+service of this host (a test's model provider, say) reachable from a far host without changing the service.
 """
 
 from __future__ import annotations
@@ -11,7 +12,10 @@ from __future__ import annotations
 import contextlib
 import ipaddress
 import os
+import signal
+import socket
 import subprocess
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -59,6 +63,29 @@ def far_host() -> Iterator[FarHost]:
         with contextlib.suppress(subprocess.CalledProcessError):
             ip("link", "del", near)  # its peer goes with it
         ip("netns", "del", namespace)
+
+
+@contextlib.contextmanager
+def relay(host: FarHost, port: int, seconds: float = 10) -> Iterator[str]:
+    """`127.0.0.1:port` of this host reachable from `host` at `gateway:port`: a socat relay listening on the link's
+    address, so a service bound to loopback (which a far host cannot reach) need not change. Yields `gateway:port`
+    once it listens (polled, up to `seconds`); stopped on exit. A cut of the link cuts what goes through it too."""
+    listen = f"TCP-LISTEN:{port},bind={host.gateway},fork,reuseaddr"
+    proc = subprocess.Popen(["socat", listen, f"TCP:127.0.0.1:{port}"], start_new_session=True)
+    try:
+        deadline = time.monotonic() + seconds
+        while True:
+            with socket.socket() as probe:
+                if probe.connect_ex((host.gateway, port)) == 0:
+                    break
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"the relay to 127.0.0.1:{port} did not listen on {host.gateway}:{port}")
+            time.sleep(0.05)  # the poll's pace
+        yield f"{host.gateway}:{port}"
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=30)
 
 
 @dataclass(frozen=True)
