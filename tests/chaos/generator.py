@@ -15,8 +15,10 @@ numbers from `LATER_FROM` on: every earlier number keeps the exact schedule it w
 `make chaos SEED=N` still replays its verdict. Likewise from `NEWEST_FROM` (501) on: a schedule may run on RabbitMQ
 (the `rabbitmq` feature, about one in four: the broker a RabbitMQ node of the campaign's own, the state still in a
 redis-server), and draws the kinds of `NEWEST_FAULTS`: `cut_worker` (a worker host's link to Redis down for the hold)
-on Redis, `restart_broker` (RabbitMQ's application stopped for the hold) on RabbitMQ only. The draws of both come
-after every draw an earlier number makes, and only for numbers from 501 on, so schedules 1-500 are as they were.
+on Redis, `restart_broker` (RabbitMQ's application stopped for the hold) on RabbitMQ only; and a schedule with an
+`llm` node may give its workflow a `budget` (half of them: a cap no run reaches, so that the result is still the local
+run's, while its reservations go through the faults and must be gone once the run ended). These draws come after
+every draw an earlier number makes, and only for numbers from 501 on, so schedules 1-500 are as they were.
 """
 
 from __future__ import annotations
@@ -49,6 +51,10 @@ RABBITMQ_ONLY = ("restart_broker",)
 #: Kinds the RabbitMQ-brokered cluster has no target for: its workers are all on this host (the cut of a host on
 #: RabbitMQ, its connection dropped after two missed heartbeats, is tests/worker/cluster/test_rabbitmq.py's).
 REDIS_ONLY = ("cut_worker",)
+#: The feature of a workflow with a `budget` (drawn apart, from `NEWEST_FROM` on, for a schedule with `llm`).
+BUDGET = "budget"
+#: Its cap: far above what a run bills, so it never stops one (the check is that nothing stays reserved).
+BUDGET_TOKENS = 1_000_000
 #: Kinds with a length (`Fault.hold`, 0.5-4 s).
 HELD = ("stop_worker", "stop_child", "restart_redis", "pause_redis", "cut_worker", "restart_broker")
 #: The rate-limit keys schedules share: runs of different schedules draw from the same buckets.
@@ -121,6 +127,8 @@ def generate(number: int) -> Schedule:
         cap = rng.randint(1, 3) if kind == "update" else 0
         faults.append(Fault(kind, rng.randint(1, max(1, items // 2)), hold, cap))
     faults.sort(key=lambda fault: fault.after)
+    if number >= NEWEST_FROM and "llm" in features and rng.random() < 0.5:  # the last draw: nothing else moves
+        features.append(BUDGET)
     return Schedule(
         number=number,
         features=tuple(features),
@@ -213,6 +221,8 @@ def workflow(schedule: Schedule) -> dict[str, Any]:
         wf["edges"] = edges
     if schedule.has("priority"):
         wf["priority"] = "high" if schedule.number % 2 else "low"
+    if schedule.has(BUDGET):
+        wf["budget"] = {"tokens": BUDGET_TOKENS}
     return wf
 
 
