@@ -6,10 +6,9 @@
 -- ARGV: 1 the task id, 2 ttl, 3.. every task id of its message (its original and copies)
 -- Returns 1 (run it) or 0 (another delivery of its message began first: skip it).
 local id, ttl = ARGV[1], tonumber(ARGV[2])
-for i = 3, #ARGV do
-  redis.call('ZREM', KEYS[1], ARGV[i])
-  redis.call('HDEL', KEYS[2], ARGV[i])
-end
+local family = {unpack(ARGV, 3)}
+redis.call('ZREM', KEYS[1], unpack(family))
+redis.call('HDEL', KEYS[2], unpack(family))
 local first = redis.call('HGET', KEYS[3], id)
 if not first then return 1 end
 local holder = redis.call('HGET', KEYS[4], first)
