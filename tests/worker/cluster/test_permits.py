@@ -2,8 +2,9 @@
 back within seconds.
 
 A permit is a lease (worker/cluster/batches/middleware.py PERMIT_LEASE) that a PermitKeeper thread renews while its
-chunk runs: an item longer than the lease keeps its permit. A SIGKILLed worker stops renewing, so its permits come
-back within one lease; a chunk delivered again takes back its dead delivery's permits at once.
+chunk runs: an item longer than the lease keeps its permit. A SIGKILLed or SIGSTOPped worker stops renewing, so its
+permits come back within one lease (a paused one, woken, waits for a free permit before its next item); a chunk
+delivered again takes back its dead delivery's permits at once.
 
 Real redis-server and real `celery` workers; in-flight calls are counted by a real loopback HTTP server (the `http`
 node's target) or by `test-count` items recorded in the cluster's Redis.
@@ -28,6 +29,7 @@ import redis
 
 import scheduler
 from scheduler.localcluster import Cluster
+from tests.chaos.invariants import concurrency
 from tests.support import counting_nodes  # noqa: F401  (the test node type, in this process too)
 from tests.support.cluster import PLUGINS
 from tests.support.http_server import running
@@ -226,3 +228,46 @@ def pool_child(parent: int) -> int:
     children = Path(f"/proc/{parent}/task/{parent}/children").read_text().split()
     assert len(children) == 1, children
     return int(children[0])
+
+
+@pytest.mark.processes
+def test_a_sigstopped_holders_permit_comes_back_and_it_takes_no_other_on_waking(tmp_path: Path) -> None:
+    # max_concurrent 2, three chunks of two items of 10 s, one chunk per worker: two workers hold the permits, the
+    # third waits. SIGSTOP a holder inside its first item: the waiting worker starts its item within WITHIN seconds
+    # (a paused process renews no lease, like a dead one). Keep it paused until the other holder went on to its
+    # second item, then SIGCONT it: its item's time is up, and it starts its second item only once a permit is
+    # free, so every other item stays within the cap; only the item it was inside (its call already made) may
+    # run past the cap, for its rest.
+    with three_workers(tmp_path) as cluster:
+        state, key = redis.Redis.from_url(cluster.redis.url, decode_responses=True), f"t:{uuid.uuid4().hex[:8]}"
+        params = {"key": key, "label": "${item}", "fail": False, "seconds": 10}
+        node = {"id": "b", "type": "test-ledger", "params": params}
+        node["batch"] = {"items": "${items}", "max_concurrent": 2, "chunk_size": 2}
+        scheduler.submit({"nodes": [node]}, {"items": list(range(6))})
+        holders = until(lambda: len(runs := ledger_starts(state, key)) >= 2 and runs, 60, "two items running")
+        paused_label, pid = holders[0]
+        victim = next(w for w in cluster.workers.values() if w.pid == pid)
+        victim.kill(signal.SIGSTOP)
+        stopped = time.monotonic()
+        try:
+            until(lambda: len(ledger_starts(state, key)) >= 3, WITHIN + 5, "an item while the holder is paused")
+            back = time.monotonic() - stopped
+            until(lambda: len(ledger_starts(state, key)) >= 4, 30, "a fourth item while the holder is paused")
+        finally:
+            victim.kill(signal.SIGCONT)
+        assert back < WITHIN, f"the paused holder's permit came back after {back:.1f}s"
+        spans = until(lambda: len(done := ledger_spans(state, key)) == 6 and done, 120, "every item done")
+        assert sorted(label for label, _ in ledger_starts(state, key)) == [str(i) for i in range(6)]  # each once
+        others = [span for span in spans if span[0] != paused_label]
+        assert concurrency(others, prefix="") == 2, f"an item started past max_concurrent 2: {sorted(spans)}"
+        print(f"a SIGSTOPped holder's permit back after {back:.2f}s")  # the figure in tests/RELIABILITY.md
+
+
+def ledger_starts(state: redis.Redis, key: str) -> list[tuple[str, int]]:
+    """(item label, pid) of every `test-ledger` execution begun, in order."""
+    return [(e.split()[0], int(e.split()[2])) for e in state.lrange(f"{key}:runs", 0, -1)]
+
+
+def ledger_spans(state: redis.Redis, key: str) -> list[tuple[str, float, float]]:
+    """(item label, start, end) of every `test-ledger` execution that ended."""
+    return [(s.split()[0], float(s.split()[1]), float(s.split()[2])) for s in state.hvals(f"{key}:spans")]
