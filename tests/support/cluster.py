@@ -81,6 +81,21 @@ def broker(request: pytest.FixtureRequest) -> Iterator[Cluster]:
 
 
 @contextlib.contextmanager
+def sweeping_cluster(workdir: Path, visibility_timeout: int = 3600) -> Iterator[Cluster]:
+    """Its own redis-server and one solo worker `k1` consuming a queue nobody sends to (it takes no chunk, but
+    sweeps), aging an hour (no aging copy runs a message instead); this process points at it meanwhile."""
+    cluster = Cluster(workdir, visibility_timeout=visibility_timeout, plugins=PLUGINS)
+    cluster.env["CHORDFLOW_PRIORITY_AGING"] = "3600"
+    previous = cluster.apply_env()
+    try:
+        cluster.start_worker("k1", args=("-Q", "elsewhere"))
+        yield cluster
+    finally:
+        cluster.restore_env(previous)
+        cluster.stop()
+
+
+@contextlib.contextmanager
 def destroyable_cluster(workdir: Path, visibility_timeout: int) -> Iterator[Cluster]:
     """A cluster a test may destroy (kill workers, kill Redis): its own redis-server and two workers,
     `visibility_timeout` low so lost chunks come back quickly; this process points at it meanwhile."""

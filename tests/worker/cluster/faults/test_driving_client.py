@@ -15,7 +15,6 @@ of a message takes its record away first.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import signal
@@ -23,16 +22,14 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
 import msgpack
 import pytest
 import redis
 
-from scheduler.localcluster import Cluster
 from scheduler.lookup import find_run
-from tests.support.cluster import PLUGINS
+from tests.support.cluster import sweeping_cluster
 from tests.worker.cluster.faults.test_long_chunks import until
 from worker.cluster import aging
 from worker.cluster.app import current_app
@@ -63,21 +60,6 @@ def sweeps(r: redis.Redis, count: int) -> None:
         last = now
         assert time.monotonic() < deadline, f"no aging sweep for {3 * SWEEP_SECONDS} s ({seen} of {count} seen)"
         time.sleep(0.05)  # a poll's pace
-
-
-@contextlib.contextmanager
-def sweeping_cluster(workdir: Path) -> Iterator[Cluster]:
-    """Its own redis-server and one solo worker consuming a queue nobody sends to (it takes no chunk, but sweeps),
-    aging an hour; this process points at it meanwhile."""
-    cluster = Cluster(workdir, plugins=PLUGINS)
-    cluster.env["CHORDFLOW_PRIORITY_AGING"] = "3600"
-    previous = cluster.apply_env()
-    try:
-        cluster.start_worker("k1", args=("-Q", "elsewhere"))
-        yield cluster
-    finally:
-        cluster.restore_env(previous)
-        cluster.stop()
 
 
 @pytest.mark.processes

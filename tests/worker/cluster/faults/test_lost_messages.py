@@ -24,7 +24,7 @@ import redis
 from scheduler import durable
 from scheduler.localcluster import Cluster
 from tests.scheduler.test_durable import lines, side_effect
-from tests.support.cluster import PLUGINS
+from tests.support.cluster import sweeping_cluster
 from tests.worker.cluster.faults.test_long_chunks import until
 from worker import settings
 from worker.cluster.broker.redis import RedisBroker
@@ -36,16 +36,8 @@ BOUND = 2
 
 @pytest.fixture
 def idle_cluster(tmp_path: Path) -> Iterator[Cluster]:
-    """Its own redis-server and one solo worker consuming a queue nobody sends to (it runs nothing, but sweeps)."""
-    cluster = Cluster(tmp_path, visibility_timeout=BOUND, plugins=PLUGINS)
-    cluster.env["CHORDFLOW_PRIORITY_AGING"] = "3600"
-    previous = cluster.apply_env()
-    try:
-        cluster.start_worker("k1", args=("-Q", "elsewhere"))
+    with sweeping_cluster(tmp_path, visibility_timeout=BOUND) as cluster:
         yield cluster
-    finally:
-        cluster.restore_env(previous)
-        cluster.stop()
 
 
 @pytest.mark.processes
