@@ -17,9 +17,10 @@ let it go: the next message a worker takes from that list was sent after it (lis
 broker/redis.py `heads`). A copy of one a live worker still holds, prefetched, is skipped like any copy.
 
 A message's record goes when a delivery begins, or when its run ends: a cluster run's end trims it (state/runs.py
-`trim`), and each sweep forgets the messages of a run that ended, was cancelled, or that a client drove and no longer
-does (its `driver` lease ran out: the client ended, or was killed, and its record is in its own embedded store). So
-nothing of a client-driven run outlives it by more than the lease and a sweep, whatever killed the client.
+`trim`), and each sweep forgets the messages of a run that ended, or that a client drove and no longer does (its
+`driver` lease ran out: the client ended, or was killed, and its record is in its own embedded store). So nothing of
+a client-driven run outlives it by more than the lease and a sweep, whatever killed the client. A cancelled run keeps
+them until it ends: it ends when each chunk reported, so a chunk the broker lost must still be sent again.
 
 A copy is the same message under a sibling task id: whichever delivery of the pair begins first runs, the other
 is skipped unrun (lua/begin_message.lua), so no item runs twice because of a copy, and a redelivery of the one
@@ -82,7 +83,7 @@ def sweep(app: Any, now: float | None = None) -> int:
         keys = RunKeys(run_id)
         queued, messages = keys.queued, keys.queued_messages
         pipe = client.pipeline(transaction=False)
-        forget_run(keys=[keys.run, keys.cancel, keys.driver, queued, messages], args=list(FINAL), client=pipe)
+        forget_run(keys=[keys.run, keys.driver, queued, messages], args=list(FINAL), client=pipe)
         due_at = now - min(s.priority_aging, lost.after or s.priority_aging)
         pipe.zrangebyscore(queued, "-inf", due_at, start=0, num=PER_SWEEP, withscores=True)
         pipe.exists(queued)
