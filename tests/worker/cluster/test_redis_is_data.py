@@ -270,6 +270,8 @@ def test_a_message_delivered_again_after_its_worker_was_killed_mid_task_still_ru
     """Same task id, never marked done (its worker died in it): the redelivered `advance` runs the node to the end."""
     key = f"killed-{uuid.uuid4().hex[:8]}"
     cluster.start_worker("u2")
+    # u1's log goes on from the module's earlier tests, which skip replayed messages on purpose: count from here.
+    skipped = {name: len(warnings_about(worker, "skipped task")) for name, worker in cluster.workers.items()}
     try:
         for name in ("u1", "u2"):
             r.set(f"{key}:hold:{name}:once", 1)
@@ -281,7 +283,7 @@ def test_a_message_delivered_again_after_its_worker_was_killed_mid_task_still_ru
         assert scheduler.wait(run_id, timeout=TIMEOUT).status == "success"
         assert r.lrange(f"{key}:runs", 0, -1) == [f"{holder} once".encode(), f"{other} once".encode()]
         assert r.hgetall(f"{key}:effects") == {b"once": b"1"}
-        assert not warnings_about(cluster.workers[other], "skipped task")
+        assert len(warnings_about(cluster.workers[other], "skipped task")) == skipped[other]
     finally:
         cluster.workers.pop("u2").kill()
         if cluster.workers["u1"].proc.poll() is not None:
