@@ -66,22 +66,24 @@ def far_host() -> Iterator[FarHost]:
 
 
 @contextlib.contextmanager
-def relay(host: FarHost, port: int, seconds: float = 10) -> Iterator[str]:
-    """`127.0.0.1:port` of this host reachable from `host` at `gateway:port`: a socat relay listening on the link's
-    address, so a service bound to loopback (which a far host cannot reach) need not change. Yields `gateway:port`
-    once it listens (polled, up to `seconds`); stopped on exit. A cut of the link cuts what goes through it too."""
-    listen = f"TCP-LISTEN:{port},bind={host.gateway},fork,reuseaddr"
-    proc = subprocess.Popen(["socat", listen, f"TCP:127.0.0.1:{port}"], start_new_session=True)
+def relay(host: FarHost, port: int, listen: int | None = None, seconds: float = 10) -> Iterator[str]:
+    """`127.0.0.1:port` of this host reachable from `host` at `gateway:listen` (`port` unless given): a socat relay
+    listening on the link's address, so a service bound to loopback (which a far host cannot reach) need not change.
+    Yields `gateway:listen` once it listens (polled, up to `seconds`); stopped on exit. A cut of the link cuts what
+    goes through it too."""
+    listen = port if listen is None else listen
+    argv = ["socat", f"TCP-LISTEN:{listen},bind={host.gateway},fork,reuseaddr", f"TCP:127.0.0.1:{port}"]
+    proc = subprocess.Popen(argv, start_new_session=True)
     try:
         deadline = time.monotonic() + seconds
         while True:
             with socket.socket() as probe:
-                if probe.connect_ex((host.gateway, port)) == 0:
+                if probe.connect_ex((host.gateway, listen)) == 0:
                     break
             if proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"the relay to 127.0.0.1:{port} did not listen on {host.gateway}:{port}")
+                raise RuntimeError(f"the relay to 127.0.0.1:{port} did not listen on {host.gateway}:{listen}")
             time.sleep(0.05)  # the poll's pace
-        yield f"{host.gateway}:{port}"
+        yield f"{host.gateway}:{listen}"
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)

@@ -34,7 +34,7 @@ from tests.support import (
     rabbitmq,
 )
 from tests.support.cluster import PLUGINS
-from tests.support.netns import far_host
+from tests.support.netns import far_host, relay
 from tests.worker.cluster.faults.test_dead_workers import Counts, assert_aggregate_once, batch_workflow, chunk_of
 from tests.worker.cluster.faults.test_long_chunks import until
 from tests.worker.cluster.test_fairness import AGING_ENV, low_run_behind_endless_higher_work
@@ -228,7 +228,7 @@ def test_a_worker_host_cut_off_for_good_has_its_chunk_back_within_the_heartbeat_
     its TCP connections hang half-open: RabbitMQ hears no heartbeat (CHORDFLOW_BROKER_HEARTBEAT, the default
     10 s), closes the connection after two silent intervals and puts the chunk back; the near worker runs it."""
     total, chunk_size = 20, 5
-    with rabbitmq.vhost() as url, far_host() as far:
+    with rabbitmq.vhost() as url, far_host() as far, relay(far, 5672, listen=free_port()) as broker:
         cluster = Cluster(
             tmp_path,
             plugins=f"{PLUGINS},tests.support.counting_nodes",
@@ -236,15 +236,10 @@ def test_a_worker_host_cut_off_for_good_has_its_chunk_back_within_the_heartbeat_
             redis_args=["--bind", "127.0.0.1", far.gateway, "--protected-mode", "no"],  # a private link
         )
         previous = cluster.apply_env()
-        port = free_port()
-        relay = subprocess.Popen(
-            ["socat", f"TCP-LISTEN:{port},bind={far.gateway},fork,reuseaddr", "TCP:127.0.0.1:5672"],
-            start_new_session=True,
-        )
         try:
             far_env = {
                 **cluster.env,
-                "CHORDFLOW_BROKER_URL": url.replace("127.0.0.1:5672", f"{far.gateway}:{port}"),
+                "CHORDFLOW_BROKER_URL": url.replace("127.0.0.1:5672", broker),
                 "CHORDFLOW_RESULT_BACKEND": f"redis://{far.gateway}:{cluster.redis.port}/0",
             }
             argv = far.argv(cluster.worker_argv("far", pool="threads"))
@@ -262,8 +257,6 @@ def test_a_worker_host_cut_off_for_good_has_its_chunk_back_within_the_heartbeat_
             ended = time.monotonic() - cut_at
             effects = counts.effects()
         finally:
-            os.killpg(relay.pid, signal.SIGKILL)
-            relay.wait(timeout=30)
             cluster.restore_env(previous)
             cluster.stop()
     assert_aggregate_once(result, total)
